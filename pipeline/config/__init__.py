@@ -1,0 +1,148 @@
+"""The typed configuration of every stage: dataclass schemas registered in Hydra's ConfigStore.
+
+Hydra composes ``conf/config.yaml``; :func:`to_config` turns the composed ``DictConfig`` into a
+:class:`Config` object and validates it before any compute. Every error names the key to change,
+e.g. ``sft.method.rho must be in [0, 1]; got 1.5``.
+
+Each stage's schema lives in its own module of this package (``data``, ``toy``, ``sft``, ``rl``,
+``eval``); this package is a leaf: it imports no stage package, so every stage may import it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+from pipeline.config.common import (
+    ConfigError,
+    ExperimentConfig,
+    LoggingConfig,
+    ModelConfig,
+    ProfileConfig,
+    check_choice,
+    check_range,
+)
+from pipeline.config.data import DataConfig
+from pipeline.config.eval import EvalConfig
+from pipeline.config.rl import RLConfig
+from pipeline.config.sft import SFT_METHOD_SCHEMAS, SFTConfig
+from pipeline.config.toy import ToyConfig
+
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+
+__all__ = [
+    "CONF_DIR",
+    "Config",
+    "ConfigError",
+    "DataConfig",
+    "EvalConfig",
+    "ExperimentConfig",
+    "LoggingConfig",
+    "ModelConfig",
+    "ProfileConfig",
+    "RLConfig",
+    "SFTConfig",
+    "ToyConfig",
+    "check_choice",
+    "check_range",
+    "compose",
+    "to_config",
+]
+
+
+@dataclass
+class Config:
+    """Root of the composed configuration (``conf/config.yaml``)."""
+
+    experiment: ExperimentConfig = MISSING
+    """What to run: the stage list, the SFT methods and the run root."""
+    profile: ProfileConfig = MISSING
+    """Scale and hardware: toy (CPU, minutes) or paper (GPU cluster)."""
+    model: ModelConfig = MISSING
+    """The base model every stage starts from."""
+    data: DataConfig = MISSING
+    """Training data source, split and formatting."""
+    toy: ToyConfig = field(default_factory=ToyConfig)
+    """The synthetic arithmetic world and its tiny base model (used when ``model.source == toy``)."""
+    sft: SFTConfig = MISSING
+    """Supervised fine-tuning: method, optimiser, FSDP2."""
+    rl: RLConfig = MISSING
+    """DAPO with verl on Ray."""
+    eval: EvalConfig = MISSING
+    """vLLM sampling, math-verify scoring, avg@n and pass@k."""
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    """JSONL metrics (always), wandb mode, progress bars."""
+    seed: int = 0
+    """Training seed (model init, data order, sampling). The data split has its own ``data.split_seed``."""
+    dry_run: bool = False
+    """Print every stage and its exact command without running anything."""
+
+    def validate(self) -> "Config":
+        check_range("seed", self.seed, 0, 2**31 - 1)
+        self.experiment.validate()
+        self.profile.validate()
+        self.model.validate()
+        self.data.validate()
+        self.toy.validate()
+        self.sft.validate()
+        self.rl.validate()
+        self.eval.validate()
+        self.logging.validate()
+        if self.model.source == "toy" and self.profile.name != "toy":
+            raise ConfigError(f"model=toy needs profile=toy; got profile={self.profile.name}")
+        return self
+
+
+def _register() -> None:
+    store = ConfigStore.instance()
+    store.store(name="base_config", node=Config)
+    store.store(group="experiment", name="base_experiment", node=ExperimentConfig)
+    store.store(group="profile", name="base_profile", node=ProfileConfig)
+    store.store(group="model", name="base_model", node=ModelConfig)
+    store.store(group="data", name="base_data", node=DataConfig)
+    store.store(group="sft", name="base_sft", node=SFTConfig)
+    for name, schema in SFT_METHOD_SCHEMAS.items():
+        store.store(group="sft/method", name=f"base_{name}", node=schema)
+    store.store(group="rl", name="base_rl", node=RLConfig)
+    store.store(group="eval", name="base_eval", node=EvalConfig)
+
+
+_register()
+
+
+def to_config(cfg: DictConfig) -> Config:
+    """Converts a composed Hydra config into a validated :class:`Config` (raises :class:`ConfigError`)."""
+    try:
+        obj = OmegaConf.to_object(cfg)
+    except Exception as exc:  # omegaconf's own type/missing-value errors already name the key
+        raise ConfigError(str(exc)) from exc
+    if not isinstance(obj, Config):
+        raise ConfigError(f"the composed config is not a Config (got {type(obj).__name__}); "
+                          "is 'base_config' first in conf/config.yaml's defaults?")
+    return obj.validate()
+
+
+def compose(overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Composes ``conf/config.yaml`` with command-line style overrides and validates it."""
+    return to_config(compose_dict(overrides))
+
+
+def compose_dict(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
+    """Composes ``conf/config.yaml`` with overrides, without converting it (used by the orchestrator)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    if GlobalHydra.instance().is_initialized():
+        return hydra_compose(config_name="config", overrides=list(overrides))
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        return hydra_compose(config_name="config", overrides=list(overrides))
+
+
+def to_yaml(cfg: Any) -> str:
+    """The resolved YAML of a config object or DictConfig (what the manifest hashes)."""
+    node = cfg if isinstance(cfg, DictConfig) else OmegaConf.structured(cfg)
+    return OmegaConf.to_yaml(node, resolve=True, sort_keys=True)

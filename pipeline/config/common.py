@@ -1,0 +1,137 @@
+"""Schemas shared by every stage: experiment, profile, model, logging; and the validation helpers."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Optional
+
+from omegaconf import MISSING
+
+STAGES = ("data", "base", "sft", "eval_sft", "rl", "eval_rl", "report")
+"""Every stage the orchestrator knows, in execution order."""
+
+
+class ConfigError(ValueError):
+    """An invalid configuration value; the message names the key and what is allowed."""
+
+
+def check_range(key: str, value: Any, low: float | None = None, high: float | None = None,
+                *, low_open: bool = False, high_open: bool = False) -> None:
+    """Raises :class:`ConfigError` naming ``key`` unless ``low <(=) value <(=) high``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"{key} must be a number; got {value!r}")
+    too_low = low is not None and (value <= low if low_open else value < low)
+    too_high = high is not None and (value >= high if high_open else value > high)
+    if too_low or too_high:
+        left = "(" if low_open else "["
+        right = ")" if high_open else "]"
+        lo = "-inf" if low is None else f"{low:g}"
+        hi = "inf" if high is None else f"{high:g}"
+        raise ConfigError(f"{key} must be in {left}{lo}, {hi}{right}; got {value!r}")
+
+
+def check_choice(key: str, value: Any, allowed: Iterable[Any]) -> None:
+    """Raises :class:`ConfigError` naming ``key`` unless ``value`` is one of ``allowed``."""
+    allowed = tuple(allowed)
+    if value not in allowed:
+        raise ConfigError(f"{key} must be one of {list(allowed)}; got {value!r}")
+
+
+@dataclass
+class ExperimentConfig:
+    """An experiment: which stages run, for which SFT methods and models (``conf/experiment/*.yaml``)."""
+
+    name: str = MISSING
+    """Experiment name; also the folder under ``run_root``."""
+    stages: list[str] = field(default_factory=lambda: ["data"])
+    """Stages to run, a subset of data, base, sft, eval_sft, rl, eval_rl, report (run in that order)."""
+    methods: list[str] = field(default_factory=lambda: ["sft"])
+    """SFT methods (``conf/sft/method/*.yaml`` names) trained, evaluated and handed to RL."""
+    run_root: str = "runs"
+    """Folder holding every run directory (``<run_root>/<experiment>/<stage>/<variant>``)."""
+
+    def validate(self) -> None:
+        if not self.name or "/" in self.name:
+            raise ConfigError(f"experiment.name must be a non-empty folder name; got {self.name!r}")
+        for stage in self.stages:
+            check_choice("experiment.stages[]", stage, STAGES)
+        if not self.methods:
+            raise ConfigError("experiment.methods must list at least one SFT method")
+        if len(set(self.methods)) != len(self.methods):
+            raise ConfigError(f"experiment.methods has duplicates: {self.methods}")
+
+
+@dataclass
+class ProfileConfig:
+    """Scale and hardware of a run (``conf/profile/{toy,paper}.yaml``)."""
+
+    name: str = MISSING
+    """toy (CPU, synthetic arithmetic world) or paper (GPU cluster, Qwen3, OpenR1-Math)."""
+    device: str = "cpu"
+    """cpu (gloo, vLLM-CPU) or cuda (NCCL, CUDA vLLM)."""
+    models: list[str] = field(default_factory=lambda: ["toy"])
+    """Model configs (``conf/model/*.yaml``) an experiment runs for; Table 1 uses Qwen3-4B and -8B."""
+    nproc_per_node: int = 1
+    """Processes (GPUs) per node for torchrun and verl."""
+    nnodes: int = 1
+    """Nodes for torchrun's rendezvous and verl's Ray cluster."""
+    num_threads: int = 2
+    """torch CPU threads for single-process stages (CPU profile)."""
+
+    def validate(self) -> None:
+        check_choice("profile.name", self.name, ("toy", "paper"))
+        check_choice("profile.device", self.device, ("cpu", "cuda"))
+        if not self.models:
+            raise ConfigError("profile.models must list at least one model config name")
+        check_range("profile.nproc_per_node", self.nproc_per_node, 1, 1024)
+        check_range("profile.nnodes", self.nnodes, 1, 4096)
+        check_range("profile.num_threads", self.num_threads, 1, 1024)
+
+
+@dataclass
+class ModelConfig:
+    """The base model (``conf/model/*.yaml``)."""
+
+    name: str = MISSING
+    """Short name used in run folders and tables (e.g. qwen3_4b)."""
+    source: str = "hub"
+    """hub (a hub id or local folder for ``from_pretrained``), toy (built by the base stage) or gguf."""
+    path: str = ""
+    """Hub id or local folder (hub/gguf sources); empty for toy."""
+    gguf_file: str = ""
+    """File name inside ``path`` for the gguf source (e.g. SmolLM2-135M-Instruct.Q4_1.gguf)."""
+    display_name: str = ""
+    """Name shown in tables (e.g. Qwen3-4B)."""
+    dtype: str = "bfloat16"
+    """Weights dtype for generation and exports: bfloat16 or float32."""
+    attn_implementation: str = "sdpa"
+    """transformers attention implementation (sdpa works everywhere; flash_attention_2 on GPUs)."""
+
+    def validate(self) -> None:
+        check_choice("model.source", self.source, ("hub", "toy", "gguf"))
+        if self.source in ("hub", "gguf") and not self.path:
+            raise ConfigError(f"model.path must be set for model.source={self.source}")
+        if self.source == "gguf" and not self.gguf_file:
+            raise ConfigError("model.gguf_file must be set for model.source=gguf")
+        check_choice("model.dtype", self.dtype, ("bfloat16", "float32"))
+        check_choice("model.attn_implementation", self.attn_implementation,
+                     ("sdpa", "eager", "flash_attention_2"))
+
+
+@dataclass
+class LoggingConfig:
+    """Where metrics go: JSONL always, wandb by mode, progress bars."""
+
+    wandb_mode: str = "disabled"
+    """online, offline or disabled. The JSONL file is always written and is the source of truth."""
+    wandb_project: str = "eksft"
+    """wandb project name."""
+    progress: bool = True
+    """Show progress bars with ETA (tqdm) on long loops."""
+    log_every: int = 1
+    """Write a metrics line every N optimiser steps."""
+    run_name: Optional[str] = None
+    """Display name for wandb; defaults to <experiment>/<stage>/<variant>."""
+
+    def validate(self) -> None:
+        check_choice("logging.wandb_mode", self.wandb_mode, ("online", "offline", "disabled"))
+        check_range("logging.log_every", self.log_every, 1)

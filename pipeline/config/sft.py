@@ -1,0 +1,228 @@
+"""Schema of the SFT stage: one trainer config plus one small dataclass per token-loss method.
+
+Each method dataclass is registered in Hydra as ``sft/method/base_<name>``; ``conf/sft/method/<name>.yaml``
+lists it first in its defaults, so a misspelled method key fails at composition.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from omegaconf import MISSING
+
+from pipeline.config.common import ConfigError, check_choice, check_range
+
+
+@dataclass
+class SFTMethod:
+    """Plain SFT: token-mean negative log-likelihood of the response tokens."""
+
+    name: str = "sft"
+    """Registry name of the token loss (``sft.losses.TOKEN_LOSSES``)."""
+
+    def validate(self) -> None:
+        pass
+
+
+@dataclass
+class DFTMethod(SFTMethod):
+    """DFT: NLL weighted by the detached target-token probability, −sg(p)·log p (arXiv 2508.05629)."""
+
+    name: str = "dft"
+
+
+@dataclass
+class IWSFTMethod(SFTMethod):
+    """IW-SFT: NLL weighted by a clipped, detached policy/reference likelihood ratio (arXiv 2507.12856)."""
+
+    name: str = "iwsft"
+    level: str = "sequence"
+    """sequence: w_s = clip(exp(temp · mean_i log(p_i/q_i)), 0, clip_max); token: w_i = clip(p_i/q_i, token_clip_low, token_clip_high)."""
+    temp: float = 1.0
+    """τ in the sequence weight."""
+    clip_max: float = 16.0
+    """Upper clip of the sequence weight."""
+    token_clip_low: float = 0.2
+    """Lower clip of the token-level weight."""
+    token_clip_high: float = 1.8
+    """Upper clip of the token-level weight."""
+
+    def validate(self) -> None:
+        check_choice("sft.method.level", self.level, ("sequence", "token"))
+        check_range("sft.method.temp", self.temp, 0.0, low_open=True)
+        check_range("sft.method.clip_max", self.clip_max, 0.0, low_open=True)
+        check_range("sft.method.token_clip_low", self.token_clip_low, 0.0, self.token_clip_high)
+
+
+@dataclass
+class PSFTMethod(SFTMethod):
+    """PSFT: PPO-clipped surrogate with advantage 1 against an old-policy snapshot, −min(r, 1+ε_h) (arXiv 2508.17784)."""
+
+    name: str = "psft"
+    clip_low: float = 0.2
+    """ε_l (never binds for a positive advantage; kept for completeness)."""
+    clip_high: float = 0.28
+    """ε_h."""
+    updates_per_refresh: int = 8
+    """Optimiser steps between refreshes of the old policy (1 makes PSFT identical to SFT)."""
+
+    def validate(self) -> None:
+        check_range("sft.method.clip_low", self.clip_low, 0.0, 1.0)
+        check_range("sft.method.clip_high", self.clip_high, 0.0, low_open=True)
+        check_range("sft.method.updates_per_refresh", self.updates_per_refresh, 1)
+
+
+@dataclass
+class EKSFTMethod(SFTMethod):
+    """EKSFT: drop the top-ρ entropy ∪ top-ρ KL tokens from CE; regularise them with −λ_H·mean_M(H) + λ_KL·mean_M(KL).
+
+    ``compat=official_code`` switches every ``None`` flag below to the public code's behaviour
+    (methods_spec §1.3, D1–D13); a flag set explicitly wins over the preset.
+    """
+
+    name: str = "eksft"
+    rho: float = 0.2
+    """ρ: fraction of the valid tokens selected by each criterion, k = ⌈ρ·|T|⌉."""
+    lambda_entropy: float = 0.05
+    """λ_H: weight of the entropy bonus on M."""
+    lambda_kl: float = 0.05
+    """λ_KL: weight of the reverse-KL penalty KL(π_θ‖π_ref) on M."""
+    combine: str = "union"
+    """union (paper) or intersection of M_H and M_KL."""
+    selection: str = "topk"
+    """topk (paper) or random (the paper's random-masking ablation, ``random_mask_ratio`` of tokens)."""
+    random_mask_ratio: float = 0.1
+    """Fraction of tokens masked uniformly at random when ``selection=random``."""
+    global_regularisation: bool = False
+    """Ablation: CE on all tokens and both regularisers on all tokens (no selection)."""
+    compat: str = "paper"
+    """paper (spec default) or official_code (preset for the flags below)."""
+    mask_alignment: Optional[str] = None
+    """paper (shifted prediction positions) or official_code (unshifted label positions, D1)."""
+    k_rounding: Optional[str] = None
+    """ceil (paper) or floor (code, D2)."""
+    topk_ties: Optional[str] = None
+    """paper_rank (ties at the boundary excluded) or exact_k (exactly k, ties by index, D3)."""
+    selection_scope: str = "micro_batch"
+    """micro_batch (paper and code with batch 1) or sequence (D4)."""
+    reg_sets: Optional[str] = None
+    """union (both regularisers over M, ÷|M|) or per_criterion (H over M_H ÷k, KL over M_KL ÷k, D7)."""
+    entropy_norm: Optional[str] = None
+    """none (nats) or log_vocab (÷ ln V, D8)."""
+    kl_formula: Optional[str] = None
+    """true_kl Σp(log p − log q) or official_code Σp(p − log q) (D9)."""
+    dynamic_lambda: Optional[bool] = None
+    """Per-step ±factor multiplier on λ's (code, D10)."""
+    target_entropy: float = 0.5
+    """Dynamic-λ entropy target (normalised entropy loss)."""
+    target_kl: float = 2.0
+    """Dynamic-λ KL target."""
+    dynamic_lambda_factor: float = 0.05
+    """Dynamic-λ step size."""
+    stats_dtype: Optional[str] = None
+    """fp32 (spec) or model (bf16 statistics as in the code, D12)."""
+    kl_eps: float = 1e-9
+    """KL values below this count as 0 when ranking (keeps M_KL empty at step 0)."""
+
+    def validate(self) -> None:
+        check_range("sft.method.rho", self.rho, 0.0, 1.0)
+        check_range("sft.method.lambda_entropy", self.lambda_entropy, 0.0)
+        check_range("sft.method.lambda_kl", self.lambda_kl, 0.0)
+        check_choice("sft.method.combine", self.combine, ("union", "intersection"))
+        check_choice("sft.method.selection", self.selection, ("topk", "random"))
+        check_range("sft.method.random_mask_ratio", self.random_mask_ratio, 0.0, 1.0)
+        check_choice("sft.method.compat", self.compat, ("paper", "official_code"))
+        check_choice("sft.method.mask_alignment", self.mask_alignment, (None, "paper", "official_code"))
+        check_choice("sft.method.k_rounding", self.k_rounding, (None, "ceil", "floor"))
+        check_choice("sft.method.topk_ties", self.topk_ties, (None, "paper_rank", "exact_k"))
+        check_choice("sft.method.selection_scope", self.selection_scope, ("micro_batch", "sequence"))
+        check_choice("sft.method.reg_sets", self.reg_sets, (None, "union", "per_criterion"))
+        check_choice("sft.method.entropy_norm", self.entropy_norm, (None, "none", "log_vocab"))
+        check_choice("sft.method.kl_formula", self.kl_formula, (None, "true_kl", "official_code"))
+        check_choice("sft.method.stats_dtype", self.stats_dtype, (None, "fp32", "model"))
+        check_range("sft.method.kl_eps", self.kl_eps, 0.0)
+        check_range("sft.method.dynamic_lambda_factor", self.dynamic_lambda_factor, 0.0, 1.0)
+
+
+SFT_METHOD_SCHEMAS: dict[str, type[SFTMethod]] = {
+    "sft": SFTMethod,
+    "dft": DFTMethod,
+    "iwsft": IWSFTMethod,
+    "psft": PSFTMethod,
+    "eksft": EKSFTMethod,
+}
+"""Schema of each method, by registry name; the loss registry must have exactly these names."""
+
+
+@dataclass
+class SFTConfig:
+    """The SFT trainer (FSDP2 under torchrun); identical for every method."""
+
+    method: Any = MISSING
+    """The token-loss method (``conf/sft/method/*.yaml``)."""
+    lr: float = 1e-5
+    """Peak learning rate (AdamW)."""
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
+    """AdamW β1, β2."""
+    adam_eps: float = 1e-8
+    """AdamW ε."""
+    weight_decay: float = 0.1
+    """AdamW decoupled weight decay."""
+    lr_schedule: str = "cosine"
+    """cosine or constant after linear warm-up."""
+    warmup_ratio: float = 0.01
+    """Warm-up steps as a fraction of all optimiser steps."""
+    min_lr_ratio: float = 0.0
+    """Final learning rate as a fraction of the peak (cosine)."""
+    grad_clip: float = 1.0
+    """Max global gradient norm (0 disables clipping)."""
+    micro_batch_size: int = 1
+    """Sequences per micro-batch per rank."""
+    grad_accum: int = 8
+    """Micro-batches per optimiser step per rank."""
+    epochs: int = 8
+    """Passes over the SFT split."""
+    max_steps: int = -1
+    """Stop after this many optimiser steps (-1: epochs decide)."""
+    loss_norm: str = "micro_batch_mean"
+    """micro_batch_mean: mean over micro-batches (and ranks) of each micro-batch's loss (paper Alg. 1, methods_spec D13);
+    global_token_mean: Σ token losses ÷ valid tokens of the whole optimiser step over all ranks;
+    micro_batch_sum: like micro_batch_mean without ÷grad_accum (the official code's HF quirk)."""
+    chunk_size: int = 1024
+    """Tokens per chunk of the loss head (only module that builds [tokens × vocab] tensors)."""
+    mixed_precision: str = "bf16"
+    """bf16 (autocast on CPU, FSDP2 MixedPrecisionPolicy on GPU) or fp32."""
+    gradient_checkpointing: bool = False
+    """Recompute decoder activations in backward."""
+    checkpoint_every: int = 0
+    """Save a resumable checkpoint every N optimiser steps (0: at every epoch end only)."""
+    keep_checkpoints: int = 2
+    """Resumable checkpoints kept on disk."""
+
+    def validate(self) -> None:
+        if not isinstance(self.method, SFTMethod):
+            raise ConfigError("sft.method must be one of the configs in conf/sft/method "
+                              f"({sorted(SFT_METHOD_SCHEMAS)}); got {type(self.method).__name__}")
+        check_choice("sft.method.name", self.method.name, SFT_METHOD_SCHEMAS)
+        self.method.validate()
+        check_range("sft.lr", self.lr, 0.0, 1.0, low_open=True)
+        if len(self.betas) != 2:
+            raise ConfigError(f"sft.betas must have two values; got {self.betas}")
+        for i, beta in enumerate(self.betas):
+            check_range(f"sft.betas[{i}]", beta, 0.0, 1.0, high_open=True)
+        check_range("sft.adam_eps", self.adam_eps, 0.0, low_open=True)
+        check_range("sft.weight_decay", self.weight_decay, 0.0)
+        check_choice("sft.lr_schedule", self.lr_schedule, ("cosine", "constant"))
+        check_range("sft.warmup_ratio", self.warmup_ratio, 0.0, 1.0)
+        check_range("sft.min_lr_ratio", self.min_lr_ratio, 0.0, 1.0)
+        check_range("sft.grad_clip", self.grad_clip, 0.0)
+        check_range("sft.micro_batch_size", self.micro_batch_size, 1)
+        check_range("sft.grad_accum", self.grad_accum, 1)
+        check_range("sft.epochs", self.epochs, 1)
+        if self.max_steps != -1:
+            check_range("sft.max_steps", self.max_steps, 1)
+        check_choice("sft.loss_norm", self.loss_norm, ("micro_batch_mean", "global_token_mean", "micro_batch_sum"))
+        check_range("sft.chunk_size", self.chunk_size, 1)
+        check_choice("sft.mixed_precision", self.mixed_precision, ("bf16", "fp32"))
+        check_range("sft.checkpoint_every", self.checkpoint_every, 0)
+        check_range("sft.keep_checkpoints", self.keep_checkpoints, 1)

@@ -1,0 +1,93 @@
+"""Metrics and progress: a JSONL file that is always written (the source of truth), optional wandb, tqdm bars."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from tqdm.auto import tqdm
+
+
+def _plain(value: Any) -> Any:
+    """JSON-friendly scalar: tensors and numpy numbers become Python floats/ints; NaN/inf become strings."""
+    if hasattr(value, "item") and callable(value.item):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return value
+
+
+class MetricsLogger:
+    """Appends one JSON object per ``log`` call to ``path``; mirrors it to wandb when ``wandb_mode`` is not disabled.
+
+    Only the process with ``enabled=True`` writes (rank 0 under torchrun). Lines are flushed as they are
+    written, so a crash loses nothing that was logged.
+    """
+
+    def __init__(self, path: str | Path, *, enabled: bool = True, wandb_mode: str = "disabled",
+                 wandb_project: str = "eksft", run_name: str = "", config: Mapping[str, Any] | None = None,
+                 wandb_dir: str | Path | None = None):
+        self.path = Path(path)
+        self.enabled = enabled
+        self._wandb = None
+        if not enabled:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = open(self.path, "a", encoding="utf-8")
+        if wandb_mode != "disabled":
+            import wandb
+
+            self._wandb = wandb.init(project=wandb_project, name=run_name or None, mode=wandb_mode,
+                                     config=dict(config or {}), dir=str(wandb_dir or self.path.parent),
+                                     reinit="finish_previous")
+
+    def log(self, step: int, metrics: Mapping[str, Any]) -> None:
+        if not self.enabled:
+            return
+        record = {"step": step, "time": round(time.time(), 3)}
+        record.update({key: _plain(value) for key, value in metrics.items()})
+        self._file.write(json.dumps(record, sort_keys=True) + "\n")
+        self._file.flush()
+        if self._wandb is not None:
+            self._wandb.log({k: v for k, v in record.items() if isinstance(v, (int, float))}, step=step)
+
+    def close(self) -> None:
+        if not self.enabled:
+            return
+        self._file.close()
+        if self._wandb is not None:
+            self._wandb.finish()
+            self._wandb = None
+
+    def __enter__(self) -> "MetricsLogger":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    """Every record of a JSONL metrics file (a missing file reads as no records)."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    with open(path, encoding="utf-8") as handle:
+        return [json.loads(line) for line in handle if line.strip()]
+
+
+def progress(iterable: Iterable | None = None, *, total: int | None = None, desc: str = "",
+             enabled: bool = True, initial: int = 0, unit: str = "it") -> tqdm:
+    """A tqdm bar with rate and ETA; silent when ``enabled`` is False (non-zero ranks, ``logging.progress=false``)."""
+    return tqdm(iterable, total=total, desc=desc, disable=not enabled, initial=initial, unit=unit,
+                dynamic_ncols=True, mininterval=1.0)
+
+
+def configure_cpu_threads(num_threads: int) -> None:
+    """Bounded OpenMP spinning and a fixed thread count: on a loaded 2-core box the default spin made steps 10-60x slower."""
+    os.environ.setdefault("GOMP_SPINCOUNT", "10000")
+    import torch
+
+    torch.set_num_threads(num_threads)
