@@ -1,0 +1,147 @@
+"""The stage plan of an experiment: every stage command, in order, with the folders whose manifests it writes.
+
+An experiment lists stages (``experiment.stages``) and SFT methods (``experiment.methods``); the profile lists
+models. The plan expands them::
+
+    data      python -m data.prepare                                   (once)
+    base      python -m data.toy_base (toy models only), python -m data.tokenize_sft   (per model)
+    sft       torchrun ... -m sft.train  sft/method=<m>                 (per model x method)
+    eval_sft  python -m eval.run eval.phase=sft eval.variant=<v>       (per model x [base] + methods)
+    rl        python -m rl.train rl.init=<v>                           (per model x [base] + methods)
+    eval_rl   python -m eval.run eval.phase=rl eval.variant=<v>        (per model x [base] + methods)
+    report    python -m eval.report                                    (once)
+
+Every command carries the user's overrides plus its own, so each stage composes exactly the config the
+plan was built from; a stage's command line is all it needs to be re-run by hand.
+"""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pipeline.config import Config, compose
+from pipeline.paths import (
+    BASE_VARIANT,
+    data_dir,
+    eval_dir,
+    method_label,
+    report_dir,
+    rl_dir,
+    sft_dir,
+    toy_base_dir,
+)
+
+
+@dataclass
+class StageCommand:
+    """One process the orchestrator launches."""
+
+    stage: str
+    """Stage name (data, base, sft, eval_sft, rl, eval_rl, report)."""
+    name: str
+    """Human-readable id, e.g. ``sft/qwen3_4b/eksft``."""
+    argv: list[str]
+    """The exact command line."""
+    manifest_dirs: list[Path]
+    """Folders whose manifests the command writes; all complete means the command is done."""
+    config: Config
+    """The config the command composes (for display and for the skip check)."""
+    settings: dict[str, object] = field(default_factory=dict)
+    """The resolved settings worth showing in a dry run."""
+
+    @property
+    def record_dir(self) -> Path:
+        """Where the orchestrator keeps this command's launch record and log."""
+        return self.manifest_dirs[0] if len(self.manifest_dirs) == 1 else self.manifest_dirs[0].parent
+
+
+def _python_module(module: str, overrides: list[str]) -> list[str]:
+    return [sys.executable, "-m", module, *overrides]
+
+
+def torchrun_prefix(cfg: Config) -> list[str]:
+    """torchrun for the SFT trainer: ``--standalone`` on one node, c10d rendezvous across nodes.
+
+    Multi-node: run the same command on every node with MASTER_ADDR / MASTER_PORT / NODE_RANK exported
+    (Slurm: ``srun`` sets them from ``scripts/slurm_env.sh``).
+    """
+    prefix = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={cfg.profile.nproc_per_node}"]
+    if cfg.profile.nnodes == 1:
+        return [*prefix, "--standalone"]
+    return [*prefix, f"--nnodes={cfg.profile.nnodes}", "--node_rank=${NODE_RANK}", "--rdzv_backend=c10d",
+            "--rdzv_endpoint=${MASTER_ADDR}:${MASTER_PORT}", "--rdzv_id=${RDZV_ID:-eksft}"]
+
+
+def _sft_settings(cfg: Config) -> dict[str, object]:
+    s = cfg.sft
+    return {"method": vars(s.method), "lr": s.lr, "schedule": f"{s.lr_schedule} warmup {s.warmup_ratio}",
+            "batch": f"{s.micro_batch_size} x GA {s.grad_accum} x {cfg.profile.nproc_per_node * cfg.profile.nnodes} ranks",
+            "epochs": s.epochs, "max_steps": s.max_steps, "loss_norm": s.loss_norm, "cutoff": cfg.data.max_length,
+            "precision": s.mixed_precision}
+
+
+def _eval_settings(cfg: Config) -> dict[str, object]:
+    return {"sampling": vars(cfg.eval)}
+
+
+def _rl_settings(cfg: Config, variant: str) -> dict[str, object]:
+    from rl.verl_args import build_command  # the exact verl argv; pure, no Ray
+
+    return {"verl": " ".join(build_command(cfg, variant))}
+
+
+def build_plan(cfg: Config, overrides: list[str]) -> list[StageCommand]:
+    """Expands ``cfg.experiment`` into the ordered list of stage commands (user ``overrides`` go to every stage)."""
+    stages = set(cfg.experiment.stages)
+    plan: list[StageCommand] = []
+    if "data" in stages:
+        plan.append(StageCommand("data", "data", _python_module("data.prepare", overrides), [data_dir(cfg)], cfg,
+                                 {"source": cfg.data.source, "split_seed": cfg.data.split_seed,
+                                  "num_sft_rows": cfg.data.num_sft_rows, "benchmarks": list(cfg.data.benchmarks)}))
+    for model in cfg.profile.models:
+        model_overrides = [*overrides, f"model={model}"]
+        mcfg = compose(model_overrides)
+        if "base" in stages:
+            if mcfg.model.source == "toy":
+                plan.append(StageCommand("base", f"base/{model}", _python_module("data.toy_base", model_overrides),
+                                         [toy_base_dir(mcfg)], mcfg, {"toy": vars(mcfg.toy)}))
+            plan.append(StageCommand("base", f"tokenize/{model}", _python_module("data.tokenize_sft", model_overrides),
+                                     [data_dir(mcfg) / model], mcfg, {"max_length": mcfg.data.max_length}))
+        labels = []
+        for method in cfg.experiment.methods:
+            method_overrides = [*model_overrides, f"sft/method={method}"]
+            scfg = compose(method_overrides)
+            label = method_label(scfg.sft.method)
+            labels.append(label)
+            if "sft" in stages:
+                argv = [*torchrun_prefix(scfg), "-m", "sft.train", *method_overrides]
+                plan.append(StageCommand("sft", f"sft/{model}/{label}", argv, [sft_dir(scfg)], scfg,
+                                         _sft_settings(scfg)))
+        variants = [BASE_VARIANT, *labels]
+        for phase, stage in (("sft", "eval_sft"), ("rl", "eval_rl")):
+            if stage == "eval_rl" and "rl" in stages:
+                continue  # scheduled right after each variant's RL run below
+            if stage not in stages:
+                continue
+            plan.extend(_eval_commands(mcfg, model_overrides, phase, variants))
+        if "rl" in stages:
+            for variant in variants:
+                rl_overrides = [*model_overrides, f"rl.init={variant}"]
+                plan.append(StageCommand("rl", f"rl/{model}/{variant}", _python_module("rl.train", rl_overrides),
+                                         [rl_dir(mcfg, variant)], mcfg, _rl_settings(mcfg, variant)))
+                if "eval_rl" in stages:
+                    plan.extend(_eval_commands(mcfg, model_overrides, "rl", [variant]))
+    if "report" in stages:
+        plan.append(StageCommand("report", "report", _python_module("eval.report", overrides), [report_dir(cfg)], cfg))
+    return plan
+
+
+def _eval_commands(cfg: Config, overrides: list[str], phase: str, variants: list[str]) -> list[StageCommand]:
+    commands = []
+    for variant in variants:
+        argv = _python_module("eval.run", [*overrides, f"eval.phase={phase}", f"eval.variant={variant}"])
+        dirs = [eval_dir(cfg, phase, variant, bench) for bench in cfg.data.benchmarks]
+        commands.append(StageCommand(f"eval_{phase}", f"eval/{cfg.model.name}/{phase}/{variant}", argv, dirs, cfg,
+                                     {**_eval_settings(cfg), "benchmarks": list(cfg.data.benchmarks)}))
+    return commands

@@ -1,0 +1,65 @@
+"""Hydra composition and validation: every experiment composes on both profiles; errors name the key."""
+from __future__ import annotations
+
+import pytest
+
+from pipeline.config import CONF_DIR, ConfigError, compose
+from pipeline.config.sft import SFT_METHOD_SCHEMAS
+
+EXPERIMENTS = sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
+METHOD_PRESETS = sorted(p.stem for p in (CONF_DIR / "sft" / "method").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("profile", ["toy", "paper"])
+@pytest.mark.parametrize("experiment", EXPERIMENTS)
+def test_every_experiment_composes_and_validates(experiment, profile):
+    cfg = compose([f"experiment={experiment}", f"profile={profile}"])
+    assert cfg.experiment.name == experiment
+    assert cfg.profile.name == profile
+
+
+@pytest.mark.parametrize("preset", METHOD_PRESETS)
+def test_every_method_preset_composes(preset):
+    cfg = compose([f"sft/method={preset}"])
+    assert cfg.sft.method.name in SFT_METHOD_SCHEMAS
+
+
+def test_paper_profile_values():
+    cfg = compose(["profile=paper", "experiment=table1"])
+    assert cfg.profile.models == ["qwen3_4b", "qwen3_8b"]
+    assert cfg.model.path == "Qwen/Qwen3-4B"
+    assert (cfg.sft.lr, cfg.sft.betas, cfg.sft.grad_accum, cfg.sft.epochs) == (1e-5, [0.9, 0.95], 8, 8)
+    assert cfg.data.max_length == 20000 and cfg.data.num_sft_rows == 3000
+    assert (cfg.eval.n, cfg.eval.temperature, cfg.eval.max_tokens) == (32, 1.0, 8192)
+    assert sorted(cfg.data.benchmarks) == ["aime24", "aime25", "amc", "hmmt25"]
+
+
+def test_command_line_choice_beats_profile_default():
+    assert compose(["profile=paper", "model=qwen3_8b"]).model.name == "qwen3_8b"
+
+
+@pytest.mark.parametrize("override, key", [
+    ("sft.method.rho=1.5", "sft.method.rho"),
+    ("sft.lr=-1", "sft.lr"),
+    ("profile.device=tpu", "profile.device"),
+    ("sft.loss_norm=per_token", "sft.loss_norm"),
+    ("eval.n=0", "eval.n"),
+])
+def test_invalid_value_names_the_key(override, key):
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        compose([override])
+
+
+def test_misspelled_key_fails_at_composition():
+    with pytest.raises(Exception, match="sft.method.rhoo"):
+        compose(["sft.method.rhoo=0.1"])
+
+
+def test_unknown_method_lists_the_options():
+    with pytest.raises(Exception, match="eksft"):
+        compose(["sft/method=no_such_method"])
+
+
+def test_toy_model_needs_toy_profile():
+    with pytest.raises(ConfigError, match="model=toy"):
+        compose(["profile=paper", "model=toy"])
