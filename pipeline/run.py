@@ -25,8 +25,13 @@ PLAN_OWNED_KEYS = {"model": "profile.models=[...]", "sft/method": "experiment.me
 """Keys the plan sets per stage; a user override of one would be ambiguous."""
 
 
-def stage_overrides(task_overrides: list[str]) -> list[str]:
-    """The user's overrides that every stage command receives (orchestrator-only keys removed)."""
+def stage_overrides(task_overrides: list[str], methods: list[str] | None = None) -> list[str]:
+    """The user's overrides that every stage command receives (orchestrator-only keys removed).
+
+    A sweep preset (``+sweep=...``) stays with the orchestrator: a stage given it would start a multirun of its
+    own. Its point values reach the stages as plain task overrides, and ``methods`` (the experiment's resolved
+    method list) is passed on explicitly in its place.
+    """
     kept = []
     for override in task_overrides:
         key = override.lstrip("+~").split("=", 1)[0]
@@ -34,6 +39,10 @@ def stage_overrides(task_overrides: list[str]) -> list[str]:
             hint = PLAN_OWNED_KEYS[key]
             raise ConfigError(f"'{override}' cannot be given to the orchestrator: the plan sets {key} per stage"
                               + (f"; use {hint} instead" if hint else ""))
+        if key == "sweep":
+            if methods is not None:
+                kept.append(f"experiment.methods=[{','.join(methods)}]")
+            continue
         if key == "dry_run" or key.startswith("hydra"):
             continue
         kept.append(override)
@@ -77,7 +86,8 @@ def run(cfg: Config, overrides: list[str]) -> list[StageCommand]:
 
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base=None)
 def main(dict_cfg: DictConfig) -> None:
-    run(to_config(dict_cfg), stage_overrides(list(HydraConfig.get().overrides.task)))
+    cfg = to_config(dict_cfg)
+    run(cfg, stage_overrides(list(HydraConfig.get().overrides.task), cfg.experiment.methods))
 
 
 if __name__ == "__main__":

@@ -67,3 +67,8 @@ def test_failed_stage_reports_its_reason(tmp_path):
         run_command(command)
     assert (tmp_path / "stage" / "launch.log").exists()
     assert not is_done(command)
+
+
+def test_sweep_preset_stays_with_the_orchestrator():
+    kept = stage_overrides(["+sweep=eksft_rho", "sft.method.rho=0.3"], methods=["eksft"])
+    assert kept == ["experiment.methods=[eksft]", "sft.method.rho=0.3"]
