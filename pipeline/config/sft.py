@@ -92,7 +92,9 @@ class EKSFTMethod(SFTMethod):
     selection: str = "topk"
     """topk (paper) or random (the paper's random-masking ablation, ``random_mask_ratio`` of tokens)."""
     random_mask_ratio: float = 0.1
-    """Fraction of tokens masked uniformly at random when ``selection=random``."""
+    """Fraction of tokens masked uniformly at random when ``selection=random`` (count rounded by ``k_rounding``)."""
+    random_mask_seed: int = 0
+    """Seed of the random mask; each group's mask is drawn from a generator seeded by this and a hash of its token ids."""
     global_regularisation: bool = False
     """Ablation: CE on all tokens and both regularisers on all tokens (no selection)."""
     compat: str = "paper"
@@ -131,6 +133,7 @@ class EKSFTMethod(SFTMethod):
         check_choice("sft.method.combine", self.combine, ("union", "intersection"))
         check_choice("sft.method.selection", self.selection, ("topk", "random"))
         check_range("sft.method.random_mask_ratio", self.random_mask_ratio, 0.0, 1.0)
+        check_range("sft.method.random_mask_seed", self.random_mask_seed, 0, 2**31 - 1)
         check_choice("sft.method.compat", self.compat, ("paper", "official_code"))
         check_choice("sft.method.mask_alignment", self.mask_alignment, (None, "paper", "official_code"))
         check_choice("sft.method.k_rounding", self.k_rounding, (None, "ceil", "floor"))
@@ -144,12 +147,41 @@ class EKSFTMethod(SFTMethod):
         check_range("sft.method.dynamic_lambda_factor", self.dynamic_lambda_factor, 0.0, 1.0)
 
 
+@dataclass
+class ASFTMethod(SFTMethod):
+    """ASFT: DFT plus a forward-KL anchor to the frozen reference, −sg(p)·log p + λ·KL(π_ref‖π_θ) (arXiv 2509.23753)."""
+
+    name: str = "asft"
+    kl_coef: float = 0.1
+    """λ: weight of the forward KL(π_ref‖π_θ) on every supervised token."""
+
+    def validate(self) -> None:
+        check_range("sft.method.kl_coef", self.kl_coef, 0.0)
+
+
+@dataclass
+class GEMMethod(SFTMethod):
+    """GEM: Σ_v q_v·w_v·(log π_θ(v) − log π_θ(y)) with q = sg(softmax(z/β)) (arXiv 2408.16673)."""
+
+    name: str = "gem"
+    beta: float = 0.7
+    """β: temperature of the detached target distribution q = softmax(z/β)."""
+    h: str = "linear"
+    """linear (w_v = 1) or logsigmoid (w_v = sg(σ(0.01·(z_v − z_y))), the authors' Qwen2.5 numina script)."""
+
+    def validate(self) -> None:
+        check_range("sft.method.beta", self.beta, 0.0, low_open=True)
+        check_choice("sft.method.h", self.h, ("linear", "logsigmoid"))
+
+
 SFT_METHOD_SCHEMAS: dict[str, type[SFTMethod]] = {
     "sft": SFTMethod,
     "dft": DFTMethod,
     "iwsft": IWSFTMethod,
     "psft": PSFTMethod,
     "eksft": EKSFTMethod,
+    "asft": ASFTMethod,
+    "gem": GEMMethod,
 }
 """Schema of each method, by registry name; the loss registry must have exactly these names."""
 

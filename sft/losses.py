@@ -1,0 +1,413 @@
+"""Per-token SFT objectives: one registry, one small class per method, no vocabulary-sized tensors.
+
+A :class:`TokenLoss` names the detached per-token statistics it needs (``stats``) and turns them
+(:class:`~sft.token_stats.TokenStats`, one row per prediction position) into per-row coefficients of
+differentiable per-token terms (:class:`~sft.token_stats.TokenWeights`); ``sft.token_stats`` computes the
+statistics and the weighted sum chunk by chunk. The trainer gets its loss with ``build_loss(cfg.sft.method)``
+and never branches on a method name. Formulas and sources: ``docs/methods.md`` and methods_spec §1–5.
+
+Notation: T the supervised prediction positions of a selection group, ``p_i`` the policy's probability of
+target ``y_i``, ``q`` the frozen reference, ``H_i``/``KL_i`` entropy and reverse KL(π_θ‖π_ref) in nats,
+``sg`` stop-gradient. Every loss is a token mean within its micro-batch unless stated; "0 if empty" throughout.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import math
+from typing import Any, Callable, Mapping
+
+import torch
+from torch import Tensor
+
+from pipeline.config.common import ConfigError
+from pipeline.config.sft import SFT_METHOD_SCHEMAS, EKSFTMethod, SFTMethod
+from pipeline.seeding import derive_seed
+from sft.token_stats import TokenStats, TokenWeights, dense_loss
+
+
+class TokenLoss:
+    """Base of every registered token loss; built from its config dataclass (``pipeline.config.sft``)."""
+
+    name: str = ""
+    needs_reference: bool = False
+    """The frozen base model's hidden states are needed (EKSFT, IW-SFT, ASFT)."""
+    needs_old_policy: bool = False
+    """Hidden states of an old-policy snapshot are needed (PSFT)."""
+    old_policy_refresh_every: int = 0
+    """Optimiser steps between old-policy refreshes (PSFT: ``updates_per_refresh``; else 0)."""
+    stats: tuple[str, ...] = ("logp",)
+    """Per-token statistics pass A computes (names of ``sft.token_stats.row_terms``)."""
+    uses_label_positions: bool = False
+    """Also give ``weigh`` the rows ``labels[i] != -100`` (official EKSFT alignment, methods_spec D1)."""
+    stats_in_model_dtype: bool = False
+    """Compute pass-A statistics in the model dtype instead of fp32 (official EKSFT, D12)."""
+
+    def __init__(self, cfg: SFTMethod):
+        self.cfg = cfg
+        self.term_options: Mapping[str, Any] = {}
+
+    def weigh(self, stats: TokenStats) -> TokenWeights:
+        raise NotImplementedError
+
+
+TOKEN_LOSSES: dict[str, type[TokenLoss]] = {}
+"""Registry name → loss class; the names equal ``pipeline.config.sft.SFT_METHOD_SCHEMAS``."""
+
+
+def register_token_loss(name: str) -> Callable[[type[TokenLoss]], type[TokenLoss]]:
+    """Class decorator adding a loss to :data:`TOKEN_LOSSES`; a name can be registered once."""
+
+    def add(cls: type[TokenLoss]) -> type[TokenLoss]:
+        if name in TOKEN_LOSSES:
+            raise ValueError(f"token loss {name!r} is already registered ({TOKEN_LOSSES[name].__name__})")
+        cls.name = name
+        TOKEN_LOSSES[name] = cls
+        return cls
+
+    return add
+
+
+def build_loss(method_cfg: SFTMethod) -> TokenLoss:
+    """The registered loss for ``method_cfg`` (an instance of a dataclass in ``SFT_METHOD_SCHEMAS``)."""
+    name = getattr(method_cfg, "name", None)
+    if name not in TOKEN_LOSSES:
+        raise ConfigError(f"sft.method.name: unknown token loss {name!r}; valid: {sorted(TOKEN_LOSSES)}")
+    schema = SFT_METHOD_SCHEMAS.get(name)
+    if schema is None or type(method_cfg) is not schema:
+        raise ConfigError(f"sft.method: the config of {name!r} must be a {getattr(schema, '__name__', None)}; "
+                          f"got {type(method_cfg).__name__}")
+    method_cfg.validate()
+    return TOKEN_LOSSES[name](method_cfg)
+
+
+def compute_token_loss(method: str | SFTMethod, logits: Tensor, labels: Tensor, ref_logits: Tensor | None = None,
+                       old_logits: Tensor | None = None, **params: Any) -> tuple[Tensor, dict[str, Tensor]]:
+    """Dense reference API: ``method`` (a name or a config) on HF-convention unshifted ``logits [B, L, V]`` and
+    ``labels [B, L]`` (-100 ignored); ``params`` override config fields (e.g. ``rho``, ``lambda_entropy``,
+    ``lambda_kl``, ``compat="official_code"``). Returns ``(loss, metrics)``, metrics detached."""
+    if isinstance(method, str):
+        if method not in SFT_METHOD_SCHEMAS:
+            raise ConfigError(f"unknown token loss {method!r}; valid: {sorted(SFT_METHOD_SCHEMAS)}")
+        schema = SFT_METHOD_SCHEMAS[method]
+        base = schema()
+    else:
+        schema, base = type(method), method
+    known = {f.name for f in dataclasses.fields(schema)} - {"name"}
+    unknown = sorted(set(params) - known)
+    if unknown:
+        raise ConfigError(f"unknown parameters {unknown} for token loss {base.name!r}; valid: {sorted(known)}")
+    result = dense_loss(build_loss(dataclasses.replace(base, **params)), logits, labels,
+                        ref_logits=ref_logits, old_logits=old_logits)
+    return result.loss, result.metrics
+
+
+# ------------------------------------------------------------------------------------------ helpers
+
+
+def _count(mask: Tensor) -> Tensor:
+    return mask.sum().float()
+
+
+def _per_row_share(mask: Tensor, denominator: Tensor | None = None) -> Tensor:
+    """``mask / denominator`` as fp32 (default denominator ``|mask|``); all zeros when the denominator is 0."""
+    den = _count(mask) if denominator is None else denominator.float()
+    return mask.float() / den.clamp(min=1.0)
+
+
+def _mean_on(values: Tensor, mask: Tensor) -> Tensor:
+    """Mean of ``values`` over ``mask`` (0 if empty)."""
+    return (values * mask).sum() / _count(mask).clamp(min=1.0)
+
+
+def _ce_metrics(stats: TokenStats, mask: Tensor) -> dict[str, Tensor]:
+    return {"ce": _mean_on(-stats.values["logp"], mask), "num_T": _count(mask)}
+
+
+# ------------------------------------------------------------------------------------------ baselines
+
+
+@register_token_loss("sft")
+class SFTLoss(TokenLoss):
+    """SFT: ``L = −(1/|T|) Σ_{i∈T} log p_i``."""
+
+    def weigh(self, stats: TokenStats) -> TokenWeights:
+        share = _per_row_share(stats.has_target)
+        return TokenWeights(coefs={"logp": -share}, constant=share.new_zeros(()),
+                            metrics=_ce_metrics(stats, stats.has_target))
+
+
+@register_token_loss("dft")
+class DFTLoss(TokenLoss):
+    """DFT (arXiv 2508.05629): ``L = −(1/|T|) Σ_{i∈T} sg(p_i) log p_i``; gradient ``−(1/|T|) Σ ∇p_i``."""
+
+    def weigh(self, stats: TokenStats) -> TokenWeights:
+        share = _per_row_share(stats.has_target)
+        prob = stats.values["logp"].exp()
+        metrics = _ce_metrics(stats, stats.has_target)
+        metrics["dft_p_mean"] = _mean_on(prob, stats.has_target)
+        return TokenWeights(coefs={"logp": -share * prob}, constant=share.new_zeros(()), metrics=metrics)
+
+
+@register_token_loss("iwsft")
+class IWSFTLoss(TokenLoss):
+    """IW-SFT (arXiv 2507.12856): ``L = −(1/|T|) Σ_{i∈T} w_i log p_i`` with a detached weight,
+    sequence level ``w_i = w_s = clip(exp(τ · mean_{j∈s} (log p_j − log q_j)), 0, clip_max)``, or token level
+    ``w_i = clip(p_i / q_i, token_clip_low, token_clip_high)``; ``q`` the frozen reference."""
+
+    needs_reference = True
+    stats = ("logp", "ref_logp")
+
+    def weigh(self, stats: TokenStats) -> TokenWeights:
+        cfg = self.cfg
+        mask = stats.has_target
+        log_ratio = (stats.values["logp"] - stats.values["ref_logp"]) * mask
+        if cfg.level == "sequence":
+            seq_sum = log_ratio.new_zeros(stats.num_sequences).index_add_(0, stats.sequence, log_ratio)
+            seq_count = log_ratio.new_zeros(stats.num_sequences).index_add_(0, stats.sequence, mask.float())
+            seq_weight = torch.clamp(torch.exp(cfg.temp * seq_sum / seq_count.clamp(min=1.0)), 0.0, cfg.clip_max)
+            weight = seq_weight[stats.sequence]
+            weighted_units, unit_weights = seq_count > 0, seq_weight
+        else:
+            weight = torch.clamp(torch.exp(log_ratio), cfg.token_clip_low, cfg.token_clip_high)
+            weighted_units, unit_weights = mask, weight
+        share = _per_row_share(mask)
+        metrics = _ce_metrics(stats, mask)
+        metrics["iw_weight_mean"] = _mean_on(unit_weights, weighted_units)
+        metrics["iw_weight_max"] = torch.where(weighted_units, unit_weights, 0.0).max() if mask.numel() \
+            else share.new_zeros(())
+        return TokenWeights(coefs={"logp": -share * weight}, constant=share.new_zeros(()), metrics=metrics)
+
+
+@register_token_loss("psft")
+class PSFTLoss(TokenLoss):
+    """PSFT (arXiv 2508.17784): ``L = −(1/|T|) Σ_{i∈T} min(r_i, 1 + ε_h)``, ``r_i = exp(clamp(log p_i −
+    log π_old(y_i), −20, 20))`` (PPO surrogate with advantage 1; the lower clip never binds). Clipped rows are a
+    constant; the others have gradient ``−r_i ∇log p_i`` (= SFT's at r = 1)."""
+
+    needs_old_policy = True
+    stats = ("logp", "old_logp")
+
+    def __init__(self, cfg: SFTMethod):
+        super().__init__(cfg)
+        self.old_policy_refresh_every = cfg.updates_per_refresh
+
+    def weigh(self, stats: TokenStats) -> TokenWeights:
+        mask = stats.has_target
+        ratio = torch.exp(torch.clamp(stats.values["logp"] - stats.values["old_logp"], -20.0, 20.0))
+        clipped = mask & (ratio > 1.0 + self.cfg.clip_high)
+        share = _per_row_share(mask)
+        metrics = _ce_metrics(stats, mask)
+        metrics["psft_clip_frac"] = _mean_on(clipped.float(), mask)
+        metrics["psft_ratio_mean"] = _mean_on(ratio, mask)
+        return TokenWeights(coefs={"ratio": -share * (~clipped)},
+                            constant=-(1.0 + self.cfg.clip_high) * (share * clipped).sum(), metrics=metrics)
+
+
+@register_token_loss("asft")
+class ASFTLoss(TokenLoss):
+    """ASFT (arXiv 2509.23753): ``L = (1/|T|) Σ_{i∈T} [−sg(p_i) log p_i + λ KL(π_ref ‖ π_θ)_i]`` (forward KL,
+    full distributions, every supervised token)."""
+
+    needs_reference = True
+    stats = ("logp", "forward_kl")
+
+    def weigh(self, stats: TokenStats) -> TokenWeights:
+        mask = stats.has_target
+        share = _per_row_share(mask)
+        prob = stats.values["logp"].exp()
+        metrics = _ce_metrics(stats, mask)
+        metrics["dft_p_mean"] = _mean_on(prob, mask)
+        metrics["forward_kl"] = _mean_on(stats.values["forward_kl"], mask)
+        return TokenWeights(coefs={"logp": -share * prob, "forward_kl": self.cfg.kl_coef * share},
+                            constant=share.new_zeros(()), metrics=metrics)
+
+
+@register_token_loss("gem")
+class GEMLoss(TokenLoss):
+    """GEM (arXiv 2408.16673): ``L = (1/|T|) Σ_{i∈T} Σ_v g_v w_v (log p(v) − log p_i)``, ``g = sg(softmax(z/β))``,
+    ``w_v = 1`` (h=linear: logit gradient ``g − e_y``) or ``sg(σ(0.01 (z_v − z_y)))`` (h=logsigmoid)."""
+
+    def __init__(self, cfg: SFTMethod):
+        super().__init__(cfg)
+        self.term_options = {"gem_beta": cfg.beta, "gem_weighting": cfg.h}
+
+    def weigh(self, stats: TokenStats) -> TokenWeights:
+        share = _per_row_share(stats.has_target)
+        return TokenWeights(coefs={"gem": share}, constant=share.new_zeros(()),
+                            metrics=_ce_metrics(stats, stats.has_target))
+
+
+# ------------------------------------------------------------------------------------------ EKSFT
+
+EKSFT_COMPAT_PRESETS: dict[str, dict[str, Any]] = {
+    "paper": dict(mask_alignment="paper", k_rounding="ceil", topk_ties="paper_rank", reg_sets="union",
+                  entropy_norm="none", kl_formula="true_kl", dynamic_lambda=False, stats_dtype="fp32"),
+    "official_code": dict(mask_alignment="official_code", k_rounding="floor", topk_ties="exact_k",
+                          reg_sets="per_criterion", entropy_norm="log_vocab", kl_formula="official_code",
+                          dynamic_lambda=True, stats_dtype="model"),
+}
+"""Value of every ``None`` flag of :class:`EKSFTMethod` under each ``compat`` (methods_spec §1.3, D1–D12)."""
+
+
+def resolve_eksft_flags(cfg: EKSFTMethod) -> dict[str, Any]:
+    """The effective switches: an explicitly set flag wins over the ``compat`` preset."""
+    return {key: preset if getattr(cfg, key) is None else getattr(cfg, key)
+            for key, preset in EKSFT_COMPAT_PRESETS[cfg.compat].items()}
+
+
+def selection_size(count: Tensor, ratio: float, rounding: str) -> Tensor:
+    """``k = ⌈ratio · count⌉`` (paper) or ``⌊ratio · count⌋`` (official code), in float64 on the device.
+
+    The ceiling ignores a product exceeding an integer by < 1e-6 (float round-off: 0.1·30 = 3.0000000000000004)."""
+    product = ratio * count.double()
+    return torch.floor(product) if rounding == "floor" else torch.ceil(product - 1e-6)
+
+
+def top_rank_mask(values: Tensor, candidates: Tensor, k: Tensor, ties: str) -> Tensor:
+    """The top-k of ``values`` among ``candidates``.
+
+    paper_rank (Eq. 6–7): ``{t : #{i ∈ candidates : X_i ≥ X_t} ≤ k}`` — rows tied at the boundary are all
+    excluded, so the set may have fewer than k rows. exact_k: exactly ``min(k, |candidates|)`` rows, ties broken by
+    the lower row index (deterministic stand-in for the official code's ``torch.topk``).
+    """
+    masked = torch.where(candidates, values, float("-inf"))
+    if ties == "exact_k":
+        order = torch.argsort(masked, descending=True, stable=True)
+        position = torch.empty_like(order)
+        position[order] = torch.arange(order.numel(), device=order.device)
+        return candidates & (position < k)
+    ascending = torch.sort(masked).values
+    rank = masked.numel() - torch.searchsorted(ascending, masked, side="left")
+    return candidates & (rank <= k)
+
+
+def random_subset_mask(candidates: Tensor, k: Tensor, targets: Tensor, seed: int) -> Tensor:
+    """``k`` candidate rows drawn uniformly without replacement; the generator is seeded by ``seed`` and a
+    SHA-256 of the candidates' target ids, so the same data always gets the same mask (any process, any device)."""
+    index = candidates.nonzero().squeeze(1)
+    digest = hashlib.sha256(targets.index_select(0, index).cpu().numpy().tobytes()).hexdigest()
+    generator = torch.Generator().manual_seed(derive_seed(seed, f"eksft_random_mask:{digest}"))
+    chosen = torch.randperm(index.numel(), generator=generator)[: int(k.item())].to(index.device)
+    mask = torch.zeros_like(candidates)
+    mask[index.index_select(0, chosen)] = True
+    return mask
+
+
+@register_token_loss("eksft")
+class EKSFTLoss(TokenLoss):
+    """EKSFT (paper §4, Eq. 15; methods_spec §1.4), per selection group G (the micro-batch, or each sequence):
+
+    ``k = ⌈ρ|T|⌉``, ``M_H = TopK(H)``, ``M_KL = TopK(KL)`` (paper rank rule, KL < kl_eps counts as 0),
+    ``M = M_H ∪ M_KL``,
+    ``L_G = (1/|T∖M|) Σ_{T∖M} −log p_i − λ_H (1/|M|) Σ_M H_i + λ_KL (1/|M|) Σ_M KL_i``;
+    the micro-batch loss is the mean of ``L_G`` over non-empty groups. Masked rows get no ``−∇log p_i`` term
+    (label-free). ``compat=official_code`` and the individual flags reproduce the public code (D1–D12); the
+    ablations are ``selection=random``, ``combine=intersection`` and ``global_regularisation`` (M = T, CE on T).
+    """
+
+    needs_reference = True
+
+    def __init__(self, cfg: EKSFTMethod):
+        super().__init__(cfg)
+        self.flags = resolve_eksft_flags(cfg)
+        self.uses_label_positions = self.flags["mask_alignment"] == "official_code"
+        self.stats_in_model_dtype = self.flags["stats_dtype"] == "model"
+        self.kl_term = "code_kl" if self.flags["kl_formula"] == "official_code" else "kl"
+        self.stats = ("logp", "entropy", "kl") + (("code_kl",) if self.kl_term == "code_kl" else ())
+
+    def _groups(self, stats: TokenStats) -> list[Tensor]:
+        if self.cfg.selection_scope == "sequence":
+            return [stats.sequence == s for s in range(stats.num_sequences)]
+        return [torch.ones_like(stats.has_target)]
+
+    def _select(self, stats: TokenStats, rankable: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """(M_H, M_KL, M) of one group whose rankable rows are ``rankable``."""
+        cfg, flags = self.cfg, self.flags
+        if cfg.global_regularisation:
+            return rankable, rankable, rankable
+        count = rankable.sum()
+        k = selection_size(count, cfg.rho, flags["k_rounding"])
+        entropy, kl = stats.values["entropy"], stats.values["kl"]
+        by_entropy = top_rank_mask(entropy, rankable, k, flags["topk_ties"])
+        by_kl = top_rank_mask(torch.where(kl < cfg.kl_eps, 0.0, kl), rankable, k, flags["topk_ties"])
+        if cfg.selection == "random":
+            masked = random_subset_mask(rankable, selection_size(count, cfg.random_mask_ratio, flags["k_rounding"]),
+                                        stats.targets, cfg.random_mask_seed)
+        elif cfg.combine == "union":
+            masked = by_entropy | by_kl
+        else:
+            masked = by_entropy & by_kl
+        return by_entropy, by_kl, masked
+
+    def weigh(self, stats: TokenStats) -> TokenWeights:
+        cfg, flags = self.cfg, self.flags
+        values = stats.values
+        rankable_all = stats.is_label_position if self.uses_label_positions else stats.has_target
+        groups = self._groups(stats)
+        nonempty = torch.stack([(member & (rankable_all | stats.has_target)).any() for member in groups]).sum()
+        group_share = 1.0 / nonempty.float().clamp(min=1.0)
+        entropy_scale = 1.0 / math.log(stats.vocab_size) if flags["entropy_norm"] == "log_vocab" else 1.0
+        scaled_entropy = values["entropy"] * entropy_scale
+        reg_kl = values[self.kl_term]
+
+        zeros = torch.zeros_like(values["logp"])
+        ce_coef, entropy_coef, kl_coef = zeros.clone(), zeros.clone(), zeros.clone()
+        entropy_reg, kl_reg = zeros.new_zeros(()), zeros.new_zeros(())
+        lambda_entropy, lambda_kl = zeros.new_zeros(()), zeros.new_zeros(())
+        union = {key: torch.zeros_like(stats.has_target) for key in ("T", "M_H", "M_KL", "M", "CE")}
+        for member in groups:
+            rankable = member & rankable_all
+            by_entropy, by_kl, masked = self._select(stats, rankable)
+            if cfg.global_regularisation:
+                ce_rows = member & stats.has_target
+            elif self.uses_label_positions:  # CE of row i is dropped when row i+1's label is masked (D1)
+                next_masked = torch.zeros_like(masked)
+                next_masked[:-1] = masked[1:]
+                ce_rows = member & stats.has_target & ~next_masked
+            else:
+                ce_rows = rankable & ~masked
+            if flags["reg_sets"] == "per_criterion" and not cfg.global_regularisation:
+                k = selection_size(rankable.sum(), cfg.rho, flags["k_rounding"]).float()
+                entropy_base = _per_row_share(by_entropy, k) * group_share
+                kl_base = _per_row_share(by_kl, k) * group_share
+            else:
+                entropy_base = kl_base = _per_row_share(masked) * group_share
+            group_entropy_reg = (entropy_base * scaled_entropy).sum()
+            group_kl_reg = (kl_base * reg_kl).sum()
+            group_lambda_entropy = torch.full_like(group_entropy_reg, cfg.lambda_entropy)
+            group_lambda_kl = torch.full_like(group_kl_reg, cfg.lambda_kl)
+            if flags["dynamic_lambda"]:  # per-step ±factor, not persisted (D10); values compare per group
+                up, down = 1.0 + cfg.dynamic_lambda_factor, 1.0 - cfg.dynamic_lambda_factor
+                group_lambda_entropy = group_lambda_entropy * torch.where(
+                    group_entropy_reg / group_share < cfg.target_entropy, up, down)
+                group_lambda_kl = group_lambda_kl * torch.where(group_kl_reg / group_share > cfg.target_kl, up, down)
+            ce_coef += _per_row_share(ce_rows) * group_share
+            entropy_coef += group_lambda_entropy * entropy_base * entropy_scale
+            kl_coef += group_lambda_kl * kl_base
+            entropy_reg, kl_reg = entropy_reg + group_entropy_reg, kl_reg + group_kl_reg
+            lambda_entropy = lambda_entropy + group_lambda_entropy * group_share * member.any()
+            lambda_kl = lambda_kl + group_lambda_kl * group_share * member.any()
+            for key, mask in (("T", rankable), ("M_H", by_entropy), ("M_KL", by_kl), ("M", masked), ("CE", ce_rows)):
+                union[key] |= mask
+
+        rest = union["T"] & ~union["M"]
+        metrics = {
+            "ce": (ce_coef * -values["logp"]).sum(),
+            "entropy_reg": entropy_reg,
+            "kl_reg": kl_reg,
+            "lambda_entropy": lambda_entropy,
+            "lambda_kl": lambda_kl,
+            "num_T": _count(union["T"]),
+            "num_M_H": _count(union["M_H"]),
+            "num_M_KL": _count(union["M_KL"]),
+            "num_M": _count(union["M"]),
+            "num_CE": _count(union["CE"]),
+            "iou": _count(union["M_H"] & union["M_KL"]) / _count(union["M_H"] | union["M_KL"]).clamp(min=1.0),
+            "entropy_mean_M": _mean_on(values["entropy"], union["M"]),
+            "entropy_mean_rest": _mean_on(values["entropy"], rest),
+            "kl_mean_M": _mean_on(values["kl"], union["M"]),
+            "kl_mean_rest": _mean_on(values["kl"], rest),
+        }
+        coefs = {"logp": -ce_coef, "entropy": -entropy_coef, self.kl_term: kl_coef}
+        return TokenWeights(coefs=coefs, constant=zeros.new_zeros(()), metrics=metrics)

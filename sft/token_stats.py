@@ -1,0 +1,424 @@
+"""The only module that builds ``[tokens × vocab]`` tensors: per-token statistics and the chunked loss head.
+
+A token loss (``sft.losses``) never sees the vocabulary. It names the per-token statistics it needs
+(``TokenLoss.stats``) and turns them into per-token coefficients of differentiable per-token terms
+(:class:`TokenWeights`); this module computes both, from the final hidden states and the LM-head weight,
+``chunk_size`` prediction rows at a time (methods_spec §9.2):
+
+* pass A (no graph, fp32 unless the loss asks for the model dtype): the loss's statistics, a few floats per row;
+* selection and weighting on those ``N`` scalars (``TokenLoss.weigh``);
+* pass B: ``Σ_rows Σ_terms coef · term`` with gradients, as a custom autograd function that forms each chunk's
+  logit gradient in the forward and accumulates ``grad_hidden`` and ``grad_head_weight`` at once (the Liger
+  fused-linear pattern), so one chunk of logits is alive at a time and backward is a rescale.
+
+Reference logits are built in pass B only for the rows whose reference-term coefficients are non-zero (for
+EKSFT: the masked set M). :func:`dense_loss` is the same computation on given full logits (the reference API).
+
+Legend: B sequences, L positions, V vocabulary, d hidden size, N prediction rows of a micro-batch (shifted:
+row ``(b, i)`` predicts ``labels[b, i+1]``), C rows of one chunk. ``*_nd`` hidden rows, ``*_cv`` chunk logits.
+
+Per-row terms (all in nats; ``p = softmax(z)``, ``q = softmax(z')`` for reference logits ``z'``, ``lse`` the
+log-sum-exp, ``y`` the target):
+
+* ``logp``        ``log p_y = z_y − lse``
+* ``entropy``     ``H = −Σ_v p_v log p_v = lse − Σ_v p_v z_v``
+* ``kl``          ``KL(π_θ‖π_ref) = Σ_v p_v (log p_v − log q_v) = Σ_v p_v (z_v − z'_v) − lse + lse'``
+* ``code_kl``     ``Σ_v p_v (p_v − log q_v)`` (the official EKSFT code's "KL", methods_spec D9)
+* ``forward_kl``  ``KL(π_ref‖π_θ) = Σ_v q_v (log q_v − log p_v)`` (ASFT)
+* ``ref_logp``    ``log q_y``;  ``old_logp``  ``log π_old(y)`` (from old-policy logits)
+* ``ratio``       ``exp(clamp(log p_y − old_logp, −20, 20))`` (PSFT; ``old_logp`` from pass A)
+* ``gem``         ``Σ_v g_v w_v (log p_v − log p_y)``, ``g = sg(softmax(z/β))``, ``w_v = 1`` or
+                  ``sg(σ(0.01 (z_v − z_y)))`` (GEM)
+
+For ``entropy`` and ``kl`` the graph goes through ``p`` only, with ``z`` inside the sums detached: the dropped
+part ``Σ_v p_v ∂log p_v/∂z = p (1 − Σ p)`` is exactly zero in exact arithmetic, and without it the logit
+gradients are the closed forms ``−p(log p + H)`` and ``p(log p − log q − KL)``, so the KL gradient is exactly 0
+(not round-off) when policy and reference logits are equal.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Protocol, Sequence
+
+import torch
+from torch import Tensor
+
+IGNORE_INDEX = -100
+REFERENCE_TERMS = frozenset({"kl", "code_kl", "forward_kl", "ref_logp"})
+"""Terms that need the reference model's logits."""
+OLD_POLICY_TERMS = frozenset({"old_logp"})
+"""Terms that need the old policy's logits."""
+ALL_TERMS = frozenset({"logp", "entropy", "ratio", "gem"}) | REFERENCE_TERMS | OLD_POLICY_TERMS
+
+
+@dataclass
+class TokenStats:
+    """Detached per-row statistics of one micro-batch (pass A), what a token loss selects and weighs with."""
+
+    values: dict[str, Tensor]
+    """Statistic name → ``[N]`` fp32 values (names from ``TokenLoss.stats``)."""
+    targets: Tensor
+    """``[N]`` target token id of each row (0 where the row has no target)."""
+    has_target: Tensor
+    """``[N]`` bool: the row is a supervised prediction position (``labels[b, i+1] != -100``)."""
+    is_label_position: Tensor
+    """``[N]`` bool: ``labels[b, i] != -100`` (the official EKSFT code's unshifted mask, methods_spec D1)."""
+    sequence: Tensor
+    """``[N]`` index of the row's sequence in the micro-batch."""
+    num_sequences: int
+    """B."""
+    vocab_size: int
+    """V (the logits width)."""
+
+
+@dataclass
+class TokenWeights:
+    """What a token loss makes of :class:`TokenStats`: ``loss = Σ_terms Σ_rows coefs[term] · term + constant``."""
+
+    coefs: dict[str, Tensor]
+    """Term name → ``[N]`` detached coefficient (0 where the term does not apply)."""
+    constant: Tensor
+    """Detached scalar added to the loss (e.g. PSFT's clipped rows, −(1+ε_h) each)."""
+    metrics: dict[str, Tensor] = field(default_factory=dict)
+    """Detached scalars: loss terms, set sizes, means (no ``.item()``)."""
+
+
+class TokenLossLike(Protocol):
+    """What this module needs from a ``sft.losses.TokenLoss``."""
+
+    name: str
+    needs_reference: bool
+    needs_old_policy: bool
+    stats: tuple[str, ...]
+    uses_label_positions: bool
+    stats_in_model_dtype: bool
+    term_options: Mapping[str, Any]
+
+    def weigh(self, stats: TokenStats) -> TokenWeights: ...
+
+
+@dataclass
+class LossResult:
+    """One micro-batch's objective."""
+
+    loss: Tensor
+    """Scalar with grad: this micro-batch's objective under the method's own within-micro-batch normalisation."""
+    num_tokens: Tensor
+    """Scalar int: supervised prediction positions in this micro-batch (for ``global_token_mean`` weighting)."""
+    metrics: dict[str, Tensor]
+    """Detached scalars: every loss term, set sizes, means (see ``docs/methods.md``)."""
+
+
+@dataclass
+class PredictionRows:
+    """The rows of a micro-batch a loss looks at: flat indices into ``B·L`` and what each row is."""
+
+    index: Tensor
+    targets: Tensor
+    has_target: Tensor
+    is_label_position: Tensor
+    sequence: Tensor
+    num_sequences: int
+
+
+def prediction_rows(labels: Tensor, include_label_positions: bool = False) -> PredictionRows:
+    """Rows ``(b, i)`` with ``labels[b, i+1] != -100`` (shifted HF convention), plus, when
+    ``include_label_positions``, rows with ``labels[b, i] != -100`` (the official EKSFT code's alignment)."""
+    if labels.dim() != 2:
+        raise ValueError(f"labels must be [batch, length]; got shape {tuple(labels.shape)}")
+    shifted = torch.full_like(labels, IGNORE_INDEX)
+    shifted[:, :-1] = labels[:, 1:]
+    has_target = shifted != IGNORE_INDEX
+    is_label = labels != IGNORE_INDEX
+    row_mask = has_target | is_label if include_label_positions else has_target
+    index = row_mask.flatten().nonzero().squeeze(1)
+    has_target = has_target.flatten()[index]
+    return PredictionRows(
+        index=index,
+        targets=torch.where(has_target, shifted.flatten()[index], 0),
+        has_target=has_target,
+        is_label_position=is_label.flatten()[index],
+        sequence=torch.div(index, labels.shape[1], rounding_mode="floor"),
+        num_sequences=labels.shape[0],
+    )
+
+
+def _rowdot(a_cv: Tensor, b_cv: Tensor) -> Tensor:
+    """``Σ_v a[c, v] · b[c, v]`` without a ``[C × V]`` temporary."""
+    return torch.einsum("cv,cv->c", a_cv, b_cv)
+
+
+def row_terms(logits: Tensor, targets: Tensor, names: Sequence[str], *, ref_logits: Tensor | None = None,
+              old_logits: Tensor | None = None, old_logp: Tensor | None = None,
+              gem_beta: float = 1.0, gem_weighting: str = "linear") -> dict[str, Tensor]:
+    """Per-row terms (module docstring) of ``logits [C, V]`` in their own dtype; differentiable in ``logits``."""
+    unknown = set(names) - ALL_TERMS
+    if unknown:
+        raise ValueError(f"unknown per-token terms {sorted(unknown)}; known: {sorted(ALL_TERMS)}")
+    out: dict[str, Tensor] = {}
+    if not names:
+        return out
+    lse = torch.logsumexp(logits, dim=-1)
+    target_logit = logits.gather(1, targets.unsqueeze(1)).squeeze(1)
+    if "logp" in names or "ratio" in names:
+        logp = target_logit - lse
+        out["logp"] = logp
+        if "ratio" in names:
+            if old_logp is None:
+                raise ValueError("the 'ratio' term needs old_logp (old-policy log-probabilities of the targets)")
+            out["ratio"] = torch.exp(torch.clamp(logp - old_logp, -20.0, 20.0))
+    if {"entropy", "kl", "code_kl"} & set(names):
+        probs = torch.softmax(logits, dim=-1)
+        mean_logit = _rowdot(probs, logits.detach())
+        if "entropy" in names:
+            out["entropy"] = lse.detach() - mean_logit
+    if REFERENCE_TERMS & set(names):
+        if ref_logits is None:
+            raise ValueError(f"terms {sorted(REFERENCE_TERMS & set(names))} need reference logits")
+        ref_logits = ref_logits.detach()
+        ref_lse = torch.logsumexp(ref_logits, dim=-1)
+        if "kl" in names or "code_kl" in names:
+            mean_ref_logit = _rowdot(probs, ref_logits)
+        if "kl" in names:
+            out["kl"] = mean_logit - mean_ref_logit - lse.detach() + ref_lse
+        if "code_kl" in names:
+            out["code_kl"] = _rowdot(probs, probs) - mean_ref_logit + ref_lse
+        if "forward_kl" in names:
+            ref_probs = torch.softmax(ref_logits, dim=-1)
+            out["forward_kl"] = _rowdot(ref_probs, ref_logits) - ref_lse - _rowdot(ref_probs, logits) + lse
+        if "ref_logp" in names:
+            out["ref_logp"] = ref_logits.gather(1, targets.unsqueeze(1)).squeeze(1) - ref_lse
+    if "old_logp" in names:
+        if old_logits is None:
+            raise ValueError("the 'old_logp' term needs old-policy logits")
+        old_logits = old_logits.detach()
+        out["old_logp"] = (old_logits.gather(1, targets.unsqueeze(1)).squeeze(1)
+                           - torch.logsumexp(old_logits, dim=-1))
+    if "gem" in names:
+        detached = logits.detach()
+        weights = torch.softmax(detached / gem_beta, dim=-1)
+        if gem_weighting == "logsigmoid":
+            weights = weights * torch.sigmoid(0.01 * (detached - target_logit.detach().unsqueeze(1)))
+        out["gem"] = _rowdot(weights, logits) - weights.sum(-1) * target_logit
+    return {name: out[name] for name in names}
+
+
+# ------------------------------------------------------------------------------------------ dense reference
+
+
+def dense_loss(loss: TokenLossLike, logits: Tensor, labels: Tensor, *, ref_logits: Tensor | None = None,
+               old_logits: Tensor | None = None) -> LossResult:
+    """The loss on given full logits ``[B, L, V]`` (HF-convention, unshifted labels ``[B, L]``); the reference
+    the chunked head is tested against. Builds ``[N × V]`` copies: for tests and small inputs only."""
+    _check_pair("logits", logits, "labels", labels)
+    _check_models(loss, logits, ref_logits, old_logits, "ref_logits", "old_logits")
+    rows = prediction_rows(labels, loss.uses_label_positions)
+    logits_nv = logits.flatten(0, 1).index_select(0, rows.index)
+    ref_nv = None if ref_logits is None else ref_logits.detach().flatten(0, 1).index_select(0, rows.index)
+    old_nv = None if old_logits is None else old_logits.detach().flatten(0, 1).index_select(0, rows.index)
+    with torch.no_grad():
+        stats_dtype = logits.dtype if loss.stats_in_model_dtype else torch.float32
+        values = row_terms(logits_nv.to(stats_dtype), rows.targets, loss.stats,
+                           ref_logits=_maybe_to(ref_nv, stats_dtype), old_logits=_maybe_to(old_nv, stats_dtype),
+                           **loss.term_options)
+    weights = loss.weigh(_token_stats(rows, values, logits.shape[-1]))
+    terms = row_terms(logits_nv.float(), rows.targets, list(weights.coefs), ref_logits=_maybe_to(ref_nv, torch.float32),
+                      old_logp=values.get("old_logp"), **loss.term_options)
+    objective = sum((weights.coefs[name] * terms[name]).sum() for name in weights.coefs)
+    value = objective + weights.constant + 0.0 * logits.sum()  # the zero term keeps |T| = 0 on the graph
+    return _result(value, rows, weights)
+
+
+# ------------------------------------------------------------------------------------------ chunked head
+
+
+def chunked_loss(loss: TokenLossLike, hidden: Tensor, head_weight: Tensor, labels: Tensor, *, chunk_size: int,
+                 ref_hidden: Tensor | None = None, ref_head_weight: Tensor | None = None,
+                 old_hidden: Tensor | None = None, old_head_weight: Tensor | None = None) -> LossResult:
+    """``loss`` on the LM head ``hidden [B, L, d] @ head_weight[V, d]ᵀ``, ``chunk_size`` rows at a time.
+
+    ``hidden`` are the policy's final hidden states (after the final norm), with grad; gradients flow into
+    ``hidden`` and ``head_weight`` (tied or not). ``ref_*``/``old_*`` come from no-grad forwards of the
+    reference / old-policy trunks and are required when the loss ``needs_reference`` / ``needs_old_policy``.
+    Never holds more than one chunk of policy and reference logits; matches :func:`dense_loss` on
+    ``hidden @ head_weightᵀ`` to fp32 round-off.
+    """
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ValueError(f"chunk_size must be a positive int; got {chunk_size!r}")
+    if hidden.dim() != 3:
+        raise ValueError(f"hidden must be [batch, length, hidden_size]; got shape {tuple(hidden.shape)}")
+    _check_pair("hidden", hidden, "labels", labels)
+    _check_head("head_weight", head_weight, hidden)
+    _check_models(loss, hidden, ref_hidden, old_hidden, "ref_hidden", "old_hidden")
+    if ref_hidden is not None:
+        _check_head("ref_head_weight", ref_head_weight, ref_hidden)
+    if old_hidden is not None:
+        _check_head("old_head_weight", old_head_weight, old_hidden)
+
+    rows = prediction_rows(labels, loss.uses_label_positions)
+    hidden_nd = hidden.flatten(0, 1).index_select(0, rows.index)
+    ref_nd = None if ref_hidden is None else ref_hidden.detach().flatten(0, 1).index_select(0, rows.index)
+    old_nd = None if old_hidden is None else old_hidden.detach().flatten(0, 1).index_select(0, rows.index)
+    ref_w = None if ref_head_weight is None else ref_head_weight.detach()
+    old_w = None if old_head_weight is None else old_head_weight.detach()
+
+    with torch.no_grad():
+        values = _chunked_stats(loss, hidden_nd.detach(), head_weight.detach(), rows.targets, chunk_size,
+                                ref_nd, ref_w, old_nd, old_w)
+    weights = loss.weigh(_token_stats(rows, values, head_weight.shape[0]))
+    plan = _HeadPlan(coefs=weights.coefs, targets=rows.targets, chunk_size=chunk_size, ref_hidden=ref_nd,
+                     ref_head_weight=ref_w, old_logp=values.get("old_logp"), term_options=loss.term_options)
+    value = _ChunkedHeadObjective.apply(hidden_nd, head_weight, plan) + weights.constant
+    return _result(value, rows, weights)
+
+
+def _compute_dtype(hidden: Tensor, weight: Tensor) -> torch.dtype:
+    return torch.promote_types(hidden.dtype, weight.dtype)
+
+
+def _head_logits(hidden_cd: Tensor, weight: Tensor) -> Tensor:
+    dtype = _compute_dtype(hidden_cd, weight)
+    return hidden_cd.to(dtype) @ weight.to(dtype).T
+
+
+def _chunked_stats(loss: TokenLossLike, hidden_nd: Tensor, weight: Tensor, targets: Tensor, chunk_size: int,
+                   ref_nd: Tensor | None, ref_w: Tensor | None, old_nd: Tensor | None,
+                   old_w: Tensor | None) -> dict[str, Tensor]:
+    """Pass A: ``loss.stats`` for every row, chunk by chunk, without a graph; fp32 unless the loss asks otherwise."""
+    names = loss.stats
+    stats_dtype = _compute_dtype(hidden_nd, weight) if loss.stats_in_model_dtype else torch.float32
+    needs_ref = bool(REFERENCE_TERMS & set(names))
+    needs_old = bool(OLD_POLICY_TERMS & set(names))
+    parts: dict[str, list[Tensor]] = {name: [] for name in names}
+    with torch.autocast(hidden_nd.device.type, enabled=False):
+        for start in range(0, hidden_nd.shape[0], chunk_size):
+            chunk = slice(start, start + chunk_size)
+            values = row_terms(
+                _head_logits(hidden_nd[chunk], weight).to(stats_dtype), targets[chunk], names,
+                ref_logits=_head_logits(ref_nd[chunk], ref_w).to(stats_dtype) if needs_ref else None,
+                old_logits=_head_logits(old_nd[chunk], old_w).to(stats_dtype) if needs_old else None,
+                **loss.term_options)
+            for name in names:
+                parts[name].append(values[name].float())
+    empty = hidden_nd.new_zeros(0, dtype=torch.float32)
+    return {name: torch.cat(chunks) if chunks else empty for name, chunks in parts.items()}
+
+
+@dataclass
+class _HeadPlan:
+    """Everything pass B needs besides the two differentiable inputs."""
+
+    coefs: dict[str, Tensor]
+    targets: Tensor
+    chunk_size: int
+    ref_hidden: Tensor | None
+    ref_head_weight: Tensor | None
+    old_logp: Tensor | None
+    term_options: Mapping[str, Any]
+
+    def chunk_objective(self, logits_cv: Tensor, chunk: slice) -> Tensor:
+        """``Σ_rows Σ_terms coef · term`` of one chunk (fp32 logits with grad); reference logits only for rows
+        with a non-zero reference-term coefficient."""
+        coefs = {name: coef[chunk] for name, coef in self.coefs.items()}
+        targets = self.targets[chunk]
+        own = [name for name in coefs if name not in REFERENCE_TERMS]
+        terms = row_terms(logits_cv, targets, own, old_logp=None if self.old_logp is None else self.old_logp[chunk],
+                          **self.term_options)
+        objective = logits_cv.new_zeros(())
+        for name in own:
+            objective = objective + (coefs[name] * terms[name]).sum()
+        ref_names = [name for name in coefs if name in REFERENCE_TERMS]
+        if ref_names:
+            active = torch.stack([coefs[name] != 0 for name in ref_names]).any(0).nonzero().squeeze(1)
+            if active.numel():
+                ref_logits = _head_logits(self.ref_hidden[chunk].index_select(0, active), self.ref_head_weight)
+                ref_terms = row_terms(logits_cv.index_select(0, active), targets.index_select(0, active), ref_names,
+                                      ref_logits=ref_logits.float(), **self.term_options)
+                for name in ref_names:
+                    objective = objective + (coefs[name].index_select(0, active) * ref_terms[name]).sum()
+        return objective
+
+
+class _ChunkedHeadObjective(torch.autograd.Function):
+    """Pass B. Forward: per chunk, logits → objective → logit gradient (autograd on the chunk alone) →
+    ``grad_hidden[chunk] = dz @ W`` and ``grad_W += dzᵀ h``; backward scales the stored gradients by the
+    incoming scalar (in place: call backward once per forward)."""
+
+    @staticmethod
+    def forward(ctx, hidden_nd: Tensor, weight: Tensor, plan: _HeadPlan) -> Tensor:
+        need_hidden_grad, need_weight_grad = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        compute_dtype = _compute_dtype(hidden_nd, weight)
+        weight_cd = weight.detach().to(compute_dtype)
+        grad_hidden = torch.zeros_like(hidden_nd) if need_hidden_grad else None
+        grad_weight = torch.zeros_like(weight_cd) if need_weight_grad else None
+        total = hidden_nd.new_zeros((), dtype=torch.float32)
+        with torch.autocast(hidden_nd.device.type, enabled=False):
+            for start in range(0, hidden_nd.shape[0], plan.chunk_size):
+                chunk = slice(start, start + plan.chunk_size)
+                hidden_cd = hidden_nd[chunk].detach().to(compute_dtype)
+                with torch.enable_grad():
+                    logits_cv = (hidden_cd @ weight_cd.T).float().requires_grad_(need_hidden_grad or need_weight_grad)
+                    objective = plan.chunk_objective(logits_cv, chunk)
+                    if logits_cv.requires_grad and objective.requires_grad:
+                        (grad_logits,) = torch.autograd.grad(objective, logits_cv)
+                        grad_logits = grad_logits.to(compute_dtype)
+                        if grad_hidden is not None:
+                            grad_hidden[chunk] = (grad_logits @ weight_cd).to(grad_hidden.dtype)
+                        if grad_weight is not None:
+                            grad_weight.addmm_(grad_logits.T, hidden_cd)
+                total = total + objective.detach()
+        ctx.save_for_backward(grad_hidden, grad_weight)
+        ctx.weight_dtype = weight.dtype
+        return total
+
+    @staticmethod
+    def backward(ctx, grad_output: Tensor):
+        grad_hidden, grad_weight = ctx.saved_tensors
+        if grad_hidden is not None:
+            grad_hidden = grad_hidden.mul_(grad_output.to(grad_hidden.dtype))
+        if grad_weight is not None:
+            grad_weight = grad_weight.mul_(grad_output.to(grad_weight.dtype)).to(ctx.weight_dtype)
+        return grad_hidden, grad_weight, None
+
+
+# ------------------------------------------------------------------------------------------ shared helpers
+
+
+def _token_stats(rows: PredictionRows, values: dict[str, Tensor], vocab_size: int) -> TokenStats:
+    return TokenStats(values=values, targets=rows.targets, has_target=rows.has_target,
+                      is_label_position=rows.is_label_position, sequence=rows.sequence,
+                      num_sequences=rows.num_sequences, vocab_size=vocab_size)
+
+
+def _result(value: Tensor, rows: PredictionRows, weights: TokenWeights) -> LossResult:
+    metrics = dict(weights.metrics)
+    metrics["total"] = value.detach()
+    num_tokens = rows.has_target.sum()
+    metrics["num_tokens"] = num_tokens.detach().float()
+    return LossResult(loss=value, num_tokens=num_tokens, metrics=metrics)
+
+
+def _maybe_to(tensor: Tensor | None, dtype: torch.dtype) -> Tensor | None:
+    return None if tensor is None else tensor.to(dtype)
+
+
+def _check_pair(name: str, tensor: Tensor, labels_name: str, labels: Tensor) -> None:
+    if labels.dim() != 2 or tuple(tensor.shape[:2]) != tuple(labels.shape):
+        raise ValueError(f"{name} {tuple(tensor.shape)} and {labels_name} {tuple(labels.shape)} must share "
+                         "[batch, length]")
+
+
+def _check_head(name: str, weight: Tensor | None, hidden: Tensor) -> None:
+    if weight is None or weight.dim() != 2 or weight.shape[1] != hidden.shape[-1]:
+        shape = None if weight is None else tuple(weight.shape)
+        raise ValueError(f"{name} must be [vocab, {hidden.shape[-1]}] to match its hidden states; got {shape}")
+
+
+def _check_models(loss: TokenLossLike, policy: Tensor, ref: Tensor | None, old: Tensor | None,
+                  ref_name: str, old_name: str) -> None:
+    for needed, tensor, arg in ((loss.needs_reference, ref, ref_name), (loss.needs_old_policy, old, old_name)):
+        if needed and tensor is None:
+            raise ValueError(f"token loss {loss.name!r} needs {arg}")
+        if tensor is not None and tuple(tensor.shape[:2]) != tuple(policy.shape[:2]):
+            raise ValueError(f"{arg} {tuple(tensor.shape)} must share [batch, length] with the policy's "
+                             f"{tuple(policy.shape)}")
