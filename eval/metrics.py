@@ -1,0 +1,44 @@
+"""avg@n and the unbiased pass@k estimator (Chen et al. 2021), per problem and over a benchmark.
+
+For a problem with ``n`` samples of which ``c`` are correct, ``pass@k = 1 − C(n−c, k) / C(n, k)``: the chance that
+k samples drawn without replacement from the n contain a correct one. It is computed as the product
+``1 − Π_{j=n−c+1}^{n} (1 − k/j)``, which never forms the (huge) binomials. avg@n = mean of c/n is the unbiased
+pass@1 (the paper's "pass@1"). Resampling-based best@k (biased low) is deliberately not offered.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k of one problem: ``1 − C(n−c, k)/C(n, k)`` = ``1 − Π_{j=n−c+1}^{n} (1 − k/j)``; 1 if ``n−c < k``."""
+    if not 0 <= c <= n:
+        raise ValueError(f"pass_at_k needs 0 <= c <= n; got n={n}, c={c}")
+    if not 1 <= k <= n:
+        raise ValueError(f"pass_at_k needs 1 <= k <= n; got n={n}, k={k}")
+    if n - c < k:
+        return 1.0
+    product = 1.0
+    for j in range(n - c + 1, n + 1):
+        product *= 1.0 - k / j
+    return 1.0 - product
+
+
+def k_values(n: int) -> list[int]:
+    """The k of a pass@k curve: 1, 2, 4, … (powers of two up to n), then n itself."""
+    ks, k = [], 1
+    while k < n:
+        ks.append(k)
+        k *= 2
+    return [*ks, n]
+
+
+def benchmark_metrics(correct_counts: Sequence[int], n: int, ks: Sequence[int] | None = None) -> dict[str, float]:
+    """``avg@n`` (mean of c/n) and ``pass@k`` for every k in ``ks`` (default :func:`k_values`), means over problems."""
+    if not correct_counts:
+        raise ValueError("benchmark_metrics needs at least one problem")
+    problems = len(correct_counts)
+    metrics = {f"avg@{n}": sum(c / n for c in correct_counts) / problems}
+    for k in ks if ks is not None else k_values(n):
+        metrics[f"pass@{k}"] = sum(pass_at_k(n, c, k) for c in correct_counts) / problems
+    return metrics

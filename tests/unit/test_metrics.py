@@ -1,0 +1,57 @@
+"""eval.metrics: unbiased pass@k against hand values and brute-force enumeration of k-subsets."""
+from __future__ import annotations
+
+import itertools
+from math import comb
+
+import pytest
+
+from eval.metrics import benchmark_metrics, k_values, pass_at_k
+
+
+def _brute_force(n: int, c: int, k: int) -> float:
+    """Fraction of the k-subsets of n samples (c correct) that contain a correct one."""
+    samples = [1] * c + [0] * (n - c)
+    subsets = list(itertools.combinations(range(n), k))
+    return sum(any(samples[i] for i in subset) for subset in subsets) / len(subsets)
+
+
+@pytest.mark.parametrize("n", range(1, 8))
+def test_pass_at_k_equals_brute_force_for_every_c_and_k(n):
+    for c in range(n + 1):
+        for k in range(1, n + 1):
+            assert pass_at_k(n, c, k) == pytest.approx(_brute_force(n, c, k), abs=1e-12), (n, c, k)
+
+
+def test_hand_computed_values():
+    assert pass_at_k(4, 1, 2) == pytest.approx(0.5)  # 1 - C(3,2)/C(4,2) = 1 - 3/6
+    assert pass_at_k(5, 2, 3) == pytest.approx(0.9)  # 1 - C(3,3)/C(5,3) = 1 - 1/10
+    assert pass_at_k(4, 1, 1) == pytest.approx(0.25)  # pass@1 = c/n
+    assert pass_at_k(4, 0, 4) == 0.0 and pass_at_k(4, 4, 1) == 1.0 and pass_at_k(4, 1, 4) == 1.0
+
+
+def test_large_n_is_stable():
+    assert pass_at_k(320, 1, 32) == pytest.approx(0.1)  # C(319,32)/C(320,32) = 288/320
+    assert pass_at_k(320, 7, 100) == pytest.approx(1 - comb(313, 100) / comb(320, 100), rel=1e-12)
+
+
+@pytest.mark.parametrize("n, c, k", [(4, 5, 1), (4, -1, 1), (4, 1, 0), (4, 1, 5)])
+def test_invalid_arguments_name_themselves(n, c, k):
+    with pytest.raises(ValueError, match=f"n={n}"):
+        pass_at_k(n, c, k)
+
+
+def test_k_values():
+    assert k_values(1) == [1]
+    assert k_values(6) == [1, 2, 4, 6]
+    assert k_values(32) == [1, 2, 4, 8, 16, 32]
+    assert k_values(320) == [1, 2, 4, 8, 16, 32, 64, 128, 256, 320]
+
+
+def test_benchmark_metrics_hand_computed():
+    metrics = benchmark_metrics([0, 1, 4], n=4)
+    assert metrics["avg@4"] == pytest.approx((0 + 0.25 + 1) / 3)
+    assert metrics["pass@1"] == pytest.approx(metrics["avg@4"])
+    assert metrics["pass@2"] == pytest.approx((0 + 0.5 + 1) / 3)
+    assert metrics["pass@4"] == pytest.approx(2 / 3)
+    assert set(metrics) == {"avg@4", "pass@1", "pass@2", "pass@4"}
