@@ -1,26 +1,81 @@
-"""Schema of the evaluation stage: vLLM sampling parameters and metrics."""
+"""Schema of the evaluation stage: which model, which benchmarks, the sampling protocol, the engine, the tables."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from pipeline.config.common import check_range
+from pipeline.config.common import ConfigError, check_choice, check_range
+
+PAPER_ROW_LABELS = {"base": "Base", "sft": "SFT", "dft": "DFT", "iwsft": "IW-SFT", "psft": "PSFT",
+                    "eksft": "EKSFT (Ours)"}
 
 
 @dataclass
 class EvalConfig:
-    """Sampling with vLLM and scoring with math-verify."""
+    """Sampling with vLLM (or HF ``generate``), scoring with math-verify, avg@n and unbiased pass@k."""
 
+    phase: str = "sft"
+    """sft (Table 1: the base model and the SFT checkpoints) or rl (Table 2: the DAPO checkpoints)."""
+    variant: str = "base"
+    """base (the untrained model, or RL from it) or an SFT method label (sft, eksft, eksft_rho0.1, ...)."""
+    model_path: str = ""
+    """Evaluate this HF folder or hub id instead of the variant's checkpoint (then name it with eval.variant)."""
+    benchmarks: list[str] = field(default_factory=list)
+    """Benchmarks to evaluate, names from data.benchmarks; empty = all of them."""
     n: int = 32
     """Samples per problem (avg@n; pass@k for every k ≤ n)."""
+    n_per_benchmark: dict[str, int] = field(default_factory=dict)
+    """Per-benchmark sample counts overriding n, e.g. {aime25: 320} for the paper's pass@k curve."""
     temperature: float = 1.0
     """Sampling temperature."""
     top_p: float = 1.0
     """Nucleus sampling mass."""
     max_tokens: int = 8192
     """Response tokens per sample."""
+    max_problems: int = 0
+    """Evaluate only the first N problems of each benchmark (0 = all); for smoke runs."""
+    backend: str = "vllm"
+    """vllm (the offline engine) or hf (transformers generate, a slow fallback)."""
+    problems_per_batch: int = 8
+    """Problems per generate call (each problem's samples are written as soon as its batch returns)."""
+    max_model_len: int = 0
+    """Engine context length; 0 = longest prompt + max_tokens."""
+    kv_cache_memory_bytes: int = 268435456
+    """KV-cache size for vLLM (needed on CPU, where vLLM's default memory check fails); 0 = gpu_memory_utilization."""
+    gpu_memory_utilization: float = 0.9
+    """Fraction of GPU memory vLLM may use (when kv_cache_memory_bytes is 0)."""
+    tensor_parallel_size: int = 1
+    """GPUs per vLLM engine."""
+    enforce_eager: bool = True
+    """Skip torch.compile/CUDA graphs (required on CPU: its compile cache fails to load; slower on GPU)."""
+    table_k: int = 32
+    """k of the tables' second metric column (pass@k; the paper's pass@32), capped at a benchmark's sample count."""
+    benchmark_labels: dict[str, str] = field(default_factory=dict)
+    """Column titles of the tables by benchmark name (missing: the name itself)."""
+    row_labels: dict[str, str] = field(default_factory=lambda: dict(PAPER_ROW_LABELS))
+    """Row titles of the tables by variant / method name (missing: the label itself)."""
 
     def validate(self) -> None:
+        check_choice("eval.phase", self.phase, ("sft", "rl"))
+        if not self.variant or "/" in self.variant:
+            raise ConfigError(f"eval.variant must be a non-empty folder name; got {self.variant!r}")
+        if self.model_path and self.variant == "base":
+            raise ConfigError("eval.variant must name the model when eval.model_path is set "
+                              "(e.g. eval.variant=my_model); 'base' is the experiment's own base model")
         check_range("eval.n", self.n, 1)
+        for name, count in self.n_per_benchmark.items():
+            check_range(f"eval.n_per_benchmark.{name}", count, 1)
         check_range("eval.temperature", self.temperature, 0.0)
         check_range("eval.top_p", self.top_p, 0.0, 1.0, low_open=True)
         check_range("eval.max_tokens", self.max_tokens, 1)
+        check_range("eval.max_problems", self.max_problems, 0)
+        check_choice("eval.backend", self.backend, ("vllm", "hf"))
+        check_range("eval.problems_per_batch", self.problems_per_batch, 1)
+        check_range("eval.max_model_len", self.max_model_len, 0)
+        check_range("eval.kv_cache_memory_bytes", self.kv_cache_memory_bytes, 0)
+        check_range("eval.gpu_memory_utilization", self.gpu_memory_utilization, 0.0, 1.0, low_open=True)
+        check_range("eval.tensor_parallel_size", self.tensor_parallel_size, 1)
+        check_range("eval.table_k", self.table_k, 1)
+
+    def samples_for(self, benchmark: str) -> int:
+        """Samples per problem on ``benchmark`` (``n_per_benchmark`` wins over ``n``)."""
+        return self.n_per_benchmark.get(benchmark, self.n)

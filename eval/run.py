@@ -1,0 +1,305 @@
+"""The evaluation stage: ``python -m eval.run eval.phase=<sft|rl> eval.variant=<base|method label> [overrides]``.
+
+For each benchmark (``eval.benchmarks``, default: every one in ``data.benchmarks``) it reads the data stage's
+``benchmarks/<name>.jsonl``, renders each row's ``prompt`` messages with the evaluated model's chat template,
+samples ``n`` completions per problem (seed per problem: ``derive_seed(seed, "eval/<benchmark>/<id>")``), scores
+every sample with :func:`eval.scoring.verify`, and writes into ``eval_dir(cfg, phase, variant, benchmark)``:
+
+* ``samples.jsonl``: one line per sample, appended and flushed problem by problem. A crash or Ctrl-C loses no
+  finished problem; a re-run keeps the finished problems and samples only the missing ones.
+* ``metrics.json``: avg@n, pass@k for k = 1, 2, 4, …, n, per-problem correct counts, truncation and no-answer
+  rates, and the protocol (n, temperature, top_p, max_tokens, seed, backend and its version).
+* ``manifest.json`` (``pipeline.manifest.stage_run``): config, input hashes, engine settings, headline metrics.
+
+Any HF folder or hub id:
+``python -m eval.run eval.model_path=/path/to/hf eval.variant=my_model eval.benchmarks=[aime24,amc] eval.n=4``.
+"""
+from __future__ import annotations
+
+import json
+import os
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import hydra
+from omegaconf import DictConfig
+
+from eval.metrics import benchmark_metrics
+from eval.sample import Sampler, make_sampler, render_prompt, response_prefix
+from eval.scoring import MAX_WORKERS, extract_answer, verify
+from pipeline.config import CONF_DIR, Config, ConfigError, to_config
+from pipeline.manifest import (
+    Manifest,
+    StageInputError,
+    read_manifest,
+    require_complete,
+    sha256_path,
+    stage_run,
+    write_manifest,
+)
+from pipeline.paths import BASE_VARIANT, base_model_path, data_dir, eval_dir, hf_export_dir, rl_dir, sft_dir, toy_base_dir
+from pipeline.seeding import derive_seed
+from pipeline.tracking import progress
+
+SAMPLES_FILE = "samples.jsonl"
+METRICS_FILE = "metrics.json"
+
+
+# ------------------------------------------------------------------------------------------------ inputs
+def resolve_model(cfg: Config) -> tuple[str, Path | None]:
+    """What to load (HF folder or hub id) and the upstream stage folder whose complete manifest vouches for it."""
+    if cfg.eval.model_path:
+        return cfg.eval.model_path, None
+    if cfg.eval.phase == "rl":
+        upstream = rl_dir(cfg, cfg.eval.variant)
+    elif cfg.eval.variant != BASE_VARIANT:
+        upstream = sft_dir(cfg, cfg.eval.variant)
+    else:
+        upstream = toy_base_dir(cfg) if cfg.model.source == "toy" else None
+        if upstream is not None:
+            require_complete(upstream, "toy base model")
+        return base_model_path(cfg), upstream
+    require_complete(upstream, f"{cfg.eval.phase} checkpoint '{cfg.eval.variant}'")
+    return str(hf_export_dir(upstream)), upstream
+
+
+def benchmark_names(cfg: Config) -> list[str]:
+    """``eval.benchmarks`` checked against ``data.benchmarks`` (all of them when empty)."""
+    known = list(cfg.data.benchmarks)
+    unknown = [name for name in cfg.eval.benchmarks if name not in known]
+    if unknown:
+        raise ConfigError(f"eval.benchmarks has {unknown}, which data.benchmarks does not define; known: {known}")
+    return list(cfg.eval.benchmarks) or known
+
+
+def load_benchmark(path: Path) -> list[dict[str, Any]]:
+    """Rows of a data-stage benchmark file (``id``, ``answer``, ``prompt`` chat messages); errors name file, line and key."""
+    if not path.is_file():
+        raise StageInputError(f"benchmark file {path} does not exist; run the data stage first")
+    rows, seen = [], set()
+    with open(path, encoding="utf-8") as handle:
+        for line_number, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            where = f"{path}:{line_number}"
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise StageInputError(f"{where}: not valid JSON ({exc})") from exc
+            for key in ("id", "answer"):
+                if not isinstance(row.get(key), (str, int)) or str(row[key]).strip() == "":
+                    raise StageInputError(f"{where}: '{key}' must be a non-empty string; got {row.get(key)!r}")
+            prompt = row.get("prompt")
+            if not (isinstance(prompt, list) and prompt and all(
+                    isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+                    for m in prompt)):
+                raise StageInputError(f"{where}: 'prompt' must be a non-empty list of {{role, content}} messages")
+            row["id"], row["answer"] = str(row["id"]), str(row["answer"])
+            if row["id"] in seen:
+                raise StageInputError(f"{where}: duplicate id {row['id']!r}")
+            seen.add(row["id"])
+            rows.append(row)
+    if not rows:
+        raise StageInputError(f"benchmark file {path} has no rows")
+    return rows
+
+
+# ----------------------------------------------------------------------------------------------- samples
+def read_finished(path: Path, n: int) -> dict[str, list[dict[str, Any]]]:
+    """Problems with all ``n`` samples in ``path``; the lines of unfinished problems are removed from the file.
+
+    A torn last line (a crash mid-write) is dropped; a malformed line elsewhere raises, naming the line.
+    """
+    if not path.exists():
+        return {}
+    by_problem: dict[str, list[dict[str, Any]]] = {}
+    lines = path.read_text(encoding="utf-8").splitlines()
+    for line_number, line in enumerate(lines, 1):
+        try:
+            record = json.loads(line)
+            by_problem.setdefault(record["problem_id"], []).append(record)
+        except (json.JSONDecodeError, KeyError, TypeError) as exc:
+            if line_number == len(lines):
+                break
+            raise StageInputError(f"{path}:{line_number}: malformed sample record ({exc}); "
+                                  "delete the file to re-sample this benchmark") from exc
+    finished = {pid: sorted(records, key=lambda r: r["sample_index"]) for pid, records in by_problem.items()
+                if sorted(r["sample_index"] for r in records) == list(range(n))}
+    if sum(len(r) for r in finished.values()) != len(lines):
+        _write_atomic(path, "".join(json.dumps(r, ensure_ascii=False) + "\n"
+                                    for records in finished.values() for r in records))
+    return finished
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def score_problem(row: dict[str, Any], completions: list, prefix: str, seed: int,
+                  pool: ThreadPoolExecutor) -> list[dict[str, Any]]:
+    """One samples.jsonl record per completion: text, tokens, finish reason, extracted answer, verdict."""
+    scored_texts = [prefix + c.text for c in completions]
+    verdicts = list(pool.map(verify, scored_texts, [row["answer"]] * len(completions)))
+    return [{"problem_id": row["id"], "sample_index": index, "seed": seed, "text": c.text,
+             "num_tokens": c.num_tokens, "finish_reason": c.finish_reason,
+             "answer": extract_answer(text), "correct": int(verdict)}
+            for index, (c, text, verdict) in enumerate(zip(completions, scored_texts, verdicts))]
+
+
+def _batches(items: list, size: int) -> Iterator[list]:
+    for start in range(0, len(items), size):
+        yield items[start:start + size]
+
+
+# ------------------------------------------------------------------------------------------------- stage
+class _Engine:
+    """The tokenizer now, the sampler on first use (so a fully finished run never starts an engine)."""
+
+    def __init__(self, model_path: str, cfg: Config, factory: Callable[..., Sampler]):
+        from transformers import AutoTokenizer
+
+        self.model_path, self.cfg, self._factory = model_path, cfg, factory
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        self._sampler: Sampler | None = None
+        self.max_model_len = cfg.eval.max_model_len
+
+    @property
+    def started(self) -> Sampler | None:
+        """The sampler if this run started one."""
+        return self._sampler
+
+    def sampler(self, longest_prompt: int) -> Sampler:
+        if self._sampler is None:
+            self.max_model_len = self.max_model_len or longest_prompt + self.cfg.eval.max_tokens
+            self._sampler = self._factory(self.model_path, self.cfg, self.max_model_len)
+        return self._sampler
+
+    def close(self) -> None:
+        if self._sampler is not None:
+            self._sampler.close()
+
+
+def evaluate_benchmark(cfg: Config, benchmark: str, engine: _Engine, model_record: dict[str, str],
+                       pool: ThreadPoolExecutor) -> Manifest:
+    """Samples, scores and summarises one benchmark under the run contract (skips, resumes or restarts)."""
+    out_dir = eval_dir(cfg, cfg.eval.phase, cfg.eval.variant, benchmark)
+    bench_file = data_dir(cfg) / "benchmarks" / f"{benchmark}.jsonl"
+    rows = load_benchmark(bench_file)[:cfg.eval.max_problems or None]
+    n = cfg.eval.samples_for(benchmark)
+    prompts = [render_prompt(engine.tokenizer, row["prompt"]) for row in rows]
+    prefixes = {response_prefix(p) for p in prompts}
+    protocol = {"n": n, "temperature": cfg.eval.temperature, "top_p": cfg.eval.top_p,
+                "max_tokens": cfg.eval.max_tokens, "seed": cfg.seed, "backend": cfg.eval.backend,
+                "dtype": cfg.model.dtype, "think_prefix": sorted(prefixes) != [""]}
+    section = {"protocol": protocol, "benchmark": benchmark, "num_problems": len(rows), "model": model_record,
+               "phase": cfg.eval.phase, "variant": cfg.eval.variant}
+    samples_path = out_dir / SAMPLES_FILE
+
+    previous = read_manifest(out_dir)
+    if previous is not None and previous.complete and len(read_finished(samples_path, n)) < len(rows):
+        previous.status, previous.error = "failed", f"{SAMPLES_FILE} lost problems after the run completed"
+        write_manifest(out_dir, previous)
+
+    variant = f"{cfg.model.name}/{cfg.eval.phase}/{cfg.eval.variant}/{benchmark}"
+    with stage_run(out_dir, stage=f"eval_{cfg.eval.phase}", variant=variant,
+                   config=section, inputs={"benchmark": bench_file},
+                   seeds={"sampling": cfg.seed}) as run:
+        if run is None:
+            return read_manifest(out_dir)
+        if not run.resumed:
+            samples_path.unlink(missing_ok=True)
+        finished = read_finished(samples_path, n)
+        todo = [(row, prompt) for row, prompt in zip(rows, prompts) if row["id"] not in finished]
+        if finished:
+            print(f"[eval/{benchmark}] {len(finished)} of {len(rows)} problems already sampled; "
+                  f"sampling the other {len(todo)}")
+        bar = progress(total=len(rows), initial=len(finished), desc=f"eval {cfg.eval.variant}/{benchmark}",
+                       enabled=cfg.logging.progress, unit="problem")
+        with bar, open(samples_path, "a", encoding="utf-8") as samples:
+            for batch in _batches(todo, cfg.eval.problems_per_batch):
+                prompt_ids = [engine.tokenizer(p, add_special_tokens=False)["input_ids"] for _, p in batch]
+                seeds = [derive_seed(cfg.seed, f"eval/{benchmark}/{row['id']}") for row, _ in batch]
+                sampler = engine.sampler(max(len(ids) for ids in prompt_ids))
+                for (row, prompt), seed, completions in zip(batch, seeds, sampler.sample(prompt_ids, seeds, n)):
+                    records = score_problem(row, completions, response_prefix(prompt), seed, pool)
+                    samples.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
+                    samples.flush()
+                    os.fsync(samples.fileno())
+                    finished[row["id"]] = records
+                    bar.update(1)
+
+        records_by_problem = [finished[row["id"]] for row in rows]
+        metrics = summarize(records_by_problem, n)
+        metrics_doc = {"benchmark": benchmark, "phase": cfg.eval.phase, "variant": cfg.eval.variant,
+                       "model": cfg.model.name, "model_path": engine.model_path, **metrics, "protocol": {
+                           **protocol, "backend_version": _backend_version(engine, run.manifest)}}
+        _write_atomic(out_dir / METRICS_FILE, json.dumps(metrics_doc, indent=2, sort_keys=True) + "\n")
+        run.add_output(SAMPLES_FILE, "one line per sample: problem_id, sample_index, seed, text, num_tokens, "
+                                     "finish_reason, answer (extracted), correct (0/1)")
+        run.add_output(METRICS_FILE, "avg@n, pass@k, per-problem correct counts, protocol")
+        run.manifest.metrics = {key: value for key, value in metrics.items() if key != "correct_counts"}
+        if engine.started is not None:
+            run.manifest.details["backend"] = {"name": engine.started.backend, "version": engine.started.version,
+                                               "max_model_len": engine.max_model_len, **engine.started.settings}
+        run.manifest.details["protocol"] = metrics_doc["protocol"]
+        run.manifest.details["seed_rule"] = "derive_seed(seed, 'eval/<benchmark>/<problem id>') per problem"
+        return run.manifest
+
+
+def _backend_version(engine: _Engine, manifest: Manifest) -> str:
+    """The sampling backend's version (from the engine, or from the manifest when this run sampled nothing)."""
+    if engine.started is not None:
+        return engine.started.version
+    return manifest.details.get("backend", {}).get("version", "")
+
+
+def summarize(records_by_problem: list[list[dict[str, Any]]], n: int) -> dict[str, Any]:
+    """avg@n, pass@k (k = 1, 2, 4, …, n), correct counts per problem, truncation and no-answer rates."""
+    counts = [sum(r["correct"] for r in records) for records in records_by_problem]
+    samples = [r for records in records_by_problem for r in records]
+    return {"num_problems": len(counts), "n": n, **benchmark_metrics(counts, n),
+            "correct_counts": {records[0]["problem_id"]: c for records, c in zip(records_by_problem, counts)},
+            "truncated_rate": sum(r["finish_reason"] == "length" for r in samples) / len(samples),
+            "no_answer_rate": sum(r["answer"] is None for r in samples) / len(samples),
+            "mean_response_tokens": sum(r["num_tokens"] for r in samples) / len(samples)}
+
+
+def run(cfg: Config, sampler_factory: Callable[..., Sampler] = make_sampler) -> Manifest:
+    """Evaluates one model (``eval.phase`` / ``eval.variant`` or ``eval.model_path``) on every selected benchmark.
+
+    Returns a summary manifest (not written: the per-benchmark manifests are the record) whose metrics map each
+    benchmark to its headline numbers and whose status is complete when every benchmark is.
+    """
+    benchmarks = benchmark_names(cfg)
+    model_path, upstream = resolve_model(cfg)
+    model_record = {"path": model_path}
+    if upstream is not None:
+        model_record["upstream_manifest_sha256"] = sha256_path(upstream / "manifest.json")
+    elif Path(model_path).is_dir():
+        model_record["sha256"] = sha256_path(model_path)
+    engine = _Engine(model_path, cfg, sampler_factory)
+    summary = Manifest(stage=f"eval_{cfg.eval.phase}", variant=cfg.eval.variant, status="complete")
+    try:
+        with ThreadPoolExecutor(MAX_WORKERS) as pool:
+            for benchmark in benchmarks:
+                manifest = evaluate_benchmark(cfg, benchmark, engine, model_record, pool)
+                summary.metrics[benchmark] = manifest.metrics
+                summary.outputs[str(eval_dir(cfg, cfg.eval.phase, cfg.eval.variant, benchmark))] = \
+                    f"{benchmark}: samples, metrics, manifest"
+                if not manifest.complete:
+                    summary.status = manifest.status
+    finally:
+        engine.close()
+    return summary
+
+
+@hydra.main(config_path=str(CONF_DIR), config_name="config", version_base=None)
+def main(cfg: DictConfig) -> None:
+    run(to_config(cfg))
+
+
+if __name__ == "__main__":
+    main()
