@@ -169,20 +169,17 @@ def row_terms(logits: Tensor, targets: Tensor, names: Sequence[str], *, ref_logi
             out["ratio"] = torch.exp(torch.clamp(logp - old_logp, -20.0, 20.0))
     if {"entropy", "kl", "code_kl"} & set(names):
         probs = torch.softmax(logits, dim=-1)
-        mean_logit = _rowdot(probs, logits.detach())
         if "entropy" in names:
-            out["entropy"] = lse.detach() - mean_logit
+            out["entropy"] = lse.detach() - _rowdot(probs, logits.detach())
     if REFERENCE_TERMS & set(names):
         if ref_logits is None:
             raise ValueError(f"terms {sorted(REFERENCE_TERMS & set(names))} need reference logits")
         ref_logits = ref_logits.detach()
         ref_lse = torch.logsumexp(ref_logits, dim=-1)
-        if "kl" in names or "code_kl" in names:
-            mean_ref_logit = _rowdot(probs, ref_logits)
-        if "kl" in names:
-            out["kl"] = mean_logit - mean_ref_logit - lse.detach() + ref_lse
+        if "kl" in names:  # the logit difference first: exactly 0, with exactly 0 gradient, when z = z'
+            out["kl"] = _rowdot(probs, logits.detach() - ref_logits) - lse.detach() + ref_lse
         if "code_kl" in names:
-            out["code_kl"] = _rowdot(probs, probs) - mean_ref_logit + ref_lse
+            out["code_kl"] = _rowdot(probs, probs) - _rowdot(probs, ref_logits) + ref_lse
         if "forward_kl" in names:
             ref_probs = torch.softmax(ref_logits, dim=-1)
             out["forward_kl"] = _rowdot(ref_probs, ref_logits) - ref_lse - _rowdot(ref_probs, logits) + lse

@@ -1,0 +1,373 @@
+"""Token losses through the dense reference API, against hand-computed values (methods_spec §1–5)."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from pipeline.config import CONF_DIR, ConfigError
+from pipeline.config.sft import SFT_METHOD_SCHEMAS, EKSFTMethod, SFTMethod
+from sft.losses import (
+    TOKEN_LOSSES,
+    build_loss,
+    compute_token_loss,
+    register_token_loss,
+    resolve_eksft_flags,
+    selection_size,
+    top_rank_mask,
+)
+
+LN2 = math.log(2.0)
+
+
+def _uniform(batch: int, length: int, vocab: int = 2) -> torch.Tensor:
+    return torch.zeros(batch, length, vocab, requires_grad=True)
+
+
+def _margin_logits(margins: list[float]) -> torch.Tensor:
+    """[1, L, 2] logits [m, 0]: the smaller |m|, the higher the entropy."""
+    return torch.tensor([[[m, 0.0] for m in margins]], requires_grad=True)
+
+
+def _zero_grad_rows(logits: torch.Tensor) -> list[int]:
+    return [i for i in range(logits.shape[1]) if bool((logits.grad[0, i] == 0).all())]
+
+
+# ------------------------------------------------------------------------------------------ hand values
+
+
+def test_uniform_two_token_vocab_values():
+    labels = torch.tensor([[-100, 0, 1, 1]])  # 3 supervised predictions, p = 1/2 each
+    ref = torch.zeros(1, 4, 2)
+    assert compute_token_loss("sft", _uniform(1, 4), labels)[0].item() == pytest.approx(LN2)  # −log ½
+    assert compute_token_loss("dft", _uniform(1, 4), labels)[0].item() == pytest.approx(LN2 / 2)  # −½ log ½
+    assert compute_token_loss("iwsft", _uniform(1, 4), labels, ref)[0].item() == pytest.approx(LN2)  # w = 1
+    assert compute_token_loss("psft", _uniform(1, 4), labels, old_logits=ref)[0].item() == pytest.approx(-1.0)  # −r
+    assert compute_token_loss("asft", _uniform(1, 4), labels, ref)[0].item() == pytest.approx(LN2 / 2)  # KL = 0
+    assert compute_token_loss("gem", _uniform(1, 4), labels)[0].item() == pytest.approx(0.0, abs=1e-7)  # Σq·0
+
+
+def test_eksft_all_ties_paper_rank_masks_nothing_exact_k_masks_k():
+    # 4 rows, all H = ln 2 and KL = 0, ρ = 0.5 ⇒ k = 2. Paper: every row has rank 4 > 2 ⇒ M = ∅ ⇒ plain CE = ln 2.
+    labels = torch.tensor([[-100, 0, 1, 0, 1]])
+    ref = torch.zeros(1, 5, 2)
+    loss, metrics = compute_token_loss("eksft", _uniform(1, 5), labels, ref, rho=0.5)
+    assert loss.item() == pytest.approx(LN2)
+    assert metrics["num_M"].item() == 0 and metrics["num_M_KL"].item() == 0
+    # exact_k: M_H = M_KL = rows {0, 1} ⇒ CE over 2 rows (ln 2) − 0.05 · mean_M H (ln 2) + 0.05 · 0.
+    loss, metrics = compute_token_loss("eksft", _uniform(1, 5), labels, ref, rho=0.5, topk_ties="exact_k")
+    assert loss.item() == pytest.approx(0.95 * LN2)
+    assert metrics["num_M"].item() == 2 and metrics["iou"].item() == 1.0
+
+
+def test_eksft_official_code_preset_hand_value():
+    # labels [-100, 0, 1, 0, 1]: label positions U = {1,2,3,4}, k = ⌊0.5·4⌋ = 2, exact_k by index ⇒ M_H = M_KL = {1,2}.
+    # CE loses rows 0 and 1 (one before each masked label) ⇒ CE over rows {2, 3} = ln 2.
+    # entropy / ln V = 1 on M_H, ÷k ⇒ 1 ≥ target 0.5 ⇒ λ_H·0.95; code "KL" Σp(p − log q) = ½ + ln 2 < 2 ⇒ λ_KL·0.95.
+    labels = torch.tensor([[-100, 0, 1, 0, 1]])
+    loss, metrics = compute_token_loss("eksft", _uniform(1, 5), labels, torch.zeros(1, 5, 2), rho=0.5,
+                                       compat="official_code")
+    expected = LN2 - 0.95 * 0.05 * 1.0 + 0.95 * 0.05 * (0.5 + LN2)
+    assert loss.item() == pytest.approx(expected, rel=1e-6)
+    assert metrics["lambda_entropy"].item() == pytest.approx(0.0475)
+    assert metrics["num_CE"].item() == 2
+
+
+def test_official_preset_resolution_explicit_flag_wins():
+    flags = resolve_eksft_flags(EKSFTMethod(compat="official_code", kl_formula="true_kl"))
+    assert flags["kl_formula"] == "true_kl" and flags["k_rounding"] == "floor" and flags["dynamic_lambda"] is True
+    assert resolve_eksft_flags(EKSFTMethod())["mask_alignment"] == "paper"
+
+
+def test_global_regularisation_is_full_ce_plus_both_regularisers_on_all_tokens():
+    torch.manual_seed(0)
+    logits = torch.randn(2, 5, 7, requires_grad=True)
+    ref = torch.randn(2, 5, 7)
+    labels = torch.tensor([[-100, 1, 2, 3, 4], [-100, -100, 5, 6, -100]])
+    loss, _ = compute_token_loss("eksft", logits, labels, ref, global_regularisation=True,
+                                 lambda_entropy=0.3, lambda_kl=0.7)
+    logp = logits[:, :-1].log_softmax(-1)
+    logq = ref[:, :-1].log_softmax(-1)
+    mask = labels[:, 1:] != -100
+    nll = -logp.gather(-1, labels[:, 1:].clamp(min=0).unsqueeze(-1)).squeeze(-1)
+    entropy = -(logp.exp() * logp).sum(-1)
+    kl = (logp.exp() * (logp - logq)).sum(-1)
+    expected = nll[mask].mean() - 0.3 * entropy[mask].mean() + 0.7 * kl[mask].mean()
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-6)
+
+
+# ------------------------------------------------------------------------------------------ gradients
+
+
+def test_rho_zero_equals_sft_loss_and_gradient():
+    torch.manual_seed(1)
+    base = torch.randn(2, 6, 9)
+    labels = torch.tensor([[-100, 1, 2, 3, 4, 5], [-100, -100, 6, 7, 8, -100]])
+    sft_logits = base.clone().requires_grad_()
+    eksft_logits = base.clone().requires_grad_()
+    sft, _ = compute_token_loss("sft", sft_logits, labels)
+    eksft, metrics = compute_token_loss("eksft", eksft_logits, labels, torch.randn(2, 6, 9), rho=0.0)
+    sft.backward()
+    eksft.backward()
+    assert torch.equal(sft, eksft)
+    assert torch.equal(sft_logits.grad, eksft_logits.grad)
+    assert metrics["num_M"].item() == 0
+
+
+def test_identical_reference_kl_term_and_gradient_exactly_zero_in_paper_mode():
+    torch.manual_seed(2)
+    base = torch.randn(1, 8, 11)
+    labels = torch.randint(0, 11, (1, 8))
+    grads, losses = [], []
+    for lambda_kl in (0.0, 1.0):
+        logits = base.clone().requires_grad_()
+        loss, metrics = compute_token_loss("eksft", logits, labels, base.clone(), rho=0.3, lambda_kl=lambda_kl)
+        loss.backward()
+        grads.append(logits.grad)
+        losses.append(loss)
+        assert metrics["kl_reg"].item() == 0.0 and metrics["num_M_KL"].item() == 0  # step 0: M_KL = ∅
+    assert torch.equal(losses[0], losses[1]) and torch.equal(grads[0], grads[1])
+    # the official "KL" Σp(p − log q) is not zero at p = q and pushes the masked rows (D9)
+    logits = base.clone().requires_grad_()
+    loss, metrics = compute_token_loss("eksft", logits, labels, base.clone(), rho=0.3, lambda_kl=1.0,
+                                       kl_formula="official_code")
+    loss.backward()
+    assert metrics["kl_reg"].item() > 0.1
+    assert not torch.allclose(logits.grad, grads[0])
+
+
+def test_masked_rows_get_the_label_free_gradient_of_methods_spec():
+    # per-position logit gradient (§1.4): i ∉ M: a(p − e_y); i ∈ M: b·p(log p + H) + c·p(log p − log q − KL)
+    torch.manual_seed(3)
+    logits = torch.randn(1, 7, 5, requires_grad=True)
+    ref = torch.randn(1, 7, 5)
+    labels = torch.randint(0, 5, (1, 7))
+    lambda_h, lambda_kl = 0.3, 0.2
+    loss, metrics = compute_token_loss("eksft", logits, labels, ref, rho=0.34, lambda_entropy=lambda_h,
+                                       lambda_kl=lambda_kl)
+    loss.backward()
+    z, zq, y = logits.detach()[0, :-1], ref[0, :-1], labels[0, 1:]
+    logp, logq = z.log_softmax(-1), zq.log_softmax(-1)
+    p = logp.exp()
+    entropy = -(p * logp).sum(-1)
+    kl = (p * (logp - logq)).sum(-1)
+    k = math.ceil(0.34 * 6)  # = 3 (values distinct, so rank = position in the sorted order)
+    top_h = set(torch.argsort(entropy, descending=True)[:k].tolist())
+    top_kl = set(torch.argsort(kl, descending=True)[:k].tolist())
+    masked = top_h | top_kl
+    assert metrics["num_M"].item() == len(masked) < 6
+    a, b, c = 1 / (6 - len(masked)), lambda_h / len(masked), lambda_kl / len(masked)
+    for i in range(6):
+        if i in masked:
+            expected = b * p[i] * (logp[i] + entropy[i]) + c * p[i] * (logp[i] - logq[i] - kl[i])
+        else:
+            expected = a * (p[i] - torch.nn.functional.one_hot(y[i], 5))
+        torch.testing.assert_close(logits.grad[0, i], expected, rtol=1e-5, atol=1e-7)
+    assert (logits.grad[0, -1] == 0).all()  # the last position predicts nothing
+
+
+def test_psft_and_iwsft_equal_sft_gradient_when_policy_equals_reference():
+    torch.manual_seed(4)
+    base = torch.randn(2, 6, 9)
+    labels = torch.tensor([[-100, 1, 2, 3, 4, 5], [-100, -100, 6, 7, 8, -100]])
+    reference = base.clone().requires_grad_()
+    compute_token_loss("sft", reference, labels)[0].backward()
+    for name, kwargs in (("psft", {"old_logits": base.clone()}), ("iwsft", {"ref_logits": base.clone()}),
+                         ("iwsft", {"ref_logits": base.clone(), "level": "token"})):
+        params = {key: value for key, value in kwargs.items() if key == "level"}
+        tensors = {key: value for key, value in kwargs.items() if key != "level"}
+        logits = base.clone().requires_grad_()
+        compute_token_loss(name, logits, labels, **tensors, **params)[0].backward()
+        torch.testing.assert_close(logits.grad, reference.grad, rtol=1e-6, atol=1e-8)
+
+
+def test_psft_clipped_tokens_have_no_gradient():
+    # r = e^1 > 1.28 on every row ⇒ loss = −1.28, gradient 0
+    labels = torch.tensor([[-100, 0, 1]])
+    logits = torch.tensor([[[1.0, 0.0], [0.0, 1.0], [0.0, 0.0]]], requires_grad=True)
+    old = logits.detach().clone()
+    old[0, 0, 0] -= 5.0
+    old[0, 1, 1] -= 5.0
+    loss, metrics = compute_token_loss("psft", logits, labels, old_logits=old)
+    loss.backward()
+    assert loss.item() == pytest.approx(-1.28)
+    assert metrics["psft_clip_frac"].item() == 1.0
+    assert (logits.grad == 0).all()
+
+
+def test_iwsft_sequence_weight_is_clipped_geometric_mean_ratio():
+    # one sequence, 2 rows: log p − log q = ln 2 and ln 8 ⇒ w = exp(mean) = exp(2 ln 2) = 4; loss = 4 · mean NLL
+    labels = torch.tensor([[-100, 0, 0]])
+    logits = torch.zeros(1, 3, 2, requires_grad=True)  # p = ½
+    ref = torch.tensor([[[math.log(1 / 4), math.log(3 / 4)], [math.log(1 / 16), math.log(15 / 16)], [0.0, 0.0]]])
+    loss, metrics = compute_token_loss("iwsft", logits, labels, ref)
+    assert metrics["iw_weight_mean"].item() == pytest.approx(4.0, rel=1e-6)
+    assert loss.item() == pytest.approx(4.0 * LN2, rel=1e-6)
+
+
+def test_ignored_positions_get_exactly_zero_gradient():
+    torch.manual_seed(5)
+    labels = torch.tensor([[-100, -100, 3, 4, -100, -100], [-100, 1, 2, -100, -100, -100]])
+    no_target = [(0, 0), (0, 3), (0, 4), (0, 5), (1, 2), (1, 3), (1, 4), (1, 5)]
+    for name in SFT_METHOD_SCHEMAS:
+        logits = torch.randn(2, 6, 7, requires_grad=True)
+        extra = torch.randn(2, 6, 7)
+        loss, _ = compute_token_loss(name, logits, labels, ref_logits=extra, old_logits=extra)
+        loss.backward()
+        for b, i in no_target:
+            assert (logits.grad[b, i] == 0).all(), (name, b, i)
+
+
+def test_empty_batch_gives_zero_loss_on_the_graph():
+    logits = torch.randn(1, 4, 5, requires_grad=True)
+    labels = torch.full((1, 4), -100)
+    for name in SFT_METHOD_SCHEMAS:
+        loss, metrics = compute_token_loss(name, logits, labels, ref_logits=logits.detach(),
+                                           old_logits=logits.detach())
+        assert loss.item() == 0.0 and metrics["num_tokens"].item() == 0
+        (grad,) = torch.autograd.grad(loss, logits)
+        assert (grad == 0).all()
+
+
+# ------------------------------------------------------------------------------------------ selection
+
+
+def test_selection_size_rounding():
+    count = torch.tensor(30)
+    assert selection_size(count, 0.1, "ceil").item() == 3  # 0.1·30 = 3.0000000000000004 in floats
+    assert selection_size(torch.tensor(4), 0.2, "ceil").item() == 1
+    assert selection_size(torch.tensor(4), 0.2, "floor").item() == 0
+    assert selection_size(torch.tensor(0), 0.2, "ceil").item() == 0
+
+
+@pytest.mark.parametrize("values,k,paper,exact", [
+    ([3.0, 3.0, 2.0, 1.0], 1, [], [0]),            # tie at the boundary: both rows have rank 2 > 1
+    ([3.0, 3.0, 2.0, 1.0], 2, [0, 1], [0, 1]),
+    ([3.0, 2.0, 2.0, 1.0], 2, [0], [0, 1]),        # rows 1, 2 have rank 3
+    ([0.0, 0.0, 0.0, 0.0], 1, [], [0]),            # step 0: all KL = 0 ⇒ M_KL = ∅ (paper)
+    ([1.0, 5.0, 4.0, 9.0], 4, [0, 1, 2, 3], [0, 1, 2, 3]),
+])
+def test_top_rank_mask_ties(values, k, paper, exact):
+    values = torch.tensor(values)
+    candidates = torch.ones(4, dtype=torch.bool)
+    for ties, expected in (("paper_rank", paper), ("exact_k", exact)):
+        mask = top_rank_mask(values, candidates, torch.tensor(float(k)), ties)
+        assert mask.nonzero().squeeze(1).tolist() == expected, ties
+
+
+def test_top_rank_mask_ignores_non_candidates():
+    values = torch.tensor([9.0, 1.0, 2.0, 3.0])
+    candidates = torch.tensor([False, True, True, True])
+    assert top_rank_mask(values, candidates, torch.tensor(1.0), "paper_rank").tolist() == [False, False, False, True]
+
+
+def _union_intersection_case(combine: str) -> list[int]:
+    # 1×6, V = 2: rows 0..4 supervised. Entropy order (small |margin| first): rows 0, 1. KL > 0 only on rows 1, 3
+    # (row 3 largest) ⇒ with ρ = 0.4 (k = 2): M_H = {0, 1}, M_KL = {3, 1}. λ = 0 ⇒ masked rows get zero gradient.
+    logits = _margin_logits([0.0, 0.5, 1.0, 2.0, 3.0, 4.0])
+    ref = logits.detach().clone()
+    ref[0, 1, 0] += 1.0
+    ref[0, 3, 0] += 2.0
+    labels = torch.tensor([[-100, 0, 0, 0, 0, 0]])
+    loss, _ = compute_token_loss("eksft", logits, labels, ref, rho=0.4, lambda_entropy=0.0, lambda_kl=0.0,
+                                 combine=combine)
+    loss.backward()
+    return [i for i in _zero_grad_rows(logits) if i != 5]
+
+
+def test_union_and_intersection_select_the_expected_rows():
+    assert _union_intersection_case("union") == [0, 1, 3]
+    assert _union_intersection_case("intersection") == [1]
+
+
+def test_mask_alignment_paper_shifted_vs_official_unshifted():
+    # labels [-100, -100, y, y, y, y]: paper ranks rows P = {1..4}; official ranks label positions U = {2..5}.
+    # Entropy order: row 5 > row 3 > row 4 > ... (row 5 not uniform: the entropy gradient vanishes there) With ρ = 0.25, k = 1 and KL ≡ 0 (ref = policy):
+    # paper M = {3} ⇒ row 3 loses CE; official M = {5} ⇒ row 4 (= 5 − 1) loses CE.
+    labels = torch.tensor([[-100, -100, 0, 0, 0, 0]])
+    found = {}
+    for alignment in ("paper", "official_code"):
+        logits = _margin_logits([5.0, 4.0, 3.0, 1.0, 2.5, 0.2])
+        loss, _ = compute_token_loss("eksft", logits, labels, logits.detach().clone(), rho=0.25, lambda_entropy=0.0,
+                                     lambda_kl=0.0, mask_alignment=alignment)
+        loss.backward()
+        found[alignment] = _zero_grad_rows(logits)
+    assert found["paper"] == [0, 3, 5]
+    assert found["official_code"] == [0, 4, 5]
+    # with λ_H > 0 the official alignment regularises row 5, which predicts nothing
+    logits = _margin_logits([5.0, 4.0, 3.0, 1.0, 2.5, 0.2])
+    compute_token_loss("eksft", logits, labels, logits.detach().clone(), rho=0.25,
+                       mask_alignment="official_code")[0].backward()
+    assert not (logits.grad[0, 5] == 0).all()
+
+
+def test_selection_scope_sequence_ranks_each_sequence():
+    # seq 0 rows have higher entropy than every row of seq 1; k = ⌈0.25·8⌉ = 2 over the micro-batch both picks
+    # fall in seq 0; per sequence k = 1 each.
+    labels = torch.tensor([[-100, 0, 0, 0, 0], [-100, 0, 0, 0, 0]])
+    margins = [[0.0, 0.3, 0.6, 0.9, 9.0], [2.0, 2.5, 3.0, 1.5, 9.0]]
+    found = {}
+    for scope in ("micro_batch", "sequence"):
+        logits = torch.tensor([[[m, 0.0] for m in row] for row in margins], requires_grad=True)
+        loss, _ = compute_token_loss("eksft", logits, labels, logits.detach().clone(), rho=0.25, lambda_entropy=0.0,
+                                     lambda_kl=0.0, selection_scope=scope)
+        loss.backward()
+        found[scope] = [(b, i) for b in range(2) for i in range(4) if (logits.grad[b, i] == 0).all()]
+    assert found["micro_batch"] == [(0, 0), (0, 1)]
+    assert found["sequence"] == [(0, 0), (1, 3)]
+
+
+def test_random_mask_is_reproducible_and_sized():
+    torch.manual_seed(6)
+    labels = torch.randint(0, 9, (2, 16))
+    logits = torch.randn(2, 16, 9)
+    masks = []
+    for seed in (0, 0, 1):
+        lg = logits.clone().requires_grad_()
+        loss, metrics = compute_token_loss("eksft", lg, labels, logits, selection="random", random_mask_ratio=0.1,
+                                           random_mask_seed=seed, lambda_entropy=0.0, lambda_kl=0.0)
+        loss.backward()
+        assert metrics["num_M"].item() == math.ceil(0.1 * 30)
+        masks.append((lg.grad[:, :-1].abs().sum(-1) == 0))
+    assert torch.equal(masks[0], masks[1])
+    assert not torch.equal(masks[0], masks[2])
+
+
+# ------------------------------------------------------------------------------------------ registry
+
+
+def test_registry_matches_schemas_and_presets():
+    assert set(TOKEN_LOSSES) == set(SFT_METHOD_SCHEMAS)
+    for name in TOKEN_LOSSES:
+        assert (CONF_DIR / "sft" / "method" / f"{name}.yaml").is_file()
+        assert build_loss(SFT_METHOD_SCHEMAS[name]()).name == name
+
+
+def test_registering_an_existing_name_raises():
+    with pytest.raises(ValueError, match="already registered"):
+        register_token_loss("sft")(type("Again", (TOKEN_LOSSES["sft"],), {}))
+
+
+def test_unknown_names_list_the_valid_ones():
+    with pytest.raises(ConfigError, match="valid: .*'eksft'"):
+        build_loss(SFTMethod(name="nope"))
+    with pytest.raises(ConfigError, match="valid: .*'dft'"):
+        compute_token_loss("nope", torch.zeros(1, 2, 2), torch.zeros(1, 2, dtype=torch.long))
+    with pytest.raises(ConfigError, match="rhoo"):
+        compute_token_loss("eksft", torch.zeros(1, 2, 2), torch.zeros(1, 2, dtype=torch.long), rhoo=0.1)
+    with pytest.raises(ConfigError, match="sft.method.rho"):
+        compute_token_loss("eksft", torch.zeros(1, 2, 2), torch.zeros(1, 2, dtype=torch.long), rho=2.0)
+
+
+def test_flags_declared_by_each_loss():
+    assert build_loss(SFT_METHOD_SCHEMAS["eksft"]()).needs_reference
+    psft = build_loss(SFT_METHOD_SCHEMAS["psft"](updates_per_refresh=5))
+    assert psft.needs_old_policy and psft.old_policy_refresh_every == 5
+    sft = build_loss(SFTMethod())
+    assert not sft.needs_reference and not sft.needs_old_policy and sft.old_policy_refresh_every == 0
+
+
+def test_missing_reference_is_named():
+    with pytest.raises(ValueError, match="ref_logits"):
+        compute_token_loss("eksft", torch.zeros(1, 3, 2), torch.zeros(1, 3, dtype=torch.long))

@@ -1,0 +1,179 @@
+"""The chunked loss head against the dense reference, plus the per-token terms' closed forms (methods_spec §0, §9)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pipeline.config.sft import SFT_METHOD_SCHEMAS, EKSFTMethod, IWSFTMethod, GEMMethod, SFTMethod
+from sft.losses import build_loss
+from sft.token_stats import chunked_loss, dense_loss, prediction_rows, row_terms
+
+# 3 sequences with prompt masks, right padding and one sequence with a single supervised token
+LABELS = torch.tensor([
+    [-100, -100, 4, 7, 1, 9, 2, 3],
+    [-100, 5, 6, 0, 8, -100, -100, -100],
+    [-100, -100, -100, -100, -100, 10, -100, -100],
+])
+VOCAB, HIDDEN = 13, 6
+
+METHOD_CONFIGS = [schema() for schema in SFT_METHOD_SCHEMAS.values()] + [
+    EKSFTMethod(compat="official_code", stats_dtype="fp32"),
+    EKSFTMethod(selection="random", random_mask_ratio=0.3),
+    EKSFTMethod(global_regularisation=True),
+    EKSFTMethod(combine="intersection", rho=0.4),
+    EKSFTMethod(selection_scope="sequence"),
+    IWSFTMethod(level="token"),
+    GEMMethod(h="logsigmoid"),
+]
+
+
+def _inputs(seed: int = 0):
+    generator = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(3, 8, HIDDEN, generator=generator)
+    weight = torch.randn(VOCAB, HIDDEN, generator=generator)
+    ref_hidden = hidden + 0.5 * torch.randn(3, 8, HIDDEN, generator=generator)
+    ref_weight = weight + 0.2 * torch.randn(VOCAB, HIDDEN, generator=generator)
+    old_hidden = hidden + 0.2 * torch.randn(3, 8, HIDDEN, generator=generator)
+    return hidden, weight, ref_hidden, ref_weight, old_hidden
+
+
+def _relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    return ((actual - expected).abs().max() / expected.abs().max().clamp(min=1e-12)).item()
+
+
+@pytest.mark.parametrize("cfg", METHOD_CONFIGS, ids=lambda c: f"{c.name}-{id(c) % 997}")
+@pytest.mark.parametrize("chunk_size", [1, 5, 64])
+def test_chunked_matches_dense_loss_and_gradients(cfg, chunk_size):
+    hidden, weight, ref_hidden, ref_weight, old_hidden = _inputs()
+    loss = build_loss(cfg)
+    h_chunked, w_chunked = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+    chunked = chunked_loss(loss, h_chunked, w_chunked, LABELS, chunk_size=chunk_size, ref_hidden=ref_hidden,
+                           ref_head_weight=ref_weight, old_hidden=old_hidden, old_head_weight=ref_weight)
+    chunked.loss.backward()
+    h_dense, w_dense = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+    dense = dense_loss(loss, h_dense @ w_dense.T, LABELS, ref_logits=ref_hidden @ ref_weight.T,
+                       old_logits=old_hidden @ ref_weight.T)
+    dense.loss.backward()
+    assert abs(chunked.loss.item() - dense.loss.item()) <= 1e-5 * abs(dense.loss.item()) + 1e-7
+    assert _relative_error(h_chunked.grad, h_dense.grad) <= 1e-5
+    assert _relative_error(w_chunked.grad, w_dense.grad) <= 1e-5
+    assert chunked.num_tokens.item() == 11  # 6 + 4 + 1 supervised predictions
+    assert set(chunked.metrics) == set(dense.metrics)
+    for name, value in chunked.metrics.items():
+        assert not value.requires_grad, name
+        torch.testing.assert_close(value, dense.metrics[name], rtol=1e-5, atol=1e-6)
+
+
+def test_rows_without_a_target_get_exactly_zero_hidden_gradient():
+    hidden, weight, ref_hidden, ref_weight, _ = _inputs(1)
+    old_hidden = hidden  # ratio 1: no PSFT row is clipped, so every supervised row has a gradient
+    has_target = torch.zeros_like(LABELS, dtype=torch.bool)
+    has_target[:, :-1] = LABELS[:, 1:] != -100
+    for name, schema in SFT_METHOD_SCHEMAS.items():
+        h = hidden.clone().requires_grad_()
+        result = chunked_loss(build_loss(schema()), h, weight, LABELS, chunk_size=4, ref_hidden=ref_hidden,
+                              ref_head_weight=ref_weight, old_hidden=old_hidden, old_head_weight=weight)
+        result.loss.backward()
+        assert (h.grad[~has_target] == 0).all(), name
+        assert (h.grad[has_target].abs().sum(-1) > 0).all(), name
+
+
+def test_backward_scales_with_the_upstream_gradient_and_tied_weights_accumulate():
+    hidden, weight, *_ = _inputs(2)
+    grads = []
+    for scale in (1.0, 3.0):
+        h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+        result = chunked_loss(build_loss(SFTMethod()), h, w, LABELS, chunk_size=3)
+        (scale * result.loss + w.sum()).backward()  # w.sum(): a second use of the weight, as an embedding would
+        grads.append((h.grad, w.grad - 1.0))
+    torch.testing.assert_close(grads[1][0], 3.0 * grads[0][0])
+    torch.testing.assert_close(grads[1][1], 3.0 * grads[0][1])
+
+
+def test_no_supervised_token_gives_zero_loss_and_zero_gradients():
+    hidden, weight, ref_hidden, ref_weight, _ = _inputs(3)
+    labels = torch.full((3, 8), -100)
+    h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+    result = chunked_loss(build_loss(EKSFTMethod()), h, w, labels, chunk_size=4, ref_hidden=ref_hidden,
+                          ref_head_weight=ref_weight)
+    result.loss.backward()
+    assert result.loss.item() == 0.0 and result.num_tokens.item() == 0
+    assert (h.grad == 0).all() and (w.grad == 0).all()
+
+
+def test_no_grad_call_returns_the_value():
+    hidden, weight, *_ = _inputs(4)
+    with torch.no_grad():
+        value = chunked_loss(build_loss(SFTMethod()), hidden, weight, LABELS, chunk_size=4).loss
+    dense = dense_loss(build_loss(SFTMethod()), hidden @ weight.T, LABELS).loss
+    assert value.item() == pytest.approx(dense.item(), rel=1e-6)
+
+
+def test_bf16_inputs_give_grads_in_their_dtypes():
+    hidden, weight, ref_hidden, ref_weight, _ = _inputs(5)
+    h = hidden.bfloat16().requires_grad_()
+    w = weight.bfloat16().requires_grad_()
+    result = chunked_loss(build_loss(EKSFTMethod(compat="official_code")), h, w, LABELS, chunk_size=4,
+                          ref_hidden=ref_hidden.bfloat16(), ref_head_weight=ref_weight.bfloat16())
+    result.loss.backward()
+    assert h.grad.dtype == torch.bfloat16 and w.grad.dtype == torch.bfloat16
+    dense = dense_loss(build_loss(EKSFTMethod(compat="official_code")), (h @ w.T).detach(), LABELS,
+                       ref_logits=ref_hidden.bfloat16() @ ref_weight.bfloat16().T).loss
+    assert result.loss.item() == pytest.approx(dense.item(), rel=1e-2)
+
+
+def test_input_errors_name_the_argument():
+    hidden, weight, *_ = _inputs(6)
+    eksft = build_loss(EKSFTMethod())
+    with pytest.raises(ValueError, match="ref_hidden"):
+        chunked_loss(eksft, hidden, weight, LABELS, chunk_size=4)
+    with pytest.raises(ValueError, match="chunk_size"):
+        chunked_loss(build_loss(SFTMethod()), hidden, weight, LABELS, chunk_size=0)
+    with pytest.raises(ValueError, match="head_weight"):
+        chunked_loss(build_loss(SFTMethod()), hidden, weight.T, LABELS, chunk_size=4)
+    with pytest.raises(ValueError, match="labels"):
+        chunked_loss(build_loss(SFTMethod()), hidden, weight, LABELS[:, :5], chunk_size=4)
+
+
+def test_prediction_rows_shift_and_label_positions():
+    labels = torch.tensor([[-100, -100, 7, 8], [-100, 5, -100, -100]])
+    rows = prediction_rows(labels)
+    assert rows.index.tolist() == [1, 2, 4]  # (0,1)→7, (0,2)→8, (1,0)→5
+    assert rows.targets.tolist() == [7, 8, 5]
+    official = prediction_rows(labels, include_label_positions=True)
+    assert official.index.tolist() == [1, 2, 3, 4, 5]  # adds (0,3) and (1,1): labelled, nothing to predict
+    assert official.has_target.tolist() == [True, True, False, True, False]
+    assert official.is_label_position.tolist() == [False, True, True, False, True]
+    assert official.sequence.tolist() == [0, 0, 0, 1, 1]
+
+
+def test_row_terms_closed_form_gradients():
+    # ∂H/∂z = −p(log p + H); ∂KL/∂z = p(log p − log q − KL); ∂(−log p_y)/∂z = p − e_y  (methods_spec §0)
+    torch.manual_seed(7)
+    logits = torch.randn(4, 9, dtype=torch.float64, requires_grad=True)
+    ref = torch.randn(4, 9, dtype=torch.float64)
+    targets = torch.tensor([0, 3, 8, 5])
+    terms = row_terms(logits, targets, ["logp", "entropy", "kl", "forward_kl"], ref_logits=ref)
+    logp, logq = logits.detach().log_softmax(-1), ref.log_softmax(-1)
+    p, q = logp.exp(), logq.exp()
+    entropy = -(p * logp).sum(-1)
+    kl = (p * (logp - logq)).sum(-1)
+    torch.testing.assert_close(terms["entropy"].detach(), entropy)
+    torch.testing.assert_close(terms["kl"].detach(), kl)
+    torch.testing.assert_close(terms["forward_kl"].detach(), (q * (logq - logp)).sum(-1))
+    expected = {
+        "logp": torch.nn.functional.one_hot(targets, 9).double() - p,
+        "entropy": -p * (logp + entropy.unsqueeze(1)),
+        "kl": p * (logp - logq - kl.unsqueeze(1)),
+        "forward_kl": p - q,
+    }
+    for name, grad in expected.items():
+        (actual,) = torch.autograd.grad(terms[name].sum(), logits, retain_graph=True)
+        torch.testing.assert_close(actual, grad, msg=name)
+
+
+def test_row_terms_kl_and_its_gradient_exactly_zero_for_equal_logits():
+    logits = torch.randn(5, 11, requires_grad=True)
+    kl = row_terms(logits, torch.zeros(5, dtype=torch.long), ["kl"], ref_logits=logits.detach().clone())["kl"]
+    (grad,) = torch.autograd.grad(kl.sum(), logits)
+    assert (kl == 0).all() and (grad == 0).all()
