@@ -1,0 +1,138 @@
+"""FSDP2 policy -> Hugging Face folder (safetensors + tokenizer + generation config), verified by reloading it.
+
+The folder is what RL and vLLM evaluation load, so before it counts as written it must:
+
+* reload with ``AutoModelForCausalLM`` / ``AutoTokenizer`` / ``GenerationConfig`` and have the same parameter count;
+* stop generation at the chat template's end-of-turn token (``<|im_end|>`` for Qwen's ChatML): the tokenizer's
+  ``eos_token`` is that token and the generation config's ``eos_token_id`` contains its id (trl PR #3299: an SFT'd
+  Qwen whose EOS disagreed with the template never stopped generating);
+* give the same next-token log-probabilities as the in-memory model on a few training sequences, within a
+  tolerance that depends on the export dtype.
+
+It is written to ``hf.tmp/`` and renamed to ``hf/`` only after these checks pass.
+"""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, PreTrainedTokenizerBase
+
+LOGPROB_TOLERANCE = {torch.float32: 1e-3, torch.bfloat16: 0.15}
+"""Largest allowed |Δ log p| between the reloaded export and the in-memory model, by export dtype (bf16 rounds
+weights to 8 significant bits, which moves log-probs by a few hundredths on real models)."""
+_PROBE = "EXPORT_END_OF_TURN_PROBE"
+
+
+class ExportError(RuntimeError):
+    """The exported folder failed a check; the message says which."""
+
+
+def end_of_turn_token(tokenizer: PreTrainedTokenizerBase) -> str:
+    """The special token that closes an assistant turn in the tokenizer's chat template (e.g. ``<|im_end|>``)."""
+    if not tokenizer.chat_template:
+        raise ExportError("the tokenizer has no chat_template, so the end-of-turn token cannot be checked")
+    text = tokenizer.apply_chat_template([{"role": "user", "content": "1+1?"},
+                                          {"role": "assistant", "content": _PROBE}], tokenize=False)
+    suffix = text[text.rindex(_PROBE) + len(_PROBE):]
+    special_ids = set(tokenizer.all_special_ids) | {
+        token_id for token_id, token in tokenizer.added_tokens_decoder.items() if token.special}
+    for token_id in tokenizer(suffix, add_special_tokens=False)["input_ids"]:
+        if token_id in special_ids:
+            return tokenizer.convert_ids_to_tokens(token_id)
+    raise ExportError(f"no special token follows the assistant message in the chat template (suffix {suffix!r})")
+
+
+def align_eos(tokenizer: PreTrainedTokenizerBase, generation_config: GenerationConfig,
+              announce: Callable[[str], None] = print) -> str:
+    """Makes the tokenizer's EOS and the generation config's first EOS id the template's end-of-turn token."""
+    end_of_turn = end_of_turn_token(tokenizer)
+    end_id = tokenizer.convert_tokens_to_ids(end_of_turn)
+    if tokenizer.eos_token != end_of_turn:
+        announce(f"[export] tokenizer eos {tokenizer.eos_token!r} differs from the chat template's end-of-turn "
+                 f"{end_of_turn!r}; exporting with eos {end_of_turn!r}")
+        tokenizer.eos_token = end_of_turn
+    eos_ids = generation_config.eos_token_id
+    eos_ids = [] if eos_ids is None else [eos_ids] if isinstance(eos_ids, int) else list(eos_ids)
+    generation_config.eos_token_id = [end_id] + [i for i in eos_ids if i != end_id]
+    if generation_config.pad_token_id is None and tokenizer.pad_token_id is not None:
+        generation_config.pad_token_id = tokenizer.pad_token_id
+    return end_of_turn
+
+
+def gather_full_state_dict(policy: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Collective: every rank calls it; rank 0 gets the full CPU state dict, the others an empty dict."""
+    return get_model_state_dict(policy, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def write_hf_folder(model_config: Any, state_dict: dict[str, torch.Tensor], tokenizer: PreTrainedTokenizerBase,
+                    generation_config: GenerationConfig, folder: Path, dtype: torch.dtype) -> None:
+    """Saves ``state_dict`` cast to ``dtype`` as a plain (unwrapped) HF model, plus tokenizer and generation config."""
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(model_config, dtype=dtype)
+    model.load_state_dict({k: v.to(dtype) for k, v in state_dict.items()}, strict=True, assign=True)
+    model.tie_weights()
+    model.config.dtype = dtype
+    model.generation_config = generation_config
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+
+
+def verify_hf_folder(folder: Path, *, sequences: list[torch.Tensor], expected_logprobs: list[torch.Tensor],
+                     end_of_turn: str, num_parameters: int, dtype: torch.dtype, device: torch.device) -> dict[str, Any]:
+    """Reloads ``folder`` with transformers and checks it against the in-memory model (raises :class:`ExportError`)."""
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).to(device).eval()
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    generation_config = GenerationConfig.from_pretrained(folder)
+    reloaded_params = sum(p.numel() for p in model.parameters())
+    if reloaded_params != num_parameters:
+        raise ExportError(f"{folder}: reloaded model has {reloaded_params} parameters, trained one {num_parameters}")
+    if tokenizer.eos_token != end_of_turn:
+        raise ExportError(f"{folder}: tokenizer eos {tokenizer.eos_token!r} is not the end-of-turn {end_of_turn!r}")
+    end_id = tokenizer.convert_tokens_to_ids(end_of_turn)
+    eos_ids = generation_config.eos_token_id
+    if end_id not in ([eos_ids] if isinstance(eos_ids, int) else list(eos_ids or [])):
+        raise ExportError(f"{folder}: generation_config eos_token_id {eos_ids} lacks {end_of_turn!r} ({end_id})")
+    max_diff = 0.0
+    with torch.no_grad():
+        for input_ids, expected in zip(sequences, expected_logprobs):
+            logits = model(input_ids=input_ids.to(device), use_cache=False).logits
+            diff = (logits.float().log_softmax(-1).cpu() - expected).abs().max().item()
+            max_diff = max(max_diff, diff)
+    if not max_diff <= LOGPROB_TOLERANCE[dtype]:
+        raise ExportError(f"{folder}: reloaded log-probs differ from the in-memory model by {max_diff:.3g} "
+                          f"(> {LOGPROB_TOLERANCE[dtype]} allowed for {dtype})")
+    return {"max_abs_logprob_diff": max_diff, "num_parameters": reloaded_params, "end_of_turn": end_of_turn,
+            "eos_token_id": generation_config.eos_token_id, "dtype": str(dtype).removeprefix("torch.")}
+
+
+def export_hf(policy_logprobs: Callable[[torch.Tensor], torch.Tensor], policy: torch.nn.Module, *,
+              tokenizer: PreTrainedTokenizerBase, generation_config: GenerationConfig, sequences: list[torch.Tensor],
+              folder: Path, dtype: torch.dtype, is_main: bool, device: torch.device,
+              announce: Callable[[str], None] = print) -> dict[str, Any] | None:
+    """Collective export of the FSDP2-sharded ``policy`` to ``folder``; returns the check record on rank 0.
+
+    ``policy_logprobs(input_ids)`` runs the in-memory (sharded) model on one sequence on every rank and returns its
+    next-token log-probabilities ``[1, L, V]`` in float32.
+    """
+    expected = [policy_logprobs(ids).cpu() for ids in sequences]
+    state_dict = gather_full_state_dict(policy)
+    if not is_main:
+        return None
+    end_of_turn = align_eos(tokenizer, generation_config, announce)
+    staging = folder.with_name(folder.name + ".tmp")
+    shutil.rmtree(staging, ignore_errors=True)
+    write_hf_folder(policy.config, state_dict, tokenizer, generation_config, staging, dtype)
+    record = verify_hf_folder(staging, sequences=sequences, expected_logprobs=expected, end_of_turn=end_of_turn,
+                              num_parameters=policy_parameter_count(policy), dtype=dtype, device=device)
+    shutil.rmtree(folder, ignore_errors=True)
+    staging.rename(folder)
+    return record
+
+
+def policy_parameter_count(policy: torch.nn.Module) -> int:
+    """Parameters of the (possibly sharded) policy, each tied tensor counted once."""
+    return sum(p.numel() for p in policy.parameters())

@@ -1,0 +1,197 @@
+"""Entry point of the SFT stage.
+
+    torchrun --standalone --nproc_per_node=N -m sft.train experiment=demo profile=toy sft/method=eksft
+    python -m sft.train ...          # one process: still FSDP2, on a 1-rank group
+
+Multi-node uses torchrun's rendezvous (docs/sft.md). Reads the tokenised SFT split and the base model, trains with
+:mod:`sft.trainer`, exports a verified HF folder with :mod:`sft.export`, and writes the stage manifest in
+``pipeline.paths.sft_dir(cfg)``. An incomplete run with the same config resumes from its latest checkpoint.
+"""
+from __future__ import annotations
+
+import copy
+import os
+import time
+from contextlib import nullcontext
+from dataclasses import asdict
+from pathlib import Path
+
+import hydra
+import torch
+import torch.distributed as dist
+from omegaconf import DictConfig
+from transformers import AutoTokenizer
+
+from pipeline.config import CONF_DIR, Config, to_config
+from pipeline.manifest import Manifest, read_manifest, require_complete, stage_run
+from pipeline.paths import base_model_path, data_dir, hf_export_dir, method_label, sft_dir, toy_base_dir
+from pipeline.seeding import derive_seed, seed_everything
+from pipeline.tracking import MetricsLogger, configure_cpu_threads
+from sft.data import SFT_TOKENS_FILE, DataOrder, read_sft_tokens
+from sft.export import export_hf
+from sft.losses import build_loss
+from sft.trainer import (
+    METRICS_FILE,
+    DistEnv,
+    PolicyWithTokenLoss,
+    broadcast_from_main,
+    build_optimizer,
+    build_scheduler,
+    close_distributed,
+    fit,
+    freeze,
+    init_distributed,
+    keep_metrics_up_to,
+    load_causal_lm,
+    shard_models,
+    total_optimizer_steps,
+)
+
+EXPORT_CHECK_SEQUENCES = 3
+"""Training sequences on which the exported model's log-probs are compared with the in-memory model's."""
+EXPORT_CHECK_TOKENS = 64
+"""Leading tokens of each of those sequences."""
+
+
+def sft_tokens_path(cfg: Config) -> Path:
+    """The data stage's tokenised SFT split for this model (its manifest sits in the same folder)."""
+    return data_dir(cfg) / cfg.model.name / SFT_TOKENS_FILE
+
+
+def export_dtype(cfg: Config) -> torch.dtype:
+    """float32 for the toy profile (tiny models, exact checks), ``model.dtype`` otherwise."""
+    return torch.float32 if cfg.profile.name == "toy" else getattr(torch, cfg.model.dtype)
+
+
+def resolve_model_dir(cfg: Config, env: DistEnv) -> str:
+    """A local folder for the base model: the path itself, or the hub snapshot (downloaded by rank 0 first)."""
+    path = base_model_path(cfg)
+    if Path(path).exists():
+        return path
+    from huggingface_hub import snapshot_download
+
+    if env.is_main:
+        snapshot_download(path)
+    dist.barrier()
+    return snapshot_download(path)
+
+
+def run(cfg: Config) -> Manifest:
+    """Trains, exports and records one SFT method on one base model; returns the stage manifest."""
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    configure_cpu_threads(max(1, cfg.profile.num_threads // local_world))
+    env = init_distributed(cfg.profile.device)
+    try:
+        return _run(cfg, env)
+    finally:
+        close_distributed(env)
+
+
+def _run(cfg: Config, env: DistEnv) -> Manifest:
+    started = time.perf_counter()
+    announce = print if env.is_main else (lambda message: None)
+    out_dir = sft_dir(cfg)
+    variant = f"{cfg.model.name}/{method_label(cfg.sft.method)}"
+    tokens_path = sft_tokens_path(cfg)
+    require_complete(tokens_path.parent, "tokenised SFT split (data stage)")
+    if cfg.model.source == "toy":
+        require_complete(toy_base_dir(cfg), "toy base model (base stage)")
+    model_dir = resolve_model_dir(cfg, env)
+    base_input = Path(model_dir) / cfg.model.gguf_file if cfg.model.gguf_file else Path(model_dir)
+    order_seed = derive_seed(cfg.seed, "sft/data_order")
+    train_seed = derive_seed(cfg.seed, f"sft/train/rank{env.rank}")
+    config_record = {"sft": asdict(cfg.sft), "model": asdict(cfg.model), "data": asdict(cfg.data),
+                     "seed": cfg.seed, "world_size": env.world_size}
+
+    stage_context = stage_run(out_dir, stage="sft", variant=variant, config=config_record,
+                              inputs={"sft_tokens": tokens_path, "base_model": base_input},
+                              seeds={"seed": cfg.seed, "data_order": order_seed,
+                                     "train_rank0": derive_seed(cfg.seed, "sft/train/rank0")},
+                              announce=announce) if env.is_main else nullcontext()
+    with stage_context as stage:
+        decision = broadcast_from_main(None if stage is None else "resume" if stage.resumed else "fresh")
+        if decision is not None:
+            seed_everything(train_seed)
+            rows = read_sft_tokens(tokens_path)
+            order = DataOrder([len(row.input_ids) for row in rows], micro_batch_size=cfg.sft.micro_batch_size,
+                              grad_accum=cfg.sft.grad_accum, world_size=env.world_size, order_seed=order_seed)
+            tokenizer_extra = {"gguf_file": cfg.model.gguf_file} if cfg.model.gguf_file else {}
+            tokenizer = AutoTokenizer.from_pretrained(model_dir, **tokenizer_extra)
+            pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+
+            token_loss = build_loss(cfg.sft.method)
+
+            def load() -> torch.nn.Module:
+                return load_causal_lm(model_dir, attn_implementation=cfg.model.attn_implementation,
+                                      gguf_file=cfg.model.gguf_file)
+
+            policy = load()
+            generation_config = copy.deepcopy(policy.generation_config)
+            if cfg.sft.gradient_checkpointing:
+                policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            root = PolicyWithTokenLoss(policy, token_loss, cfg.sft.chunk_size,
+                                       reference=freeze(load()) if token_loss.needs_reference else None,
+                                       old_policy=freeze(load()) if token_loss.needs_old_policy else None)
+            shard_models(root, env, cfg.sft.mixed_precision)
+            optimizer = build_optimizer(root, cfg.sft)
+            scheduler = build_scheduler(optimizer, cfg.sft, total_optimizer_steps(cfg.sft, order.steps_per_epoch))
+
+            resume = decision == "resume"
+            if env.is_main and not resume:
+                keep_metrics_up_to(out_dir / METRICS_FILE, 0)
+            with MetricsLogger(out_dir / METRICS_FILE, enabled=env.is_main, wandb_mode=cfg.logging.wandb_mode,
+                               wandb_project=cfg.logging.wandb_project, config=config_record,
+                               run_name=cfg.logging.run_name or f"{cfg.experiment.name}/sft/{variant}") as logger:
+                summary = fit(root, optimizer, scheduler, rows=rows, order=order, pad_token_id=pad_token_id,
+                              sft=cfg.sft, env=env, run_dir=out_dir, resume=resume, logger=logger,
+                              show_progress=env.is_main and cfg.logging.progress,
+                              log_every=cfg.logging.log_every, announce=announce)
+            if summary.steps == 0 or summary.steps != summary.total_steps:
+                raise RuntimeError(f"training stopped after {summary.steps} of {summary.total_steps} optimiser "
+                                   "steps; the run is not complete")
+
+            export_started = time.perf_counter()
+
+            def policy_logprobs(input_ids: torch.Tensor) -> torch.Tensor:
+                root.eval()
+                with torch.no_grad():
+                    logits = root(input_ids=input_ids.to(env.device))
+                root.reshard()  # the root keeps its parameters unsharded after a forward without backward
+                return logits.float().log_softmax(-1)
+
+            check_sequences = [torch.tensor(row.input_ids[:EXPORT_CHECK_TOKENS]).unsqueeze(0)
+                               for row in rows[:EXPORT_CHECK_SEQUENCES]]
+            export_record = export_hf(policy_logprobs, root.policy, tokenizer=tokenizer,
+                                      generation_config=generation_config, sequences=check_sequences,
+                                      folder=hf_export_dir(out_dir), dtype=export_dtype(cfg), is_main=env.is_main,
+                                      device=env.device, announce=announce)
+            if env.is_main:
+                export_record["time_s"] = time.perf_counter() - export_started
+                wall = time.perf_counter() - started
+                stage.manifest.metrics = {
+                    "final_loss": summary.final_loss, "steps": summary.steps,
+                    "supervised_tokens": summary.supervised_tokens, "input_tokens": summary.input_tokens,
+                    "train_time_s": summary.train_time_s, "wall_time_s": wall,
+                    "tokens_per_s": summary.input_tokens / max(summary.train_time_s, 1e-9)}
+                stage.manifest.details.update({
+                    "resumed_from_step": summary.resumed_from_step, "steps_this_launch": summary.steps_this_launch,
+                    "steps_per_epoch": order.steps_per_epoch, "global_batch": order.global_batch,
+                    "world_size": env.world_size, "num_rows": len(rows),
+                    "rows_unused_per_epoch": len(rows) - order.steps_per_epoch * order.global_batch,
+                    "export": export_record})
+                stage.add_output("hf", "HF safetensors + tokenizer + generation config (eos = chat end-of-turn)")
+                stage.add_output(METRICS_FILE, "one JSON line per logged optimiser step")
+                stage.add_output("checkpoints", "resumable DCP checkpoints (latest kept)")
+    dist.barrier()
+    if env.is_main and stage is not None:
+        return stage.manifest
+    return read_manifest(out_dir)
+
+
+@hydra.main(config_path=str(CONF_DIR), config_name="config", version_base=None)
+def main(cfg: DictConfig) -> None:
+    run(to_config(cfg))
+
+
+if __name__ == "__main__":
+    main()

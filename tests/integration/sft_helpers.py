@@ -1,0 +1,152 @@
+"""Tiny fixtures for the SFT trainer tests: a random 2-layer Qwen3, a ChatML word-level tokenizer, and a
+tokenised SFT split in the data stage's format (with a complete data manifest), all in a tmp folder."""
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+from safetensors.torch import load_file
+
+from pipeline.config import Config, compose
+from pipeline.manifest import stage_run
+from pipeline.paths import hf_export_dir, sft_dir
+from sft.data import IGNORE_INDEX, SFT_TOKENS_FILE
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|pad|>"]
+WORDS = [f"w{i}" for i in range(60)] + ["user", "assistant", "system"]
+
+
+def build_tiny_tokenizer(folder: Path):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {token: i for i, token in enumerate(SPECIALS + WORDS + ["<unk>"])}
+    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    core.add_special_tokens(SPECIALS)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, eos_token="<|endoftext|>", pad_token="<|pad|>",
+                                        unk_token="<unk>", chat_template=CHATML)
+    tokenizer.save_pretrained(folder)
+    return tokenizer
+
+
+def build_tiny_model(folder: Path, seed: int = 0) -> Path:
+    """Random Qwen3 (hidden 128, 2 layers, 2 heads x 64, 1 kv head, tied embeddings) + tokenizer in ``folder``.
+
+    The base generation config's EOS is ``<|endoftext|>``, not the template's ``<|im_end|>``: the export must fix it.
+    """
+    from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
+
+    tokenizer = build_tiny_tokenizer(folder)
+    config = Qwen3Config(vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, head_dim=64, tie_word_embeddings=True,
+                         max_position_embeddings=512, rope_theta=10000.0, bos_token_id=None,
+                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    torch.manual_seed(seed)
+    model = Qwen3ForCausalLM(config)
+    model.generation_config = GenerationConfig(eos_token_id=tokenizer.eos_token_id,
+                                               pad_token_id=tokenizer.pad_token_id)
+    model.save_pretrained(folder)
+    return folder
+
+
+def write_sft_tokens(cfg: Config, num_rows: int, seed: int = 0) -> Path:
+    """A tokenised SFT split (chat-formatted random words, labels on the response and its ``<|im_end|>``)
+    plus a complete data-stage manifest, where ``sft.train`` looks for it."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
+    rng = random.Random(seed)
+    columns = {"row_id": [], "input_ids": [], "labels": [], "num_response_tokens": [], "truncated": []}
+    for index in range(num_rows):
+        question = " ".join(rng.choice(WORDS[:60]) for _ in range(rng.randint(2, 8)))
+        answer = " ".join(rng.choice(WORDS[:60]) for _ in range(rng.randint(3, 20)))
+        prompt = tokenizer.apply_chat_template([{"role": "user", "content": question}], tokenize=False,
+                                               add_generation_prompt=True)
+        prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        response_ids = tokenizer(answer + "<|im_end|>\n", add_special_tokens=False)["input_ids"]
+        columns["row_id"].append(f"row-{index}")
+        columns["input_ids"].append(prompt_ids + response_ids)
+        columns["labels"].append([IGNORE_INDEX] * len(prompt_ids) + response_ids)
+        columns["num_response_tokens"].append(len(response_ids))
+        columns["truncated"].append(False)
+    folder = Path(cfg.experiment.run_root) / cfg.experiment.name / "data" / cfg.model.name
+    with stage_run(folder, stage="data", variant=cfg.model.name, config={"rows": num_rows, "seed": seed},
+                   announce=lambda message: None) as run:
+        pq.write_table(pa.table(columns), folder / SFT_TOKENS_FILE)
+        run.add_output(SFT_TOKENS_FILE, "tokenised SFT split")
+    return folder / SFT_TOKENS_FILE
+
+
+def tiny_overrides(run_root: Path, model_dir: Path, method: str = "sft", **sft: object) -> list[str]:
+    """Hydra overrides for a fast fp32 run of the tiny model on the toy profile (``sft`` entries override more)."""
+    values = {"micro_batch_size": 2, "grad_accum": 2, "epochs": 1, "max_steps": -1, "lr": 1e-3,
+              "warmup_ratio": 0.25, "mixed_precision": "fp32", "checkpoint_every": 0, "keep_checkpoints": 10,
+              "chunk_size": 16, **sft}
+    return ["profile=toy", f"sft/method={method}", f"experiment.run_root={run_root}", "experiment.name=t",
+            "model.source=hub", f"model.path={model_dir}", "model.name=tiny", "logging.progress=false",
+            *[f"sft.{key}={value}" for key, value in values.items()]]
+
+
+def prepare_run(run_root: Path, model_dir: Path, num_rows: int, method: str = "sft", **sft: object):
+    overrides = tiny_overrides(run_root, model_dir, method, **sft)
+    cfg = compose(overrides)
+    write_sft_tokens(cfg, num_rows)
+    return cfg, overrides
+
+
+def final_weights(cfg: Config) -> dict[str, torch.Tensor]:
+    return load_file(hf_export_dir(sft_dir(cfg)) / "model.safetensors")
+
+
+def sft_command(overrides: list[str], nproc: int) -> list[str]:
+    return [str(Path(sys.executable).with_name("torchrun")), "--standalone", f"--nproc_per_node={nproc}",
+            "-m", "sft.train", *overrides]
+
+
+def child_env() -> dict[str, str]:
+    return {**os.environ, "GOMP_SPINCOUNT": "10000", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+
+
+def run_torchrun(overrides: list[str], nproc: int, timeout: int = 240) -> subprocess.CompletedProcess:
+    """``torchrun --standalone`` (a fresh port per launch) with one retry, as toy_world.md §2 advises."""
+    for attempt in range(2):
+        result = subprocess.run(sft_command(overrides, nproc), cwd=REPO_ROOT, env=child_env(), capture_output=True,
+                                text=True, timeout=timeout)
+        if result.returncode == 0 or attempt == 1:
+            return result
+    return result
+
+
+def kill_after_checkpoint(overrides: list[str], checkpoint_dir: Path, timeout: float = 240) -> int:
+    """Starts a 1-rank training process and SIGKILLs its process group once ``checkpoint_dir`` is complete."""
+    process = subprocess.Popen([sys.executable, "-m", "sft.train", *overrides], cwd=REPO_ROOT, env=child_env(),
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + timeout
+    try:
+        while not (checkpoint_dir / "trainer_state.json").exists():
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"training exited ({process.returncode}) or timed out before {checkpoint_dir}")
+            time.sleep(0.02)
+        os.killpg(process.pid, signal.SIGKILL)
+        return process.wait(timeout=30)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+def copy_run(src_root: Path, dst_root: Path) -> None:
+    shutil.copytree(src_root, dst_root)
