@@ -1,0 +1,294 @@
+"""Our config -> the exact ``python -m verl.trainer.main_ppo`` command line (pure: no files written, no Ray).
+
+DAPO in verl 0.9.1 is plain ``main_ppo`` (V1 trainer) with GRPO advantages, clip-higher, token-mean, no KL,
+group filtering (``algorithm.filter_groups``), the ``dapo`` reward manager with the overlong buffer, and our
+reward function (``rl/reward.py``, which calls ``eval.scoring.verify``). The key table is in docs/rl.md.
+
+Order of precedence: our keys, then the CPU-embedding keys (``profile.device=cpu``), then the user's
+``rl.verl_overrides`` (a user key replaces ours with the same name, with or without a ``+``).
+:func:`validate_with_verl` composes verl's own ``ppo_trainer`` config with the result and runs verl's
+``validate_config``, so a stale or misspelled key fails on a laptop, not on a cluster.
+"""
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+from pipeline.config import Config
+from pipeline.config.rl import REWARD_STYLES
+from pipeline.paths import BASE_VARIANT, base_model_path, data_dir, hf_export_dir, method_label, rl_dir, sft_dir
+from pipeline.seeding import derive_seed
+
+MAIN_PPO_MODULE = "verl.trainer.main_ppo"
+REWARD_FILE = Path(__file__).resolve().with_name("reward.py")
+REWARD_FUNCTION = "compute_score"
+RL_TRAIN_FILE = "rl.parquet"
+RL_VAL_FILE = "rl_val.parquet"
+CHECKPOINT_SUBDIR = "checkpoints"
+VAL_GENERATIONS_SUBDIR = "val_generations"
+CPU_FAKE_GPUS_PER_NODE = 1
+"""The CPU profile gives Ray one fake GPU per trainer process so verl's GPU placement groups can be scheduled."""
+CPU_RAY_LOGICAL_CPUS = 16
+"""Ray CPUs are bookkeeping: TransferQueue, agent-loop and reward actors each reserve one (2 hang forever)."""
+CPU_VLLM_KV_CACHE_GB = 1
+"""vLLM-CPU KV cache (``VLLM_CPU_KVCACHE_SPACE``, GiB); the toy model needs a few MB."""
+
+
+def resolve_variant(cfg: Config) -> str:
+    """The variant RL starts from: ``rl.init``, or the label of the configured SFT method when it is empty."""
+    return cfg.rl.init or method_label(cfg.sft.method)
+
+
+def init_model_path(cfg: Config, variant: str) -> Path:
+    """The HF folder RL starts from: the base model, or the SFT stage's export of ``variant``."""
+    if variant == BASE_VARIANT:
+        return Path(base_model_path(cfg))
+    return hf_export_dir(sft_dir(cfg, variant))
+
+
+def data_files(cfg: Config) -> tuple[Path, Path]:
+    """(train, validation) parquet files in verl's RL format, written by the data stage."""
+    directory = data_dir(cfg)
+    return directory / RL_TRAIN_FILE, directory / RL_VAL_FILE
+
+
+def reward_scores(cfg: Config) -> tuple[float, float]:
+    """(score of a correct answer, score of a wrong one) for ``rl.reward_style``."""
+    return REWARD_STYLES[cfg.rl.reward_style]
+
+
+def _absolute(path: str | Path) -> str:
+    """Ray workers do not share the launcher's working directory, so run folders are passed as absolute paths."""
+    return str(Path(path).resolve())
+
+
+def _model_path(cfg: Config, variant: str) -> str:
+    """The start model as verl gets it: an absolute folder, or a hub id when the base model is a hub id."""
+    path = init_model_path(cfg, variant)
+    is_hub_id = variant == BASE_VARIANT and cfg.model.source == "hub" and not path.exists()
+    return str(path) if is_hub_id else _absolute(path)
+
+
+def format_value(value: Any) -> str:
+    """A Python value as a Hydra override value: true/false, repr floats, [a,b] lists, quoted odd strings."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(format_value(item) for item in value) + "]"
+    text = str(value)
+    if text == "" or any(char in text for char in " ,[]{}()='\"\\$*?<>|&;#"):
+        return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    return text
+
+
+def override_key(override: str) -> str:
+    """The dotted key of a ``[+|++|~]key=value`` override."""
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def _dapo_keys(cfg: Config, variant: str) -> dict[str, Any]:
+    rl = cfg.rl
+    stage = rl_dir(cfg, variant)
+    train_file, val_file = data_files(cfg)
+    correct_score, incorrect_score = reward_scores(cfg)
+    max_tokens_per_gpu = rl.max_prompt_length + rl.max_response_length
+    keys: dict[str, Any] = {
+        # data
+        "data.train_files": _absolute(train_file),
+        "data.val_files": _absolute(val_file),
+        "data.prompt_key": "prompt",
+        "data.max_prompt_length": rl.max_prompt_length,
+        "data.max_response_length": rl.max_response_length,
+        "data.train_batch_size": rl.train_batch_size,
+        "data.filter_overlong_prompts": True,
+        "data.truncation": "left",
+        "data.seed": derive_seed(cfg.seed, "rl/data"),
+        # GRPO advantages, no KL anywhere
+        "algorithm.adv_estimator": "grpo",
+        "algorithm.use_kl_in_reward": False,
+        "algorithm.kl_ctrl.kl_coef": 0.0,
+        "actor_rollout_ref.actor.use_kl_loss": False,
+        "actor_rollout_ref.actor.kl_loss_coef": 0.0,
+        "actor_rollout_ref.actor.entropy_coeff": 0,
+        # dynamic sampling (the V1 trainer ignores max_num_gen_batches; max_inflight_gen_batches bounds refills)
+        "algorithm.filter_groups.enable": rl.filter_groups,
+        "algorithm.filter_groups.metric": rl.filter_groups_metric,
+        "algorithm.filter_groups.max_inflight_gen_batches": rl.max_inflight_gen_batches,
+        # actor: clip-higher, token-mean, optimiser
+        "actor_rollout_ref.model.path": _model_path(cfg, variant),
+        "actor_rollout_ref.model.enable_gradient_checkpointing": rl.gradient_checkpointing,
+        "actor_rollout_ref.actor.strategy": "fsdp2",
+        "actor_rollout_ref.actor.optim.lr": rl.lr,
+        "actor_rollout_ref.actor.optim.lr_warmup_steps": rl.lr_warmup_steps,
+        "actor_rollout_ref.actor.optim.weight_decay": rl.weight_decay,
+        "actor_rollout_ref.actor.grad_clip": rl.grad_clip,
+        "actor_rollout_ref.actor.clip_ratio_low": rl.clip_ratio_low,
+        "actor_rollout_ref.actor.clip_ratio_high": rl.clip_ratio_high,
+        "actor_rollout_ref.actor.clip_ratio_c": rl.clip_ratio_c,
+        "actor_rollout_ref.actor.loss_agg_mode": rl.loss_agg_mode,
+        "actor_rollout_ref.actor.policy_loss.loss_mode": "vanilla",
+        "actor_rollout_ref.actor.ppo_mini_batch_size": rl.ppo_mini_batch_size,
+        "actor_rollout_ref.actor.ppo_epochs": rl.ppo_epochs,
+        "actor_rollout_ref.actor.use_dynamic_bsz": rl.use_dynamic_bsz,
+        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": max_tokens_per_gpu,
+        "actor_rollout_ref.actor.fsdp_config.seed": derive_seed(cfg.seed, "rl/train"),
+        "actor_rollout_ref.actor.data_loader_seed": derive_seed(cfg.seed, "rl/minibatch"),
+        # rollout: vLLM, G samples per prompt
+        "actor_rollout_ref.rollout.name": "vllm",
+        "actor_rollout_ref.rollout.n": rl.rollout_n,
+        "actor_rollout_ref.rollout.temperature": rl.temperature,
+        "actor_rollout_ref.rollout.top_p": rl.top_p,
+        "actor_rollout_ref.rollout.top_k": -1,
+        "actor_rollout_ref.rollout.seed": derive_seed(cfg.seed, "rl/rollout"),
+        "actor_rollout_ref.rollout.tensor_model_parallel_size": rl.rollout_tensor_parallel,
+        "actor_rollout_ref.rollout.gpu_memory_utilization": rl.gpu_memory_utilization,
+        "actor_rollout_ref.rollout.max_num_batched_tokens": max(8192, max_tokens_per_gpu),
+        "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu": max_tokens_per_gpu,
+        "actor_rollout_ref.rollout.val_kwargs.temperature": rl.val_temperature,
+        "actor_rollout_ref.rollout.val_kwargs.top_p": rl.val_top_p,
+        "actor_rollout_ref.rollout.val_kwargs.top_k": -1,
+        "actor_rollout_ref.rollout.val_kwargs.n": rl.val_n,
+        "actor_rollout_ref.rollout.val_kwargs.do_sample": rl.val_temperature > 0,
+        # reward: our verifier through the DAPO manager (overlong shaping in absolute reward units)
+        "reward.reward_manager.name": "dapo",
+        "reward.custom_reward_function.path": str(REWARD_FILE),
+        "reward.custom_reward_function.name": REWARD_FUNCTION,
+        "+reward.custom_reward_function.reward_kwargs.correct_score": correct_score,
+        "+reward.custom_reward_function.reward_kwargs.incorrect_score": incorrect_score,
+        "+reward.reward_kwargs.overlong_buffer_cfg.enable": rl.overlong_buffer,
+        "+reward.reward_kwargs.overlong_buffer_cfg.len": rl.overlong_buffer_len,
+        "+reward.reward_kwargs.overlong_buffer_cfg.penalty_factor": rl.overlong_penalty_factor,
+        "+reward.reward_kwargs.overlong_buffer_cfg.log": True,
+        "+reward.reward_kwargs.max_resp_len": rl.max_response_length,
+        # trainer: steps, checkpoints in the stage folder (resume_mode=auto picks up the latest one)
+        "trainer.project_name": "eksft",
+        "trainer.experiment_name": f"{cfg.experiment.name}-{cfg.model.name}-{variant}",
+        "trainer.logger": ["console", "file"] + (["wandb"] if cfg.logging.wandb_mode != "disabled" else []),
+        "trainer.nnodes": cfg.profile.nnodes,
+        "trainer.n_gpus_per_node": cfg.profile.nproc_per_node,
+        "trainer.total_training_steps": rl.total_steps,
+        # an upper bound only: the loop stops at total_training_steps; filtering may consume extra prompts
+        "trainer.total_epochs": 1000,
+        "trainer.save_freq": rl.save_freq,
+        "trainer.test_freq": rl.test_freq if rl.test_freq > 0 else -1,
+        "trainer.val_before_train": rl.val_before_train,
+        "trainer.resume_mode": "auto",
+        "trainer.default_local_dir": _absolute(stage / CHECKPOINT_SUBDIR),
+        "trainer.validation_data_dir": _absolute(stage / VAL_GENERATIONS_SUBDIR),
+        "trainer.max_actor_ckpt_to_keep": rl.max_checkpoints_to_keep,
+    }
+    if not rl.use_dynamic_bsz:
+        keys["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"] = rl.micro_batch_size_per_gpu
+        keys["actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu"] = rl.micro_batch_size_per_gpu
+    return keys
+
+
+def _cpu_keys(cfg: Config) -> dict[str, Any]:
+    """What the real trainer needs on a CPU-only machine with the rl.verl_cpu_plugin platform (verl_on_cpu.md §6)."""
+    return {
+        "trainer.device": "cpu",
+        "ray_kwargs.ray_init.num_cpus": CPU_RAY_LOGICAL_CPUS,
+        "+ray_kwargs.ray_init.num_gpus": CPU_FAKE_GPUS_PER_NODE * cfg.profile.nproc_per_node,
+        "transfer_queue.backend.SimpleStorage.num_data_storage_units": 1,
+        "actor_rollout_ref.rollout.agent.num_workers": 1,
+        "reward.num_workers": 1,
+        "data.dataloader_num_workers": 0,
+        # verl defaults to flash_attention_2 and remove-padding kernels, neither exists on CPU
+        "+actor_rollout_ref.model.override_config.attn_implementation": cfg.model.attn_implementation,
+        "actor_rollout_ref.model.use_remove_padding": False,
+        "actor_rollout_ref.actor.use_torch_compile": False,
+        "actor_rollout_ref.actor.fsdp_config.use_torch_compile": False,
+        # vLLM-CPU: no sleep mode, eager only, no chunked prefill with per-request seeds
+        "+actor_rollout_ref.rollout.enable_sleep_mode": False,
+        "actor_rollout_ref.rollout.free_cache_engine": False,
+        "actor_rollout_ref.rollout.enforce_eager": True,
+        "actor_rollout_ref.rollout.enable_chunked_prefill": False,
+        "actor_rollout_ref.rollout.tensor_model_parallel_size": 1,
+    }
+
+
+def build_overrides(cfg: Config, variant: str) -> list[str]:
+    """The ``main_ppo`` overrides for RL from ``variant`` (``base`` or an SFT method label)."""
+    keys = _dapo_keys(cfg, variant)
+    if cfg.profile.device == "cpu":
+        keys.update(_cpu_keys(cfg))
+    user_keys = {override_key(key) for key in cfg.rl.verl_overrides}
+    overrides = [f"{key}={format_value(value)}" for key, value in keys.items() if override_key(key) not in user_keys]
+    overrides += [f"{key}={value}" for key, value in cfg.rl.verl_overrides.items()]
+    return overrides
+
+
+def build_command(cfg: Config, variant: str) -> list[str]:
+    """The full argv: ``<python> -m verl.trainer.main_ppo <overrides>`` (what the dry run prints, what rl.train runs)."""
+    return [sys.executable, "-m", MAIN_PPO_MODULE, *build_overrides(cfg, variant)]
+
+
+def verl_env(cfg: Config) -> dict[str, str]:
+    """Environment variables the verl process needs on top of the caller's (CPU profile: the plugin and vLLM-CPU)."""
+    env = {"WANDB_MODE": cfg.logging.wandb_mode, "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
+    if cfg.profile.device == "cpu":
+        env.update({"VERL_PLATFORM": "cpu", "VLLM_TARGET_DEVICE": "cpu",
+                    "VLLM_CPU_KVCACHE_SPACE": str(CPU_VLLM_KV_CACHE_GB), "GOMP_SPINCOUNT": "10000",
+                    "OMP_NUM_THREADS": str(cfg.profile.num_threads)})
+    return env
+
+
+def expected_mini_batches(cfg: Config) -> int:
+    """Optimiser steps per RL step: ceil(train_batch_size / ppo_mini_batch_size) x ppo_epochs."""
+    return math.ceil(cfg.rl.train_batch_size / cfg.rl.ppo_mini_batch_size) * cfg.rl.ppo_epochs
+
+
+# ------------------------------------------------------------------------------ validation against verl
+def compose_verl_config(overrides: list[str]):
+    """verl's own ``ppo_trainer`` config composed with ``overrides`` and resolved (Hydra errors name a bad key)."""
+    import verl
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import OmegaConf
+
+    config_dir = Path(verl.__file__).parent / "trainer" / "config"
+    global_hydra = GlobalHydra.instance()
+    outer = global_hydra.hydra if global_hydra.is_initialized() else None
+    global_hydra.clear()  # compose against verl's config dir, then give an enclosing Hydra app its state back
+    try:
+        with initialize_config_dir(config_dir=str(config_dir), version_base=None):
+            verl_cfg = compose(config_name="ppo_trainer", overrides=list(overrides))
+    finally:
+        global_hydra.clear()
+        if outer is not None:
+            global_hydra.initialize(outer)
+    OmegaConf.resolve(verl_cfg)
+    return verl_cfg
+
+
+def validate_with_verl(overrides: list[str]):
+    """Runs the checks ``main_ppo`` runs before training, without Ray or a model; returns the composed config.
+
+    Composition (unknown keys), ``validate_config`` (batch arithmetic), the typed algorithm/actor/rollout
+    dataclasses (value checks), the advantage and policy-loss registries, the reward manager registry, and
+    loading our reward function through verl's own loader.
+    """
+    from verl.experimental.reward_loop.reward_manager.registry import REWARD_MANAGER
+    from verl.trainer.ppo import core_algos
+    from verl.trainer.ppo.reward import get_custom_reward_fn
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import omega_conf_to_dataclass, validate_config
+
+    verl_cfg = compose_verl_config(overrides)
+    validate_config(config=verl_cfg, use_reference_policy=need_reference_policy(verl_cfg),
+                    use_critic=need_critic(verl_cfg))
+    omega_conf_to_dataclass(verl_cfg.algorithm)
+    omega_conf_to_dataclass(verl_cfg.actor_rollout_ref.actor)
+    omega_conf_to_dataclass(verl_cfg.actor_rollout_ref.rollout)
+    core_algos.get_adv_estimator_fn(verl_cfg.algorithm.adv_estimator)
+    core_algos.get_policy_loss_fn(verl_cfg.actor_rollout_ref.actor.policy_loss.loss_mode)
+    if verl_cfg.reward.reward_manager.name not in REWARD_MANAGER:
+        raise ValueError(f"reward.reward_manager.name={verl_cfg.reward.reward_manager.name!r} is not one of "
+                         f"{sorted(REWARD_MANAGER)}")
+    if get_custom_reward_fn(verl_cfg) is None:
+        raise ValueError("reward.custom_reward_function.path is not set")
+    return verl_cfg

@@ -1,0 +1,126 @@
+"""Config -> verl argv: the paper's DAPO values, user pass-through, and verl's own config validation."""
+from __future__ import annotations
+
+import pytest
+
+from pipeline.config import ConfigError, compose
+from rl.verl_args import build_command, build_overrides, format_value, validate_with_verl, verl_env
+
+
+def _as_dict(overrides: list[str]) -> dict[str, str]:
+    return dict(override.split("=", 1) for override in overrides)
+
+
+@pytest.fixture(scope="module")
+def paper_cfg():
+    return compose(["profile=paper", "experiment=table2"])
+
+
+def test_paper_dapo_values_are_in_the_argv(paper_cfg):
+    keys = _as_dict(build_overrides(paper_cfg, "eksft"))
+    expected = {
+        "actor_rollout_ref.actor.optim.lr": "1e-06",
+        "data.train_batch_size": "256",
+        "actor_rollout_ref.actor.ppo_mini_batch_size": "32",
+        "actor_rollout_ref.rollout.n": "16",
+        "trainer.total_training_steps": "200",
+        "data.max_response_length": "8192",
+        "actor_rollout_ref.actor.clip_ratio_low": "0.2",
+        "actor_rollout_ref.actor.clip_ratio_high": "0.28",
+        "algorithm.adv_estimator": "grpo",
+        "algorithm.use_kl_in_reward": "false",
+        "actor_rollout_ref.actor.use_kl_loss": "false",
+        "actor_rollout_ref.actor.loss_agg_mode": "token-mean",
+        "actor_rollout_ref.actor.grad_clip": "1.0",
+        "algorithm.filter_groups.enable": "true",
+        "algorithm.filter_groups.metric": "acc",
+        "algorithm.filter_groups.max_inflight_gen_batches": "3",
+        "reward.reward_manager.name": "dapo",
+        "+reward.reward_kwargs.overlong_buffer_cfg.enable": "true",
+        "+reward.reward_kwargs.overlong_buffer_cfg.len": "4096",
+        "+reward.reward_kwargs.overlong_buffer_cfg.penalty_factor": "1.0",
+        "+reward.reward_kwargs.max_resp_len": "8192",
+        "reward.custom_reward_function.name": "compute_score",
+        "+reward.custom_reward_function.reward_kwargs.incorrect_score": "-1.0",
+        "trainer.n_gpus_per_node": "8",
+        "trainer.nnodes": "1",
+        "trainer.resume_mode": "auto",
+    }
+    assert {key: keys.get(key) for key in expected} == expected
+    assert keys["reward.custom_reward_function.path"].endswith("/rl/reward.py")
+    assert keys["actor_rollout_ref.model.path"].endswith("/sft/qwen3_4b/eksft/hf")
+    assert keys["trainer.default_local_dir"].endswith("/rl/qwen3_4b/eksft/checkpoints")
+    assert keys["data.train_files"].endswith("/table2/data/rl.parquet")
+    assert not any(key.startswith("algorithm.filter_groups.max_num_gen_batches") for key in keys)
+    # the CPU embedding is absent on GPUs
+    assert "trainer.device" not in keys and "VERL_PLATFORM" not in verl_env(paper_cfg)
+
+
+def test_base_variant_starts_from_the_hub_model(paper_cfg):
+    assert _as_dict(build_overrides(paper_cfg, "base"))["actor_rollout_ref.model.path"] == "Qwen/Qwen3-4B"
+
+
+def test_command_is_main_ppo_plus_overrides(paper_cfg):
+    command = build_command(paper_cfg, "sft")
+    assert command[1:3] == ["-m", "verl.trainer.main_ppo"]
+    assert command[3:] == build_overrides(paper_cfg, "sft")
+
+
+def test_toy_profile_adds_the_cpu_embedding():
+    cfg = compose(["profile=toy"])
+    keys = _as_dict(build_overrides(cfg, "eksft"))
+    assert keys["trainer.device"] == "cpu"
+    assert keys["+ray_kwargs.ray_init.num_gpus"] == "1"
+    assert keys["+actor_rollout_ref.model.override_config.attn_implementation"] == "sdpa"
+    assert keys["actor_rollout_ref.rollout.enforce_eager"] == "true"
+    assert verl_env(cfg)["VERL_PLATFORM"] == "cpu"
+
+
+def test_user_overrides_pass_through_and_win():
+    # the command-line form; keys with a '+' (not in verl's schema) go in YAML
+    cfg = compose(["profile=paper", "+rl.verl_overrides={actor_rollout_ref.actor.clip_ratio_high:0.3,"
+                                    "trainer.val_only:true}"])
+    cfg.rl.verl_overrides["+reward.reward_kwargs.max_resp_len"] = "4096"
+    overrides = build_overrides(cfg, "sft")
+    assert overrides[-3:] == ["actor_rollout_ref.actor.clip_ratio_high=0.3", "trainer.val_only=True",
+                              "+reward.reward_kwargs.max_resp_len=4096"]
+    # ours for the same keys are gone (one value per key, the user's)
+    assert [o for o in overrides if o.startswith("actor_rollout_ref.actor.clip_ratio_high=")] == [
+        "actor_rollout_ref.actor.clip_ratio_high=0.3"]
+    assert [o for o in overrides if "reward_kwargs.max_resp_len" in o] == ["+reward.reward_kwargs.max_resp_len=4096"]
+
+
+def test_format_value():
+    assert [format_value(v) for v in (True, 3, 1e-6, ["console", "file"], "a b", "plain/path")] == \
+        ["true", "3", "1e-06", "[console,file]", "'a b'", "plain/path"]
+
+
+@pytest.mark.parametrize("override, key", [("rl.clip_ratio_c=1.0", "rl.clip_ratio_c"),
+                                           ("rl.ppo_mini_batch_size=48", "rl.ppo_mini_batch_size"),
+                                           ("rl.overlong_buffer_len=9000", "rl.overlong_buffer_len"),
+                                           ("rl.reward_style=signed", "rl.reward_style"),
+                                           ("rl.init=a/b", "rl.init")])
+def test_bad_rl_values_name_the_key(override, key):
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        compose(["profile=paper", override])
+
+
+@pytest.mark.parametrize("profile, variant", [("paper", "eksft"), ("toy", "sft")])
+def test_verl_composes_and_validates_our_overrides(profile, variant):
+    cfg = compose([f"profile={profile}"])
+    verl_cfg = validate_with_verl(build_overrides(cfg, variant))
+    assert verl_cfg.actor_rollout_ref.actor.clip_ratio_high == 0.28
+    assert verl_cfg.reward.reward_manager.name == "dapo"
+    assert verl_cfg.algorithm.filter_groups.metric == "acc"
+
+
+def test_verl_rejects_a_misspelled_key():
+    cfg = compose(["profile=paper", "+rl.verl_overrides={actor_rollout_ref.actor.clip_ratio_hihg:0.3}"])
+    with pytest.raises(Exception, match="clip_ratio_hihg"):
+        validate_with_verl(build_overrides(cfg, "sft"))
+
+
+def test_verl_rejects_an_unknown_algorithm_name():
+    cfg = compose(["profile=paper", "+rl.verl_overrides={algorithm.adv_estimator:grpoo}"])
+    with pytest.raises(Exception, match="grpoo"):
+        validate_with_verl(build_overrides(cfg, "sft"))
