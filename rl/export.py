@@ -1,0 +1,89 @@
+"""Hand-back: verl's final FSDP actor checkpoint -> an HF folder the evaluation stage loads unchanged.
+
+``python -m verl.model_merger merge --backend fsdp`` writes the weights (verl merges to bfloat16 whatever the
+training dtype) with the config and tokenizer verl saved next to the checkpoint. :func:`check_hf_export` then
+loads it with transformers and makes the generation config stop at the chat template's end-of-turn token, so
+vLLM generation from the RL model ends where the SFT model's did.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+LATEST_ITERATION_FILE = "latest_checkpointed_iteration.txt"
+"""verl's marker of the newest complete checkpoint in ``trainer.default_local_dir``."""
+
+
+def latest_checkpoint_step(checkpoint_dir: Path) -> int:
+    """The step of verl's newest complete checkpoint in ``checkpoint_dir`` (0 when there is none)."""
+    marker = checkpoint_dir / LATEST_ITERATION_FILE
+    if not marker.exists():
+        return 0
+    text = marker.read_text().strip()
+    if not text.isdigit():
+        raise RuntimeError(f"{marker} holds {text!r}, not a step number; delete it to restart from the last "
+                           "global_step_* folder")
+    return int(text)
+
+
+def merge_command(actor_dir: Path, target_dir: Path) -> list[str]:
+    return [sys.executable, "-m", "verl.model_merger", "merge", "--backend", "fsdp",
+            "--local_dir", str(actor_dir), "--target_dir", str(target_dir)]
+
+
+def merge_actor(checkpoint_dir: Path, step: int, target_dir: Path, env: dict[str, str], log_path: Path) -> None:
+    """Merges ``global_step_<step>/actor`` into ``target_dir`` (log appended to ``log_path``)."""
+    actor_dir = checkpoint_dir / f"global_step_{step}" / "actor"
+    if not actor_dir.is_dir():
+        raise RuntimeError(f"verl reported step {step} as saved but {actor_dir} does not exist")
+    with open(log_path, "a", encoding="utf-8") as log:
+        log.write(f"$ {' '.join(merge_command(actor_dir, target_dir))}\n")
+        log.flush()
+        result = subprocess.run(merge_command(actor_dir, target_dir), env=env, stdout=log,
+                                stderr=subprocess.STDOUT, check=False)
+    if result.returncode != 0:
+        raise RuntimeError(f"verl's model merger failed (exit {result.returncode}); see {log_path}")
+
+
+def end_of_turn_token(tokenizer: Any) -> str:
+    """The special token the chat template puts right after an assistant message (``<|im_end|>`` for ChatML)."""
+    marker = "EKSFT_END_OF_MESSAGE_MARKER"
+    text = tokenizer.apply_chat_template([{"role": "user", "content": "q"}, {"role": "assistant", "content": marker}],
+                                         tokenize=False)
+    after = text[text.rindex(marker) + len(marker):]
+    specials = sorted(set(tokenizer.all_special_tokens) | set(tokenizer.get_added_vocab()), key=len, reverse=True)
+    for token in specials:
+        if after.startswith(token):
+            return token
+    raise RuntimeError(f"the chat template ends an assistant message with {after[:40]!r}, which does not start with "
+                       "a special token; generation would not know where to stop")
+
+
+def check_hf_export(hf_dir: Path) -> dict[str, Any]:
+    """Loads ``hf_dir`` with transformers, aligns eos with the chat template's end-of-turn token; returns facts."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    tokenizer = AutoTokenizer.from_pretrained(hf_dir)
+    end_token = end_of_turn_token(tokenizer)
+    end_id = tokenizer.convert_tokens_to_ids(end_token)
+    if tokenizer.eos_token != end_token:
+        tokenizer.eos_token = end_token
+        tokenizer.save_pretrained(hf_dir)
+    try:
+        generation = GenerationConfig.from_pretrained(hf_dir)
+    except OSError:
+        generation = GenerationConfig()
+    eos_ids = generation.eos_token_id if isinstance(generation.eos_token_id, list) else \
+        [i for i in [generation.eos_token_id] if i is not None]
+    fixed_generation_config = end_id not in eos_ids
+    if fixed_generation_config:
+        generation.eos_token_id = [end_id, *eos_ids] if eos_ids else end_id
+        if generation.pad_token_id is None and tokenizer.pad_token_id is not None:
+            generation.pad_token_id = tokenizer.pad_token_id
+        generation.save_pretrained(hf_dir)
+    model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype="auto")
+    return {"dtype": str(model.dtype).removeprefix("torch."), "num_parameters": model.num_parameters(),
+            "end_of_turn_token": end_token, "eos_token_id": end_id,
+            "fixed_generation_config": fixed_generation_config}

@@ -1,0 +1,300 @@
+"""RL stage entry point: ``python -m rl.train rl.init=<base|sft-label> [overrides]``.
+
+One run = one variant: check the inputs (preflight), run ``python -m verl.trainer.main_ppo`` with the overrides
+of ``rl/verl_args.py`` as a subprocess (its log teed to ``verl.log``, its per-step metrics copied into
+``metrics.jsonl`` with generation / training / validation timings kept apart), merge the final actor to
+``hf/`` and write the manifest. Re-running resumes: verl's ``resume_mode=auto`` continues from the newest
+checkpoint in ``checkpoints/``; a finished training run goes straight to the merge.
+
+Ray: a local cluster started by verl, or the cluster at ``RAY_ADDRESS`` (GPU profile; docs/rl.md has the
+multi-node recipe). On failure or Ctrl-C the verl process group and every process it started are killed.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import hydra
+from omegaconf import DictConfig
+
+from pipeline.config import CONF_DIR, Config, to_config
+from pipeline.manifest import Manifest, read_manifest, require_complete, stage_run
+from pipeline.paths import BASE_VARIANT, data_dir, hf_export_dir, rl_dir, sft_dir, toy_base_dir
+from pipeline.seeding import derive_seed
+from pipeline.tracking import MetricsLogger, progress, read_metrics
+from rl.export import check_hf_export, latest_checkpoint_step, merge_actor
+from rl.verl_args import (
+    CHECKPOINT_SUBDIR,
+    build_command,
+    data_files,
+    init_model_path,
+    resolve_variant,
+    verl_env,
+)
+
+VERL_LOG = "verl.log"
+METRICS_FILE = "metrics.jsonl"
+VERL_METRICS_SUBDIR = "verl_metrics"
+"""One JSONL per launch from verl's file logger (it truncates its file, so each resume gets a new one)."""
+PHASE_TIMINGS = {"generation": "timing_s/gen", "reward": "timing_s/reward", "old_log_prob": "timing_s/old_log_prob",
+                 "training": "timing_s/update_actor", "weight_sync": "timing_s/update_weights",
+                 "checkpoint": "timing_s/save_checkpoint", "validation": "timing_s/testing", "step": "timing_s/step"}
+"""Phase -> verl timing key. ``timing_s/step`` includes checkpointing but not validation (V1 trainer)."""
+REQUIRED_COLUMNS = ("data_source", "prompt", "reward_model")
+STEP_LINE = re.compile(r"(?:^|\s)step:\d+ - ")
+"""verl's console logger line of a finished step (Ray prefixes it with the actor name)."""
+KILL_GRACE_S = 10.0
+
+
+class RLError(RuntimeError):
+    """The RL stage cannot run or did not finish; the message says what to fix."""
+
+
+# ------------------------------------------------------------------------------------------- preflight
+def _check_parquet(path: Path, min_rows: int) -> int:
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.read_table(path)
+    except Exception as exc:
+        raise RLError(f"cannot read RL data {path}: {exc}") from exc
+    missing = [name for name in REQUIRED_COLUMNS if name not in table.column_names]
+    if missing:
+        raise RLError(f"{path} lacks verl's RL columns {missing} (has {table.column_names})")
+    first = table.slice(0, 1).to_pylist()
+    if not first or "ground_truth" not in (first[0]["reward_model"] or {}):
+        raise RLError(f"{path}: reward_model.ground_truth missing in row 0")
+    if not isinstance(first[0]["prompt"], list) or not first[0]["prompt"]:
+        raise RLError(f"{path}: row 0 'prompt' must be a non-empty list of chat messages")
+    if table.num_rows < min_rows:
+        raise RLError(f"{path} has {table.num_rows} rows, fewer than rl.train_batch_size={min_rows}")
+    return table.num_rows
+
+
+def _check_gpus(cfg: Config) -> None:
+    """GPU profile: Ray (the cluster at RAY_ADDRESS, or this node) must offer nnodes x nproc_per_node GPUs."""
+    needed = cfg.profile.nnodes * cfg.profile.nproc_per_node
+    if os.environ.get("RAY_ADDRESS"):
+        import ray
+
+        ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=False)
+        try:
+            available = int(ray.cluster_resources().get("GPU", 0))
+            nodes = sum(1 for node in ray.nodes() if node.get("Alive"))
+        finally:
+            ray.shutdown()
+        where = f"the Ray cluster at RAY_ADDRESS={os.environ['RAY_ADDRESS']} ({nodes} live nodes)"
+    else:
+        import torch
+
+        if cfg.profile.nnodes > 1:
+            raise RLError(f"profile.nnodes={cfg.profile.nnodes} needs a running Ray cluster: start it as in "
+                          "docs/rl.md and export RAY_ADDRESS")
+        available, where = torch.cuda.device_count(), "this machine (no RAY_ADDRESS)"
+    if available < needed:
+        raise RLError(f"{where} has {available} GPUs; profile.nnodes x profile.nproc_per_node = {needed}")
+
+
+def preflight(cfg: Config, variant: str) -> dict[str, Any]:
+    """Fails fast, before Ray starts, with what to fix: upstream manifests, model, parquet files, devices."""
+    facts: dict[str, Any] = {}
+    model_path = init_model_path(cfg, variant)
+    if variant != BASE_VARIANT:
+        require_complete(sft_dir(cfg, variant), f"SFT export of '{variant}' (rl.init={variant})")
+    elif cfg.model.source == "toy":
+        require_complete(toy_base_dir(cfg), "toy base model")
+    is_hub_id = variant == BASE_VARIANT and cfg.model.source == "hub" and not model_path.exists()
+    if not is_hub_id:
+        if cfg.model.source == "gguf" and variant == BASE_VARIANT:
+            raise RLError("rl.init=base with a gguf model: verl needs safetensors; RL from an SFT export instead")
+        if not (model_path / "config.json").is_file():
+            raise RLError(f"start model {model_path} has no config.json (rl.init={variant})")
+    require_complete(data_dir(cfg), "data stage")
+    train_file, val_file = data_files(cfg)
+    facts["rl_rows"] = _check_parquet(train_file, cfg.rl.train_batch_size)
+    facts["rl_val_rows"] = _check_parquet(val_file, 1)
+    if cfg.profile.device == "cuda":
+        _check_gpus(cfg)
+    else:
+        from rl.verl_cpu_plugin import check_versions
+
+        check_versions()
+    return facts
+
+
+# ------------------------------------------------------------------------------------ the verl process
+def _kill_tree(process: subprocess.Popen) -> None:
+    """SIGTERM then SIGKILL to the verl process group and every descendant (Ray's raylet, workers, vLLM)."""
+    import psutil
+
+    try:
+        descendants = psutil.Process(process.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        descendants = []
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
+            pass
+        for child in descendants:
+            try:
+                child.send_signal(sig)
+            except psutil.NoSuchProcess:
+                pass
+        _, alive = psutil.wait_procs(descendants, timeout=KILL_GRACE_S)
+        try:
+            process.wait(timeout=KILL_GRACE_S)
+        except subprocess.TimeoutExpired:
+            continue
+        if not alive:
+            return
+
+
+class _MetricsCopier:
+    """Copies verl's per-step JSONL records into our metrics file as they appear (one line per step)."""
+
+    def __init__(self, source: Path, logger: MetricsLogger):
+        self.source, self.logger, self.offset, self.last_step = source, logger, 0, 0
+
+    def poll(self) -> None:
+        if not self.source.exists():
+            return
+        with open(self.source, "rb") as handle:
+            handle.seek(self.offset)
+            for line in handle:
+                if not line.endswith(b"\n"):
+                    break
+                self.offset += len(line)
+                record = json.loads(line)
+                self.last_step = int(record["step"])
+                self.logger.log(self.last_step, record["data"])
+
+
+def run_verl(cfg: Config, variant: str, stage: Path, already_done: int) -> int:
+    """Runs main_ppo to ``rl.total_steps`` (resuming); returns the newest checkpointed step. Raises on failure."""
+    command = build_command(cfg, variant)
+    env = {**os.environ, **verl_env(cfg)}
+    if cfg.profile.device == "cpu":
+        # The CPU profile always runs a local Ray (fake GPUs, logical CPUs); vLLM runs as verl starts it.
+        for name in ("RAY_ADDRESS", "VLLM_ENABLE_V1_MULTIPROCESSING"):
+            env.pop(name, None)
+    metrics_dir = stage / VERL_METRICS_SUBDIR
+    metrics_dir.mkdir(parents=True, exist_ok=True)
+    attempt = len(list(metrics_dir.glob("attempt_*.jsonl")))
+    env["VERL_FILE_LOGGER_PATH"] = str((metrics_dir / f"attempt_{attempt}.jsonl").resolve())
+    log_path = stage / VERL_LOG
+    with open(log_path, "a", encoding="utf-8") as log, \
+            MetricsLogger(stage / METRICS_FILE, wandb_mode="disabled") as metrics, \
+            progress(total=cfg.rl.total_steps, initial=already_done, desc=f"rl/{variant}", unit="step",
+                     enabled=cfg.logging.progress) as bar:
+        log.write(f"\n# attempt {attempt} at {time.strftime('%Y-%m-%d %H:%M:%S')}\n$ {' '.join(command)}\n")
+        log.flush()
+        copier = _MetricsCopier(Path(env["VERL_FILE_LOGGER_PATH"]), metrics)
+        process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                   start_new_session=True, text=True, errors="replace", bufsize=1)
+        try:
+            for line in process.stdout:
+                log.write(line)
+                if STEP_LINE.search(line):
+                    log.flush()
+                    copier.poll()
+                    bar.update(max(0, copier.last_step - bar.n))
+            returncode = process.wait()
+        except BaseException:
+            _kill_tree(process)
+            raise
+        finally:
+            copier.poll()
+        if returncode != 0:
+            _kill_tree(process)
+            tail = log_path.read_text(encoding="utf-8", errors="replace").splitlines()[-15:]
+            raise RLError(f"verl exited with {returncode}; last lines of {log_path}:\n" + "\n".join(tail))
+    return latest_checkpoint_step(stage / CHECKPOINT_SUBDIR)
+
+
+# -------------------------------------------------------------------------------------------- summaries
+def summarize_metrics(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Headline numbers: first/last mean training score, the last validation scores, seconds per phase."""
+    by_step: dict[int, dict[str, Any]] = {}
+    for record in records:  # a resumed run repeats the steps after its last checkpoint; the later record wins
+        by_step[record["step"]] = record
+    steps = [by_step[s] for s in sorted(by_step) if s > 0 and "timing_s/step" in by_step[s]]
+    summary: dict[str, Any] = {"steps_logged": len(steps)}
+    scores = [r["critic/score/mean"] for r in steps if isinstance(r.get("critic/score/mean"), (int, float))]
+    if scores:
+        summary["train_score_first"], summary["train_score_last"] = scores[0], scores[-1]
+    validation = [(s, r) for s, r in sorted(by_step.items()) if any(k.startswith("val-core/") for k in r)]
+    if validation:
+        step, record = validation[-1]
+        summary["val_step"] = step
+        summary.update({k: v for k, v in record.items() if k.startswith("val-core/")})
+    for phase, key in PHASE_TIMINGS.items():
+        values = [r[key] for r in by_step.values() if isinstance(r.get(key), (int, float))]
+        if values:
+            summary[f"time_{phase}_s_total"] = round(sum(values), 2)
+            summary[f"time_{phase}_s_mean"] = round(sum(values) / len(values), 3)
+    return summary
+
+
+def _stage_config(cfg: Config, variant: str) -> dict[str, Any]:
+    """The part of the config that determines this stage's outputs (hashed into the manifest)."""
+    return {"variant": variant, "rl": dataclasses.asdict(cfg.rl), "model": dataclasses.asdict(cfg.model),
+            "profile": dataclasses.asdict(cfg.profile), "seed": cfg.seed, "experiment": cfg.experiment.name}
+
+
+# ------------------------------------------------------------------------------------------------- run
+def run(cfg: Config) -> Manifest:
+    """RL from ``rl.init`` (or the configured SFT method) to ``rl/<model>/<variant>/hf``; returns the manifest."""
+    variant = resolve_variant(cfg)
+    stage = rl_dir(cfg, variant)
+    facts = preflight(cfg, variant)
+    model_path = init_model_path(cfg, variant)
+    train_file, val_file = data_files(cfg)
+    inputs: dict[str, Path] = {"rl_train": train_file, "rl_val": val_file, "data_manifest": data_dir(cfg)
+                               / "manifest.json"}
+    if model_path.exists():
+        inputs["init_model"] = model_path
+    seeds = {purpose: derive_seed(cfg.seed, f"rl/{purpose}") for purpose in ("data", "train", "minibatch", "rollout")}
+    with stage_run(stage, stage="rl", variant=f"{cfg.model.name}/{variant}", config=_stage_config(cfg, variant),
+                   inputs=inputs, seeds=seeds) as current:
+        if current is None:
+            return read_manifest(stage)
+        checkpoint_dir = stage / CHECKPOINT_SUBDIR
+        done = latest_checkpoint_step(checkpoint_dir)
+        current.manifest.details.update({"init": variant, "init_model": str(model_path), **facts,
+                                         "verl_command": build_command(cfg, variant),
+                                         "verl_env": verl_env(cfg)})
+        current.checkpoint()
+        if done < cfg.rl.total_steps:
+            done = run_verl(cfg, variant, stage, done)
+        if done != cfg.rl.total_steps:
+            raise RLError(f"verl stopped with its newest checkpoint at step {done}, not rl.total_steps="
+                          f"{cfg.rl.total_steps}; see {stage / VERL_LOG}")
+        hf_dir = hf_export_dir(stage)
+        merge_actor(checkpoint_dir, done, hf_dir, {**os.environ, **verl_env(cfg)}, stage / VERL_LOG)
+        export = check_hf_export(hf_dir)
+        current.manifest.details["export"] = export
+        current.manifest.metrics = summarize_metrics(read_metrics(stage / METRICS_FILE))
+        current.manifest.metrics["final_step"] = done
+        current.add_output("hf", f"merged final actor (step {done}, {export['dtype']}), for evaluation")
+        current.add_output(CHECKPOINT_SUBDIR, "verl FSDP checkpoints (resume_mode=auto)")
+        current.add_output(METRICS_FILE, "verl per-step metrics incl. timing_s/{gen,update_actor,testing}")
+        current.add_output(VERL_LOG, "verl console log, every attempt")
+    return read_manifest(stage)
+
+
+@hydra.main(config_path=str(CONF_DIR), config_name="config", version_base=None)
+def main(cfg: DictConfig) -> None:
+    run(to_config(cfg))
+
+
+if __name__ == "__main__":
+    main()
