@@ -33,7 +33,7 @@ class DataConfig:
     """Training data (OpenR1-Math-46k-8192 in the LUFFY schema, or the toy world) and benchmarks."""
 
     source: str = "hub"
-    """hub (``load_dataset(hub_id)``), local (``path``: parquet or jsonl) or toy (generated)."""
+    """hub (``load_dataset(hub_id)``), local (``path``: parquet or jsonl) or toy (generated, then loaded as local)."""
     hub_id: str = "Elliott/Openr1-Math-46k-8192"
     """Hub dataset id of the training set."""
     hub_split: str = "train"
@@ -45,7 +45,9 @@ class DataConfig:
     num_sft_rows: int = 3000
     """Rows in the SFT split; the rest (minus ``num_rl_rows`` cap) go to RL."""
     num_rl_rows: int = -1
-    """Cap on RL rows (-1: all remaining rows)."""
+    """Cap on RL training rows (-1: all remaining rows)."""
+    num_rl_val_rows: int = 64
+    """Rows held out of the RL split as ``rl_val.parquet`` (verl's validation set; disjoint from ``rl.parquet``)."""
     split_seed: int = 1234
     """Seed of the SFT/RL split, independent of the training seed."""
     max_length: int = 20000
@@ -72,11 +74,14 @@ class DataConfig:
         check_range("data.num_sft_rows", self.num_sft_rows, 1)
         if self.num_rl_rows != -1:
             check_range("data.num_rl_rows", self.num_rl_rows, 1)
+        check_range("data.num_rl_val_rows", self.num_rl_val_rows, 0)
         check_range("data.split_seed", self.split_seed, 0, 2**31 - 1)
         check_range("data.max_length", self.max_length, 16)
         check_choice("data.strip_leading_think", self.strip_leading_think, ("auto", "always", "never"))
         check_choice("data.invalid_rows", self.invalid_rows, ("error", "skip"))
         check_choice("data.benchmark_source", self.benchmark_source, ("hub", "local", "toy"))
+        if self.benchmark_source == "toy" and self.source != "toy":
+            raise ConfigError(f"data.benchmark_source=toy needs data.source=toy; got data.source={self.source}")
         if self.benchmark_source == "local" and not self.benchmark_dir:
             raise ConfigError("data.benchmark_dir must be set for data.benchmark_source=local")
         if not self.benchmarks:

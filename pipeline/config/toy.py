@@ -1,29 +1,54 @@
 """Schema of the toy world: synthetic arithmetic problems, their tokenizer and a tiny Qwen3 base model."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from pipeline.config.common import check_range
+from pipeline.config.common import ConfigError, check_range
+
+TOY_STYLES = ("chain", "steps", "careful", "direct")
+"""Solution styles of the toy world (data/toy/world.py explains each)."""
+
+
+def _check_style_weights(key: str, weights: dict[str, float], allowed: tuple[str, ...]) -> None:
+    unknown = sorted(set(weights) - set(allowed))
+    if unknown:
+        raise ConfigError(f"{key} has unknown styles {unknown}; allowed: {list(allowed)}")
+    for style, weight in weights.items():
+        check_range(f"{key}.{style}", weight, 0.0)
+    if sum(weights.values()) <= 0:
+        raise ConfigError(f"{key} must give at least one style a positive weight; got {dict(weights)}")
 
 
 @dataclass
 class ToyConfig:
-    """The CPU toy world (``conf/toy/default.yaml`` values live under ``toy:`` in the profile)."""
+    """The CPU toy world (defaults here; override as ``toy.<field>=...``). Its hash keys the base-model cache."""
 
     num_rows: int = 6000
     """Problems emitted in the LUFFY schema (split into SFT and RL rows by the data stage)."""
     num_benchmark_problems: int = 100
     """Held-out problems per toy benchmark."""
     world_seed: int = 0
-    """Seed of the problem and document generators."""
+    """Seed of the problem and document generators, the tokenizer and the base model's initialisation."""
     min_terms: int = 2
     """Fewest terms in a problem."""
     max_terms: int = 4
     """Most terms in a problem."""
-    slip_rate: float = 0.2
-    """Probability that a pretraining solution contains one arithmetic slip."""
+    chat_doc_ratio: float = 0.5
+    """Share of pretraining documents in chat format (the rest are 'Question: ... Answer: ...')."""
+    chat_style_weights: dict[str, float] = field(
+        default_factory=lambda: {"chain": 0.4, "steps": 0.3, "careful": 0.15, "direct": 0.15})
+    """Solution-style mix of chat pretraining documents (what the base model samples from)."""
+    raw_style_weights: dict[str, float] = field(
+        default_factory=lambda: {"chain": 0.35, "steps": 0.25, "careful": 0.05, "direct": 0.35})
+    """Solution-style mix of raw pretraining documents."""
+    slip_rates: dict[str, float] = field(default_factory=lambda: {"chain": 0.3, "steps": 0.3, "careful": 0.0})
+    """Per style, probability that a pretraining solution has one slip (chain/steps: wrong answer; careful: caught, redone)."""
+    direct_error_rate: float = 0.8
+    """Probability that a pretraining 'direct' answer is wrong."""
+    row_style_weights: dict[str, float] = field(default_factory=lambda: {"chain": 0.45, "steps": 0.4, "careful": 0.15})
+    """Style mix of the clean (slip-free) target solutions of the LUFFY rows (SFT targets)."""
     num_pretrain_docs: int = 20000
-    """Documents generated for tokenizer training and pretraining."""
+    """Documents generated for tokenizer training."""
     vocab_size: int = 512
     """Requested BPE vocabulary (the corpus may support fewer)."""
     hidden_size: int = 128
@@ -36,29 +61,50 @@ class ToyConfig:
     """Key/value heads."""
     intermediate_size: int = 384
     """MLP width."""
-    pretrain_steps: int = 1500
-    """Optimiser steps of base-model pretraining."""
+    max_position_embeddings: int = 1024
+    """Longest sequence (prompt + response) the model is configured for."""
+    pretrain_steps: int = 2000
+    """Optimiser steps of base-model pretraining (the cosine schedule ends exactly here)."""
     pretrain_batch_size: int = 16
     """Packed sequences per pretraining step."""
     pretrain_seq_len: int = 256
     """Tokens per packed pretraining sequence."""
     pretrain_lr: float = 5e-3
-    """Peak learning rate (cosine to 10%, 30 warm-up steps)."""
+    """Peak learning rate (30 warm-up steps, cosine to 10%)."""
+    pretrain_checkpoint_every: int = 250
+    """Steps between resumable checkpoints of the pretraining run."""
+    pretrain_eval_problems: int = 64
+    """Held-out problems for the greedy accuracy recorded in the base manifest (0: skip)."""
 
     def validate(self) -> None:
         check_range("toy.num_rows", self.num_rows, 10)
         check_range("toy.num_benchmark_problems", self.num_benchmark_problems, 1)
+        check_range("toy.world_seed", self.world_seed, 0, 2**31 - 1)
         check_range("toy.min_terms", self.min_terms, 2, 8)
         check_range("toy.max_terms", self.max_terms, self.min_terms, 8)
-        check_range("toy.slip_rate", self.slip_rate, 0.0, 1.0)
+        check_range("toy.chat_doc_ratio", self.chat_doc_ratio, 0.0, 1.0)
+        _check_style_weights("toy.chat_style_weights", self.chat_style_weights, TOY_STYLES)
+        _check_style_weights("toy.raw_style_weights", self.raw_style_weights, TOY_STYLES)
+        _check_style_weights("toy.row_style_weights", self.row_style_weights, TOY_STYLES[:3])
+        for style, rate in self.slip_rates.items():
+            if style not in TOY_STYLES[:3]:
+                raise ConfigError(f"toy.slip_rates has unknown style {style!r}; allowed: {list(TOY_STYLES[:3])}")
+            check_range(f"toy.slip_rates.{style}", rate, 0.0, 1.0)
+        check_range("toy.direct_error_rate", self.direct_error_rate, 0.0, 1.0)
         check_range("toy.num_pretrain_docs", self.num_pretrain_docs, 100)
-        check_range("toy.vocab_size", self.vocab_size, 64)
+        check_range("toy.vocab_size", self.vocab_size, 300)
         check_range("toy.hidden_size", self.hidden_size, 64)
         check_range("toy.num_layers", self.num_layers, 1)
         check_range("toy.num_heads", self.num_heads, 1)
         check_range("toy.num_kv_heads", self.num_kv_heads, 1, self.num_heads)
+        if self.num_heads % self.num_kv_heads:
+            raise ConfigError(f"toy.num_heads ({self.num_heads}) must be a multiple of toy.num_kv_heads "
+                              f"({self.num_kv_heads})")
         check_range("toy.intermediate_size", self.intermediate_size, 16)
+        check_range("toy.max_position_embeddings", self.max_position_embeddings, 64)
         check_range("toy.pretrain_steps", self.pretrain_steps, 1)
         check_range("toy.pretrain_batch_size", self.pretrain_batch_size, 1)
-        check_range("toy.pretrain_seq_len", self.pretrain_seq_len, 16)
+        check_range("toy.pretrain_seq_len", self.pretrain_seq_len, 16, self.max_position_embeddings)
         check_range("toy.pretrain_lr", self.pretrain_lr, 0.0, 1.0, low_open=True)
+        check_range("toy.pretrain_checkpoint_every", self.pretrain_checkpoint_every, 1)
+        check_range("toy.pretrain_eval_problems", self.pretrain_eval_problems, 0)

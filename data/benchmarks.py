@@ -1,0 +1,106 @@
+"""Evaluation benchmarks: loaded from the hub, from local JSONL files, or drawn from the toy world's held-out problems.
+
+Each benchmark is written as ``benchmarks/<name>.jsonl`` with one problem per line::
+
+    {"id": str, "problem": str, "answer": str, "answer_raw": str, "prompt": [system?, user]}
+
+``prompt`` is what evaluation samples from (chat messages; the system turn is ``data.system_prompt_path`` or the
+training rows' own system prompt). Answers that are integral numbers are normalised to plain integer strings
+(``142.0`` -> ``142``, ``025`` -> ``25``); everything else is kept as given (HMMT's LaTeX answers).
+"""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from pipeline.config.data import BenchmarkSource, DataConfig
+
+_INTEGER = re.compile(r"^[+-]?\d+(\.0+)?$")
+
+
+class BenchmarkError(ValueError):
+    """A benchmark file or hub set that is missing fields or has the wrong number of problems."""
+
+
+def normalise_answer(value: Any) -> str:
+    """Integral numbers become plain integer strings; any other answer is returned as a stripped string."""
+    if isinstance(value, bool):
+        raise BenchmarkError(f"answer {value!r} is a boolean")
+    if isinstance(value, (int, float)):
+        if float(value).is_integer():
+            return str(int(value))
+        return repr(value)
+    text = str(value).strip()
+    if _INTEGER.match(text):
+        return str(int(float(text)))
+    return text
+
+
+def benchmark_prompt(problem: str, system_prompt: str | None) -> list[dict[str, str]]:
+    messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
+    return messages + [{"role": "user", "content": problem}]
+
+
+def records_from_rows(name: str, rows, source: BenchmarkSource, where: str) -> list[dict[str, Any]]:
+    """``{id, problem, answer, answer_raw}`` records from dataset rows using the configured field names."""
+    records = []
+    for index, row in enumerate(rows):
+        for field in (source.problem_field, source.answer_field) + ((source.id_field,) if source.id_field else ()):
+            if row.get(field) is None:
+                raise BenchmarkError(f"{where}: row {index} has no field '{field}' "
+                                     f"(data.benchmarks.{name}: set problem_field/answer_field/id_field)")
+        problem = str(row[source.problem_field])
+        if not problem.strip():
+            raise BenchmarkError(f"{where}: row {index}: field '{source.problem_field}' is empty")
+        records.append({
+            "id": str(row[source.id_field]) if source.id_field else f"{name}-{index}",
+            "problem": problem,
+            "answer": normalise_answer(row[source.answer_field]),
+            "answer_raw": str(row[source.answer_field]),
+        })
+    ids = [record["id"] for record in records]
+    if len(set(ids)) != len(ids):
+        duplicates = sorted({i for i in ids if ids.count(i) > 1})
+        raise BenchmarkError(f"{where}: duplicate ids {duplicates[:5]}")
+    return records
+
+
+def load_benchmark(name: str, source: BenchmarkSource, cfg: DataConfig) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Records of one hub or local benchmark and a provenance record; checks ``expected_count``."""
+    from datasets import load_dataset
+
+    if cfg.benchmark_source == "local":
+        path = Path(cfg.benchmark_dir) / source.file
+        if not path.is_file():
+            raise BenchmarkError(f"data.benchmarks.{name}: {path} does not exist "
+                                 f"(data.benchmark_dir={cfg.benchmark_dir}, file={source.file})")
+        dataset = load_dataset("json", data_files=str(path), split="train")
+        where, provenance = str(path), {"kind": "local", "path": str(path)}
+    else:
+        dataset = load_dataset(source.hub_id, source.hub_config or None, split=source.hub_split)
+        where = f"{source.hub_id}[{source.hub_split}]"
+        provenance = {"kind": "hub", "hub_id": source.hub_id, "split": source.hub_split,
+                      "config": source.hub_config, "fingerprint": dataset._fingerprint}
+    records = records_from_rows(name, dataset, source, where)
+    check_count(name, len(records), source.expected_count, where)
+    return records, provenance
+
+
+def check_count(name: str, count: int, expected: int, where: str) -> None:
+    if expected and count != expected:
+        raise BenchmarkError(f"{where}: {count} problems, but data.benchmarks.{name}.expected_count is {expected}")
+
+
+def write_benchmark(path: Path, records: list[dict[str, Any]], system_prompt: str | None) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as handle:
+        for record in records:
+            line = dict(record, prompt=benchmark_prompt(record["problem"], system_prompt))
+            handle.write(json.dumps(line, ensure_ascii=False) + "\n")
+
+
+def read_benchmark(path: str | Path) -> list[dict[str, Any]]:
+    with open(path, encoding="utf-8") as handle:
+        return [json.loads(line) for line in handle if line.strip()]

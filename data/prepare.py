@@ -1,0 +1,178 @@
+"""Stage ``data``: training rows -> deterministic SFT / RL split -> sft.parquet, rl.parquet, rl_val.parquet, benchmarks.
+
+    python -m data.prepare experiment=demo profile=toy
+    python -m data.prepare experiment=table1 profile=paper data=openr1_local data.path=/data/openr1.parquet
+
+Needs no model (the SFT token ids are written afterwards by ``python -m data.tokenize_sft``). Outputs, in
+``pipeline.paths.data_dir(cfg)``:
+
+* ``sft.parquet``      LUFFY rows of the SFT split, plus ``row_id`` (the row's index in the source)
+* ``rl.parquet``       verl RLHF rows (no ``target``) of the RL split; ``rl_val.parquet`` the held-out RL rows
+* ``benchmarks/<name>.jsonl``  id, problem, answer, answer_raw and the chat ``prompt`` evaluation samples from
+* ``source/toy_rows.jsonl``    the generated toy rows (toy source only), loaded like any local file
+
+The manifest's ``details`` record the source (hub revision / file sha256), invalid rows, split counts, a sha256 of
+each part's sorted ids and the SFT/RL problem overlap (0 by construction; checked anyway).
+"""
+from __future__ import annotations
+
+import json
+import random
+from collections import Counter
+from dataclasses import asdict
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig
+
+from data import benchmarks as bench
+from data.formatting import verl_row
+from data.loading import LoadedRows, load_rows
+from data.schema import problem_key, problem_text, system_prompt
+from data.split import ids_digest, split_rows
+from data.toy import world
+from pipeline.config import CONF_DIR, Config, ConfigError, to_config
+from pipeline.manifest import Manifest, read_manifest, sha256_path, sha256_text, stage_run
+from pipeline.paths import data_dir
+from pipeline.seeding import derive_seed
+
+TOY_ROWS = "source/toy_rows.jsonl"
+
+
+def stage_config(cfg: Config) -> dict:
+    """The config sections that determine this stage's outputs (what the manifest hashes)."""
+    section = {"data": asdict(cfg.data)}
+    if cfg.data.source == "toy" or cfg.data.benchmark_source == "toy":
+        section["toy"] = asdict(cfg.toy)
+    return section
+
+
+def stage_inputs(cfg: Config) -> dict[str, Path]:
+    inputs: dict[str, Path] = {}
+    if cfg.data.source == "local":
+        inputs["training_set"] = Path(cfg.data.path)
+    if cfg.data.system_prompt_path:
+        inputs["system_prompt"] = Path(cfg.data.system_prompt_path)
+    if cfg.data.benchmark_source == "local":
+        for name, source in cfg.data.benchmarks.items():
+            inputs[f"benchmark_{name}"] = Path(cfg.data.benchmark_dir) / source.file
+    return inputs
+
+
+def write_toy_rows(cfg: Config, path: Path) -> None:
+    toy = cfg.toy
+    rows = world.training_rows(toy.num_rows, derive_seed(toy.world_seed, "rows"), toy.min_terms, toy.max_terms,
+                               dict(toy.row_style_weights))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as handle:
+        for row in rows:
+            handle.write(json.dumps(row) + "\n")
+
+
+def write_parquet(path: Path, rows: list[dict]) -> None:
+    from datasets import Dataset
+
+    Dataset.from_list(rows).to_parquet(str(path))
+
+
+def benchmark_system_prompt(cfg: Config, loaded: LoadedRows) -> tuple[str | None, dict]:
+    """``data.system_prompt_path`` if set, else the most common system turn of the training rows."""
+    if cfg.data.system_prompt_path:
+        text = Path(cfg.data.system_prompt_path).read_text(encoding="utf-8")
+        return text, {"from": cfg.data.system_prompt_path, "sha256": sha256_text(text)}
+    counts = Counter(system_prompt(row) for row in loaded.rows)
+    text, used_by = counts.most_common(1)[0]
+    return text, {"from": "training rows", "sha256": sha256_text(text) if text else None,
+                  "rows_with_it": used_by, "distinct_system_prompts": len(counts)}
+
+
+def toy_benchmark_records(cfg: Config, name: str) -> list[dict]:
+    kind = name.removeprefix("toy_")
+    if not name.startswith("toy_") or kind not in ("add", "mixed"):
+        raise ConfigError(f"data.benchmarks.{name}: toy benchmarks are toy_add or toy_mixed")
+    toy = cfg.toy
+    seed = derive_seed(toy.world_seed, f"benchmark-{name}")
+    problems = world.benchmark_problems(kind, toy.num_benchmark_problems, seed, toy.min_terms, toy.max_terms)
+    rng = random.Random(seed)
+    return [{"id": f"{name}-{i:03d}", "problem": world.question(p, rng), "answer": str(p.answer),
+             "answer_raw": str(p.answer)} for i, p in enumerate(problems)]
+
+
+def write_benchmarks(cfg: Config, out_dir: Path, system: str | None) -> dict:
+    written = {}
+    for name, source in cfg.data.benchmarks.items():
+        if cfg.data.benchmark_source == "toy":
+            records, provenance = toy_benchmark_records(cfg, name), {"kind": "toy"}
+            bench.check_count(name, len(records), source.expected_count, f"toy benchmark {name}")
+        else:
+            records, provenance = bench.load_benchmark(name, source, cfg.data)
+        bench.write_benchmark(out_dir / "benchmarks" / f"{name}.jsonl", records, system)
+        written[name] = dict(provenance, count=len(records))
+    return written
+
+
+def run(cfg: Config) -> Manifest:
+    out_dir = data_dir(cfg)
+    with stage_run(out_dir, stage="data", variant="", config=stage_config(cfg), inputs=stage_inputs(cfg),
+                   seeds={"split_seed": cfg.data.split_seed}) as stage:
+        if stage is None:
+            return read_manifest(out_dir)
+        local_path = None
+        if cfg.data.source == "toy":
+            local_path = out_dir / TOY_ROWS
+            write_toy_rows(cfg, local_path)
+            stage.add_output(TOY_ROWS, "generated toy-world rows in the LUFFY schema")
+        loaded = load_rows(cfg.data, local_path)
+        if loaded.source["kind"] == "local":
+            loaded.source["sha256"] = sha256_path(loaded.source["path"])
+        problems = [problem_text(row) for row in loaded.rows]
+        split = split_rows(problems, num_sft_rows=cfg.data.num_sft_rows, num_rl_rows=cfg.data.num_rl_rows,
+                           num_rl_val_rows=cfg.data.num_rl_val_rows, split_seed=cfg.data.split_seed)
+        parts = {"sft": split.sft, "rl": split.rl, "rl_val": split.rl_val}
+        keys = {part: {problem_key(problems[p]) for p in positions} for part, positions in parts.items()}
+        overlap = {"sft_rl": len(keys["sft"] & keys["rl"]), "sft_rl_val": len(keys["sft"] & keys["rl_val"]),
+                   "rl_rl_val": len(keys["rl"] & keys["rl_val"])}
+        if any(overlap.values()):
+            raise RuntimeError(f"split parts share problems: {overlap}")
+
+        write_parquet(out_dir / "sft.parquet",
+                      [dict(loaded.rows[p], row_id=loaded.row_ids[p]) for p in split.sft])
+        write_parquet(out_dir / "rl.parquet", [verl_row(loaded.rows[p], "train") for p in split.rl])
+        if split.rl_val:
+            write_parquet(out_dir / "rl_val.parquet", [verl_row(loaded.rows[p], "val") for p in split.rl_val])
+            stage.add_output("rl_val.parquet", "verl RLHF rows held out of the RL split for validation")
+        stage.add_output("sft.parquet", "LUFFY rows of the SFT split (+ row_id)")
+        stage.add_output("rl.parquet", "verl RLHF rows (data_source, prompt, ability, reward_model, extra_info)")
+
+        system, system_record = benchmark_system_prompt(cfg, loaded)
+        written = write_benchmarks(cfg, out_dir, system)
+        for name in written:
+            stage.add_output(f"benchmarks/{name}.jsonl", f"benchmark {name}: id, problem, answer, prompt")
+
+        stage.manifest.details.update({
+            "source": loaded.source,
+            "num_source_rows": loaded.num_source_rows,
+            "invalid_rows": {"policy": cfg.data.invalid_rows, "count": loaded.num_invalid,
+                             "by_field": loaded.invalid_by_field, "first": loaded.invalid},
+            "split": {
+                "seed": cfg.data.split_seed,
+                "counts": {part: len(positions) for part, positions in parts.items()},
+                "rl_rows_dropped_by_cap": split.num_rl_capped,
+                "ids_sha256": {part: ids_digest([loaded.row_ids[p] for p in positions])
+                               for part, positions in parts.items()},
+                "problem_overlap": overlap,
+            },
+            "benchmarks": written,
+            "benchmark_system_prompt": system_record,
+        })
+        stage.manifest.metrics.update({f"num_{part}_rows": len(positions) for part, positions in parts.items()})
+    return stage.manifest
+
+
+@hydra.main(config_path=str(CONF_DIR), config_name="config", version_base=None)
+def main(cfg: DictConfig) -> None:
+    run(to_config(cfg))
+
+
+if __name__ == "__main__":
+    main()
