@@ -8,11 +8,13 @@ A token loss (``sft.losses``) never sees the vocabulary. It names the per-token 
 * pass A (no graph, fp32 unless the loss asks for the model dtype): the loss's statistics, a few floats per row;
 * selection and weighting on those ``N`` scalars (``TokenLoss.weigh``);
 * pass B: ``Σ_rows Σ_terms coef · term`` with gradients, as a custom autograd function that forms each chunk's
-  logit gradient in the forward and accumulates ``grad_hidden`` and ``grad_head_weight`` at once (the Liger
-  fused-linear pattern), so one chunk of logits is alive at a time and backward is a rescale.
+  logit gradient in the forward from the closed forms below (in the chunk's own logits buffer) and accumulates
+  ``grad_hidden`` and ``grad_head_weight`` at once (the Liger fused-linear pattern), so one chunk of logits is
+  alive at a time and backward is a rescale.
 
 Reference logits are built in pass B only for the rows whose reference-term coefficients are non-zero (for
-EKSFT: the masked set M). :func:`dense_loss` is the same computation on given full logits (the reference API).
+EKSFT: the masked set M). :func:`dense_loss` computes the same loss on given full logits with plain autograd
+through :func:`row_terms` (the reference API); tests hold the two to ≤ 1e-5.
 
 Legend: B sequences, L positions, V vocabulary, d hidden size, N prediction rows of a micro-batch (shifted:
 row ``(b, i)`` predicts ``labels[b, i+1]``), C rows of one chunk. ``*_nd`` hidden rows, ``*_cv`` chunk logits.
@@ -49,6 +51,8 @@ REFERENCE_TERMS = frozenset({"kl", "code_kl", "forward_kl", "ref_logp"})
 OLD_POLICY_TERMS = frozenset({"old_logp"})
 """Terms that need the old policy's logits."""
 ALL_TERMS = frozenset({"logp", "entropy", "ratio", "gem"}) | REFERENCE_TERMS | OLD_POLICY_TERMS
+OBJECTIVE_TERMS = frozenset({"logp", "entropy", "ratio", "gem", "kl", "code_kl", "forward_kl"})
+"""Terms a loss may put coefficients on (the others do not depend on the policy)."""
 
 
 @dataclass
@@ -176,8 +180,10 @@ def row_terms(logits: Tensor, targets: Tensor, names: Sequence[str], *, ref_logi
             raise ValueError(f"terms {sorted(REFERENCE_TERMS & set(names))} need reference logits")
         ref_logits = ref_logits.detach()
         ref_lse = torch.logsumexp(ref_logits, dim=-1)
-        if "kl" in names:  # the logit difference first: exactly 0, with exactly 0 gradient, when z = z'
-            out["kl"] = _rowdot(probs, logits.detach() - ref_logits) - lse.detach() + ref_lse
+        if "kl" in names:  # with a graph, the logit difference first: exactly 0 gradient when z = z'
+            gap = (_rowdot(probs, logits.detach() - ref_logits) if logits.requires_grad
+                   else _rowdot(probs, logits) - _rowdot(probs, ref_logits))
+            out["kl"] = gap - lse.detach() + ref_lse
         if "code_kl" in names:
             out["code_kl"] = _rowdot(probs, probs) - _rowdot(probs, ref_logits) + ref_lse
         if "forward_kl" in names:
@@ -313,31 +319,98 @@ class _HeadPlan:
     old_logp: Tensor | None
     term_options: Mapping[str, Any]
 
-    def chunk_objective(self, logits_cv: Tensor, chunk: slice) -> Tensor:
-        """``Σ_rows Σ_terms coef · term`` of one chunk (fp32 logits with grad); reference logits only for rows
-        with a non-zero reference-term coefficient."""
+    def chunk_value_and_grad(self, logits_cv: Tensor, chunk: slice, need_grad: bool) -> tuple[Tensor, Tensor | None]:
+        """``Σ_rows Σ_terms coef · term`` of one chunk of fp32 logits (overwritten in place) and, if ``need_grad``,
+        its logit gradient from the closed forms (module docstring), built in the logits' own buffer.
+
+        Per row the gradient is ``p ⊙ (α + β log p) + γ e_y`` plus the GEM and reference-term parts; reference
+        logits are built only for the rows with a non-zero reference-term coefficient.
+        """
         coefs = {name: coef[chunk] for name, coef in self.coefs.items()}
-        targets = self.targets[chunk]
-        own = [name for name in coefs if name not in REFERENCE_TERMS]
-        terms = row_terms(logits_cv, targets, own, old_logp=None if self.old_logp is None else self.old_logp[chunk],
-                          **self.term_options)
-        objective = logits_cv.new_zeros(())
-        for name in own:
-            objective = objective + (coefs[name] * terms[name]).sum()
+        unknown = set(coefs) - OBJECTIVE_TERMS
+        if unknown:
+            raise ValueError(f"terms {sorted(unknown)} cannot be optimised; objective terms: {sorted(OBJECTIVE_TERMS)}")
+        targets = self.targets[chunk].unsqueeze(1)
+        value = logits_cv.new_zeros(())
+        gem_weights = None
+        if "gem" in coefs:
+            gem_weights = torch.softmax(logits_cv / self.term_options["gem_beta"], dim=-1)
+            if self.term_options["gem_weighting"] == "logsigmoid":
+                gem_weights.mul_(torch.sigmoid(0.01 * (logits_cv - logits_cv.gather(1, targets))))
+        logp = logits_cv.sub_(torch.logsumexp(logits_cv, dim=-1, keepdim=True))
+        probs = logp.exp()
+        logp_y = logp.gather(1, targets).squeeze(1)
+        alpha, beta, gamma = (torch.zeros_like(logp_y) for _ in range(3))
+        if "logp" in coefs:  # ∂ log p_y = e_y − p
+            value = value + (coefs["logp"] * logp_y).sum()
+            alpha -= coefs["logp"]
+            gamma += coefs["logp"]
+        if "ratio" in coefs:  # ∂ r = r (e_y − p) inside the clamp, 0 outside
+            log_ratio = logp_y - self.old_logp[chunk]
+            ratio = torch.exp(torch.clamp(log_ratio, -20.0, 20.0))
+            value = value + (coefs["ratio"] * ratio).sum()
+            slope = coefs["ratio"] * ratio * ((log_ratio >= -20.0) & (log_ratio <= 20.0))
+            alpha -= slope
+            gamma += slope
+        if "entropy" in coefs:  # ∂H = −p (log p + H)
+            entropy = -_rowdot(probs, logp)
+            value = value + (coefs["entropy"] * entropy).sum()
+            alpha -= coefs["entropy"] * entropy
+            beta -= coefs["entropy"]
+        if gem_weights is not None:  # ∂ = g w − Σ(g w) e_y
+            mass = gem_weights.sum(-1)
+            value = value + (coefs["gem"] * (_rowdot(gem_weights, logp) - mass * logp_y)).sum()
+            gamma -= coefs["gem"] * mass
+        active, ref_value, ref_grad = self._reference_part(coefs, chunk, logp, probs, need_grad)
+        value = value + ref_value
+        if not need_grad:
+            return value, None
+        grad = logp.mul_(beta.unsqueeze(1)).add_(alpha.unsqueeze(1)).mul_(probs)
+        del probs
+        grad.scatter_add_(1, targets, gamma.unsqueeze(1))
+        if gem_weights is not None:
+            grad.add_(gem_weights.mul_(coefs["gem"].unsqueeze(1)))
+        if ref_grad is not None:
+            grad.index_add_(0, active, ref_grad)
+        return value, grad
+
+    def _reference_part(self, coefs: dict[str, Tensor], chunk: slice, logp: Tensor, probs: Tensor,
+                        need_grad: bool) -> tuple[Tensor | None, Tensor, Tensor | None]:
+        """(active rows, value, logit gradient of the active rows) of the reference terms of one chunk."""
         ref_names = [name for name in coefs if name in REFERENCE_TERMS]
-        if ref_names:
-            active = torch.stack([coefs[name] != 0 for name in ref_names]).any(0).nonzero().squeeze(1)
-            if active.numel():
-                ref_logits = _head_logits(self.ref_hidden[chunk].index_select(0, active), self.ref_head_weight)
-                ref_terms = row_terms(logits_cv.index_select(0, active), targets.index_select(0, active), ref_names,
-                                      ref_logits=ref_logits.float(), **self.term_options)
-                for name in ref_names:
-                    objective = objective + (coefs[name].index_select(0, active) * ref_terms[name]).sum()
-        return objective
+        value = logp.new_zeros(())
+        if not ref_names:
+            return None, value, None
+        active = torch.stack([coefs[name] != 0 for name in ref_names]).any(0).nonzero().squeeze(1)
+        if not active.numel():
+            return None, value, None
+        ref_logits = _head_logits(self.ref_hidden[chunk].index_select(0, active), self.ref_head_weight).float()
+        logq = ref_logits.sub_(torch.logsumexp(ref_logits, dim=-1, keepdim=True))
+        probs_a, logp_a = probs.index_select(0, active), logp.index_select(0, active)
+        grad = torch.zeros_like(probs_a) if need_grad else None
+        for name in ref_names:
+            coef = coefs[name].index_select(0, active)
+            if name == "kl":  # ∂KL = p (log p − log q − KL); the difference first: exactly 0 when p = q
+                diff = logp_a - logq
+                kl = _rowdot(probs_a, diff)
+                value = value + (coef * kl).sum()
+                part = diff.sub_(kl.unsqueeze(1)).mul_(probs_a) if need_grad else None
+            elif name == "code_kl":  # ∂ Σp(p − log q) = p (2p − 2Σp² − log q + Σ p log q)
+                collision, cross = _rowdot(probs_a, probs_a), _rowdot(probs_a, logq)
+                value = value + (coef * (collision - cross)).sum()
+                part = (2.0 * probs_a - logq).add_((cross - 2.0 * collision).unsqueeze(1)).mul_(probs_a) \
+                    if need_grad else None
+            else:  # forward_kl: ∂ Σ q (log q − log p) = p − q
+                ref_probs = logq.exp()
+                value = value + (coef * (_rowdot(ref_probs, logq) - _rowdot(ref_probs, logp_a))).sum()
+                part = (probs_a - ref_probs) if need_grad else None
+            if part is not None:
+                grad.add_(part.mul_(coef.unsqueeze(1)))
+        return active, value, grad
 
 
 class _ChunkedHeadObjective(torch.autograd.Function):
-    """Pass B. Forward: per chunk, logits → objective → logit gradient (autograd on the chunk alone) →
+    """Pass B. Forward: per chunk, logits → objective and its closed-form logit gradient ``dz`` →
     ``grad_hidden[chunk] = dz @ W`` and ``grad_W += dzᵀ h``; backward scales the stored gradients by the
     incoming scalar (in place: call backward once per forward)."""
 
@@ -353,17 +426,15 @@ class _ChunkedHeadObjective(torch.autograd.Function):
             for start in range(0, hidden_nd.shape[0], plan.chunk_size):
                 chunk = slice(start, start + plan.chunk_size)
                 hidden_cd = hidden_nd[chunk].detach().to(compute_dtype)
-                with torch.enable_grad():
-                    logits_cv = (hidden_cd @ weight_cd.T).float().requires_grad_(need_hidden_grad or need_weight_grad)
-                    objective = plan.chunk_objective(logits_cv, chunk)
-                    if logits_cv.requires_grad and objective.requires_grad:
-                        (grad_logits,) = torch.autograd.grad(objective, logits_cv)
-                        grad_logits = grad_logits.to(compute_dtype)
-                        if grad_hidden is not None:
-                            grad_hidden[chunk] = (grad_logits @ weight_cd).to(grad_hidden.dtype)
-                        if grad_weight is not None:
-                            grad_weight.addmm_(grad_logits.T, hidden_cd)
-                total = total + objective.detach()
+                value, grad_logits = plan.chunk_value_and_grad((hidden_cd @ weight_cd.T).float(), chunk,
+                                                               need_hidden_grad or need_weight_grad)
+                total = total + value
+                if grad_logits is not None:
+                    grad_logits = grad_logits.to(compute_dtype)
+                    if grad_hidden is not None:
+                        grad_hidden[chunk] = (grad_logits @ weight_cd).to(grad_hidden.dtype)
+                    if grad_weight is not None:
+                        grad_weight.addmm_(grad_logits.T, hidden_cd)
         ctx.save_for_backward(grad_hidden, grad_weight)
         ctx.weight_dtype = weight.dtype
         return total

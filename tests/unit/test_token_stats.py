@@ -177,3 +177,19 @@ def test_row_terms_kl_and_its_gradient_exactly_zero_for_equal_logits():
     kl = row_terms(logits, torch.zeros(5, dtype=torch.long), ["kl"], ref_logits=logits.detach().clone())["kl"]
     (grad,) = torch.autograd.grad(kl.sum(), logits)
     assert (kl == 0).all() and (grad == 0).all()
+
+
+def test_chunked_kl_vanishes_when_reference_equals_policy():
+    # pass A ranks on bitwise-equal chunk logits: KL = 0 exactly, so M_KL = ∅. Pass B builds reference logits for
+    # the masked rows only, a matmul of another shape, so the KL gradient there is 0 up to matmul round-off.
+    hidden, weight, *_ = _inputs(8)
+    grads = []
+    for lambda_kl in (0.0, 1.0):
+        h = hidden.clone().requires_grad_()
+        result = chunked_loss(build_loss(EKSFTMethod(lambda_kl=lambda_kl, rho=0.3)), h, weight, LABELS, chunk_size=4,
+                              ref_hidden=hidden, ref_head_weight=weight)
+        result.loss.backward()
+        assert result.metrics["kl_reg"].item() == 0.0 and result.metrics["num_M_KL"].item() == 0
+        assert result.metrics["num_M"].item() > 0
+        grads.append(h.grad)
+    torch.testing.assert_close(grads[1], grads[0], rtol=1e-5, atol=1e-6)
