@@ -131,8 +131,16 @@ def preflight(cfg: Config, variant: str) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------------ the verl process
+def _group_alive(group: int) -> bool:
+    try:
+        os.killpg(group, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 def _kill_tree(process: subprocess.Popen) -> None:
-    """SIGTERM then SIGKILL to the verl process group and every descendant (Ray's raylet, workers, vLLM)."""
+    """SIGTERM, then SIGKILL, to the verl process group and every descendant (Ray's raylet, workers, vLLM)."""
     import psutil
 
     try:
@@ -140,22 +148,20 @@ def _kill_tree(process: subprocess.Popen) -> None:
     except psutil.NoSuchProcess:
         descendants = []
     for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
+        if _group_alive(process.pid):
             os.killpg(process.pid, sig)
-        except ProcessLookupError:
-            pass
         for child in descendants:
             try:
                 child.send_signal(sig)
             except psutil.NoSuchProcess:
                 pass
-        _, alive = psutil.wait_procs(descendants, timeout=KILL_GRACE_S)
-        try:
-            process.wait(timeout=KILL_GRACE_S)
-        except subprocess.TimeoutExpired:
-            continue
-        if not alive:
-            return
+        _, descendants = psutil.wait_procs(descendants, timeout=KILL_GRACE_S)
+        deadline = time.monotonic() + KILL_GRACE_S
+        while _group_alive(process.pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if not descendants and not _group_alive(process.pid):
+            break
+    process.wait()
 
 
 class _MetricsCopier:

@@ -1,0 +1,69 @@
+"""rl.train's helpers: phase-timing summary, the step-line pattern, checkpoint markers, eos check, killing verl."""
+from __future__ import annotations
+
+import subprocess
+import time
+
+import pytest
+
+from rl import train
+from rl.export import end_of_turn_token, latest_checkpoint_step
+
+
+def test_summary_keeps_phases_apart_and_later_records_win():
+    records = [
+        {"step": 0, "val-core/toy/acc/mean@1": 0.25, "timing_s/testing": 4.0},
+        {"step": 1, "timing_s/step": 10.0, "timing_s/gen": 6.0, "timing_s/update_actor": 3.0, "critic/score/mean": -0.5},
+        {"step": 2, "timing_s/step": 9.0, "timing_s/gen": 5.0, "timing_s/update_actor": 3.0, "critic/score/mean": 0.0},
+        # a resume repeated step 2: this record replaces the one above
+        {"step": 2, "timing_s/step": 7.0, "timing_s/gen": 4.0, "timing_s/update_actor": 2.0, "critic/score/mean": 0.5,
+         "timing_s/testing": 2.0, "val-core/toy/acc/mean@1": 0.5},
+    ]
+    summary = train.summarize_metrics(records)
+    assert summary["steps_logged"] == 2
+    assert (summary["train_score_first"], summary["train_score_last"]) == (-0.5, 0.5)
+    assert (summary["val_step"], summary["val-core/toy/acc/mean@1"]) == (2, 0.5)
+    assert summary["time_generation_s_total"] == 10.0  # 6 + 4
+    assert summary["time_training_s_total"] == 5.0  # 3 + 2
+    assert summary["time_validation_s_total"] == 6.0  # 4 (before training) + 2
+    assert summary["time_step_s_mean"] == 8.5  # (10 + 7) / 2; validation is not inside a step
+
+
+def test_step_line_pattern_matches_verl_console_lines_behind_ray_prefixes():
+    assert train.STEP_LINE.search("\x1b[36m(TaskRunnerV1 pid=1)\x1b[0m step:12 - actor/loss:0.1 - x:2")
+    assert train.STEP_LINE.search("step:1 - a:1")
+    assert not train.STEP_LINE.search("Training Progress: 50%|█ | 1/2 [00:40<00:40]")
+
+
+def test_latest_checkpoint_step(tmp_path):
+    assert latest_checkpoint_step(tmp_path) == 0
+    (tmp_path / "latest_checkpointed_iteration.txt").write_text("24\n")
+    assert latest_checkpoint_step(tmp_path) == 24
+    (tmp_path / "latest_checkpointed_iteration.txt").write_text("oops")
+    with pytest.raises(RuntimeError, match="oops"):
+        latest_checkpoint_step(tmp_path)
+
+
+def test_end_of_turn_token_of_chatml():
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel({"<unk>": 0}, "<unk>")),
+                                        unk_token="<unk>", eos_token="<|endoftext|>", chat_template=template,
+                                        additional_special_tokens=["<|im_start|>", "<|im_end|>"])
+    assert end_of_turn_token(tokenizer) == "<|im_end|>"
+
+
+def test_kill_tree_reaches_children_that_ignore_sigterm(monkeypatch):
+    import psutil
+
+    monkeypatch.setattr(train, "KILL_GRACE_S", 1.0)
+    process = subprocess.Popen(["bash", "-c", "trap '' TERM; sleep 60 & sleep 60 & wait"], start_new_session=True)
+    time.sleep(0.5)
+    children = psutil.Process(process.pid).children(recursive=True)
+    assert len(children) == 2
+    train._kill_tree(process)
+    assert process.returncode is not None
+    assert not any(child.is_running() and child.status() != psutil.STATUS_ZOMBIE for child in children)
