@@ -74,10 +74,6 @@ def benchmarks(cfg: Config) -> list[str]:
     return list(cfg.eval.benchmarks) or list(cfg.data.benchmarks)
 
 
-def _read_metrics(path: Path) -> dict | None:
-    return json.loads(path.read_text(encoding="utf-8")) if path.exists() else None
-
-
 def collect(cfg: Config, phase: str, models: list[Config], labels: list[str]
             ) -> tuple[ResultTable, dict[str, Path], dict[tuple[str, str], dict]]:
     """The phase's table over ``models`` x ``labels``, the metrics files it read (by ``model/phase/variant/benchmark``),
@@ -88,26 +84,32 @@ def collect(cfg: Config, phase: str, models: list[Config], labels: list[str]
     name, header, stage = PHASES[phase]
     names = benchmarks(cfg)
     columns = [cfg.eval.benchmark_labels.get(b, b) for b in names]
-    k_metric = f"pass@{cfg.eval.table_k}"
-    table = ResultTable(caption=f"{stage}: pass@1 (avg@n) and {k_metric} in percent",
-                        row_header=header, columns=[*columns, AVERAGE], metrics=["pass@1", k_metric], blocks=[])
+    docs: dict[tuple[int, str, str], dict] = {}
     inputs: dict[str, Path] = {}
+    for m, mcfg in enumerate(models):
+        for variant in labels:
+            for bench in names:
+                path = eval_dir(mcfg, phase, variant, bench) / "metrics.json"
+                if path.exists():
+                    docs[(m, variant, bench)] = json.loads(path.read_text(encoding="utf-8"))
+                    inputs[f"{mcfg.model.name}/{phase}/{variant}/{bench}"] = path
+    # The second column is pass@table_k unless some evaluation drew fewer samples than that.
+    k = min([cfg.eval.table_k, *(doc["n"] for doc in docs.values())])
+    metrics = ["pass@1", f"pass@{k}"]
+    table = ResultTable(caption=f"{stage}: pass@1 (avg@n) and pass@{k} in percent",
+                        row_header=header, columns=[*columns, AVERAGE], metrics=metrics, blocks=[])
     curves: dict[tuple[str, str], dict] = {}
-    for mcfg in models:
+    for m, mcfg in enumerate(models):
         title = mcfg.model.display_name or mcfg.model.name
         rows = []
         for variant in labels:
             row = Row(label=row_label(cfg, variant), variant=variant)
             for bench, column in zip(names, columns):
-                path = eval_dir(mcfg, phase, variant, bench) / "metrics.json"
-                doc = _read_metrics(path)
-                if doc is None:
-                    row.ours.update({(column, "pass@1"): None, (column, k_metric): None})
-                    continue
-                inputs[f"{mcfg.model.name}/{phase}/{variant}/{bench}"] = path
-                values = cell_values(doc, cfg.eval.table_k)
+                doc = docs.get((m, variant, bench))
+                values = cell_values(doc, k) if doc else dict.fromkeys(metrics)
                 row.ours.update({(column, metric): value for metric, value in values.items()})
-                curves.setdefault((title, bench), {})[row.label] = (list(doc["correct_counts"].values()), doc["n"])
+                if doc:
+                    curves.setdefault((title, bench), {})[row.label] = (list(doc["correct_counts"].values()), doc["n"])
             add_averages(row, columns, table.metrics)
             rows.append(row)
         table.blocks.append(Block(title=title, rows=rows))

@@ -1,8 +1,8 @@
 """Tables 1 and 2 in the paper's layout, from the eval stage's ``metrics.json`` files: Markdown, CSV and LaTeX.
 
 One block per model; rows Base, then the SFT methods (``experiment.methods``) as labelled by ``eval.row_labels``;
-columns per benchmark pass@1 (= avg@n) and pass@k (k = ``eval.table_k``, the unbiased estimator from each
-problem's correct count), then their mean over benchmarks ("Avg"). Values are percentages with one decimal.
+columns per benchmark pass@1 (= avg@n) and pass@k (k = ``eval.table_k``, or the smallest n evaluated if that is
+less; the unbiased estimator from each problem's correct count), then their mean over benchmarks ("Avg"). Values are percentages with one decimal.
 Within a block, the best value of a column is bold and the second best underlined, ranked on the printed values
 (ties share a mark; the second best is the next distinct value). The paper itself is not consistent about
 underlining below a tie (Table 1, Qwen3-4B AIME pass@32 leaves 70.0 plain; HMMT25 on Qwen3-8B underlines 40.0).
@@ -67,12 +67,11 @@ class ResultTable:
         return any(row.paper for block in self.blocks for row in block.rows)
 
 
-def cell_values(metrics_doc: dict, table_k: int) -> dict[str, float]:
-    """``pass@1`` (avg@n) and ``pass@<k>`` in percent from one ``metrics.json`` (k capped at its n)."""
+def cell_values(metrics_doc: dict, k: int) -> dict[str, float]:
+    """``pass@1`` (avg@n) and ``pass@<k>`` in percent from one ``metrics.json`` (unbiased, from the correct counts)."""
     n, counts = metrics_doc["n"], list(metrics_doc["correct_counts"].values())
-    k = min(table_k, n)
     return {"pass@1": 100 * sum(c / n for c in counts) / len(counts),
-            f"pass@{table_k}": 100 * sum(pass_at_k(n, c, k) for c in counts) / len(counts)}
+            f"pass@{k}": 100 * sum(pass_at_k(n, c, k) for c in counts) / len(counts)}
 
 
 def add_averages(row: Row, benchmark_columns: Sequence[str], metrics: Sequence[str]) -> None:
