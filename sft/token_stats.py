@@ -262,34 +262,40 @@ def chunked_loss(loss: TokenLossLike, hidden: Tensor, head_weight: Tensor, label
     hidden_nd = hidden.flatten(0, 1).index_select(0, rows.index)
     ref_nd = None if ref_hidden is None else ref_hidden.detach().flatten(0, 1).index_select(0, rows.index)
     old_nd = None if old_hidden is None else old_hidden.detach().flatten(0, 1).index_select(0, rows.index)
-    ref_w = None if ref_head_weight is None else ref_head_weight.detach()
-    old_w = None if old_head_weight is None else old_head_weight.detach()
-
+    compute_dtype = _compute_dtype(hidden, head_weight)
+    ref_w = None if ref_head_weight is None else ref_head_weight.detach().to(compute_dtype)
+    old_w = None if old_head_weight is None else old_head_weight.detach().to(compute_dtype)
     with torch.no_grad():
-        values = _chunked_stats(loss, hidden_nd.detach(), head_weight.detach(), rows.targets, chunk_size,
-                                ref_nd, ref_w, old_nd, old_w)
+        values = _chunked_stats(loss, hidden_nd.detach(), head_weight.detach().to(compute_dtype), rows.targets,
+                                chunk_size, ref_nd, ref_w, old_nd, old_w)
     weights = loss.weigh(_token_stats(rows, values, head_weight.shape[0]))
-    plan = _HeadPlan(coefs=weights.coefs, targets=rows.targets, chunk_size=chunk_size, ref_hidden=ref_nd,
-                     ref_head_weight=ref_w, old_logp=values.get("old_logp"), term_options=loss.term_options)
+    plan = _HeadPlan(coefs=weights.coefs, targets=rows.targets, chunk_size=chunk_size, compute_dtype=compute_dtype,
+                     ref_hidden=ref_nd, ref_head_weight=ref_w, old_logp=values.get("old_logp"),
+                     term_options=loss.term_options)
     value = _ChunkedHeadObjective.apply(hidden_nd, head_weight, plan) + weights.constant
     return _result(value, rows, weights)
 
 
 def _compute_dtype(hidden: Tensor, weight: Tensor) -> torch.dtype:
+    """dtype of the head matmuls: the caller's autocast dtype if autocast is on, else the promoted input dtype."""
+    device = hidden.device.type
+    if torch.is_autocast_enabled(device):
+        return torch.get_autocast_dtype(device)
     return torch.promote_types(hidden.dtype, weight.dtype)
 
 
-def _head_logits(hidden_cd: Tensor, weight: Tensor) -> Tensor:
-    dtype = _compute_dtype(hidden_cd, weight)
-    return hidden_cd.to(dtype) @ weight.to(dtype).T
+def _head_logits(hidden: Tensor, weight_cd: Tensor) -> Tensor:
+    """``hidden @ weight_cdᵀ`` in ``weight_cd``'s dtype (the head weight already cast to the compute dtype)."""
+    return hidden.to(weight_cd.dtype) @ weight_cd.T
 
 
 def _chunked_stats(loss: TokenLossLike, hidden_nd: Tensor, weight: Tensor, targets: Tensor, chunk_size: int,
                    ref_nd: Tensor | None, ref_w: Tensor | None, old_nd: Tensor | None,
                    old_w: Tensor | None) -> dict[str, Tensor]:
-    """Pass A: ``loss.stats`` for every row, chunk by chunk, without a graph; fp32 unless the loss asks otherwise."""
+    """Pass A: ``loss.stats`` for every row, chunk by chunk, without a graph; fp32 unless the loss asks for the
+    compute dtype. The head weights come already cast to the compute dtype."""
     names = loss.stats
-    stats_dtype = _compute_dtype(hidden_nd, weight) if loss.stats_in_model_dtype else torch.float32
+    stats_dtype = weight.dtype if loss.stats_in_model_dtype else torch.float32
     needs_ref = bool(REFERENCE_TERMS & set(names))
     needs_old = bool(OLD_POLICY_TERMS & set(names))
     parts: dict[str, list[Tensor]] = {name: [] for name in names}
@@ -314,6 +320,7 @@ class _HeadPlan:
     coefs: dict[str, Tensor]
     targets: Tensor
     chunk_size: int
+    compute_dtype: torch.dtype
     ref_hidden: Tensor | None
     ref_head_weight: Tensor | None
     old_logp: Tensor | None
@@ -417,10 +424,10 @@ class _ChunkedHeadObjective(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden_nd: Tensor, weight: Tensor, plan: _HeadPlan) -> Tensor:
         need_hidden_grad, need_weight_grad = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        compute_dtype = _compute_dtype(hidden_nd, weight)
+        compute_dtype = plan.compute_dtype
         weight_cd = weight.detach().to(compute_dtype)
         grad_hidden = torch.zeros_like(hidden_nd) if need_hidden_grad else None
-        grad_weight = torch.zeros_like(weight_cd) if need_weight_grad else None
+        grad_weight = torch.zeros_like(weight) if need_weight_grad else None
         total = hidden_nd.new_zeros((), dtype=torch.float32)
         with torch.autocast(hidden_nd.device.type, enabled=False):
             for start in range(0, hidden_nd.shape[0], plan.chunk_size):
@@ -433,10 +440,11 @@ class _ChunkedHeadObjective(torch.autograd.Function):
                     grad_logits = grad_logits.to(compute_dtype)
                     if grad_hidden is not None:
                         grad_hidden[chunk] = (grad_logits @ weight_cd).to(grad_hidden.dtype)
-                    if grad_weight is not None:
+                    if grad_weight is not None and grad_weight.dtype == compute_dtype:
                         grad_weight.addmm_(grad_logits.T, hidden_cd)
+                    elif grad_weight is not None:  # e.g. fp32 weights under bf16 autocast: accumulate in fp32
+                        grad_weight.add_(grad_logits.T @ hidden_cd)
         ctx.save_for_backward(grad_hidden, grad_weight)
-        ctx.weight_dtype = weight.dtype
         return total
 
     @staticmethod
@@ -445,7 +453,7 @@ class _ChunkedHeadObjective(torch.autograd.Function):
         if grad_hidden is not None:
             grad_hidden = grad_hidden.mul_(grad_output.to(grad_hidden.dtype))
         if grad_weight is not None:
-            grad_weight = grad_weight.mul_(grad_output.to(grad_weight.dtype)).to(ctx.weight_dtype)
+            grad_weight = grad_weight.mul_(grad_output.to(grad_weight.dtype))
         return grad_hidden, grad_weight, None
 
 

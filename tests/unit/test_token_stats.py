@@ -193,3 +193,17 @@ def test_chunked_kl_vanishes_when_reference_equals_policy():
         assert result.metrics["num_M"].item() > 0
         grads.append(h.grad)
     torch.testing.assert_close(grads[1], grads[0], rtol=1e-5, atol=1e-6)
+
+
+def test_autocast_runs_the_head_in_the_autocast_dtype_with_fp32_weight_grads():
+    hidden, weight, ref_hidden, ref_weight, _ = _inputs(9)
+    h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        result = chunked_loss(build_loss(EKSFTMethod()), h, w, LABELS, chunk_size=4, ref_hidden=ref_hidden,
+                              ref_head_weight=ref_weight)
+    result.loss.backward()
+    assert w.grad.dtype == torch.float32 and h.grad.dtype == torch.float32
+    reference = chunked_loss(build_loss(EKSFTMethod()), hidden, weight, LABELS, chunk_size=4, ref_hidden=ref_hidden,
+                             ref_head_weight=ref_weight).loss
+    assert result.loss.item() == pytest.approx(reference.item(), rel=2e-2)
+    assert result.loss.item() != reference.item()  # the matmuls really ran in bf16
