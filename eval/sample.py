@@ -116,8 +116,9 @@ class HFSampler:
         if self._eos is None:
             self._eos = self._tokenizer.eos_token_id
         greedy = cfg.eval.temperature == 0
+        pad = self._tokenizer.pad_token_id
         self._generate = {"do_sample": not greedy, "max_new_tokens": cfg.eval.max_tokens,
-                          "pad_token_id": self._tokenizer.pad_token_id or self._tokenizer.eos_token_id}
+                          "pad_token_id": self._tokenizer.eos_token_id if pad is None else pad}
         if not greedy:
             self._generate.update(temperature=cfg.eval.temperature, top_p=cfg.eval.top_p, top_k=0)
         self.settings = {"generate": dict(self._generate), "dtype": cfg.model.dtype, "device": self._device,

@@ -6,7 +6,6 @@ whose completions are known (the test double implements the sampler interface, n
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest

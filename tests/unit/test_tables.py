@@ -1,9 +1,7 @@
-"""Tables and the report: paper numbers re-parsed from the .tex, bold/underline placement, the report stage."""
+"""Tables: paper numbers re-parsed from the .tex, bold/underline placement, Markdown, CSV and LaTeX layout."""
 from __future__ import annotations
 
-import json
 import re
-from pathlib import Path
 
 import pytest
 
