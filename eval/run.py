@@ -26,7 +26,7 @@ import hydra
 from omegaconf import DictConfig
 
 from eval.metrics import benchmark_metrics
-from eval.sample import Sampler, make_sampler, render_prompt, response_prefix
+from eval.sample import Sampler, configure_vllm_cpu_environment, make_sampler, render_prompt, response_prefix
 from eval.scoring import MAX_WORKERS, extract_answer, verify
 from pipeline.config import CONF_DIR, Config, ConfigError, to_config
 from pipeline.manifest import (
@@ -273,6 +273,8 @@ def run(cfg: Config, sampler_factory: Callable[..., Sampler] = make_sampler) -> 
     Returns a summary manifest (not written: the per-benchmark manifests are the record) whose metrics map each
     benchmark to its headline numbers and whose status is complete when every benchmark is.
     """
+    if cfg.eval.backend == "vllm" and cfg.profile.device == "cpu":
+        configure_vllm_cpu_environment()  # before the tokenizer below imports torch
     benchmarks = benchmark_names(cfg)
     model_path, upstream = resolve_model(cfg)
     model_record = {"path": model_path}
