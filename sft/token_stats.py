@@ -152,6 +152,26 @@ def _rowdot(a_cv: Tensor, b_cv: Tensor) -> Tensor:
     return torch.einsum("cv,cv->c", a_cv, b_cv)
 
 
+def _accurate_kl(probs: Tensor, gap: Tensor, plain: Tensor) -> Tensor:
+    """Detached ``KL(p‖q) = log1p(Σ_v p_v (expm1(y_v) − y_v))`` with ``y = μ − gap``, ``μ = Σ_v p_v gap_v``, for
+    ``gap = log p − log q + c`` (any per-row constant c, e.g. the raw logit difference ``z − z'``).
+
+    Derivation: ``KL = μ + log Σ p e^{−gap} = log Σ p e^{y} = log1p(Σ p (e^y − 1 − y))`` since ``Σ p y = 0``.
+    The textbook ``Σ p log p − Σ p log q`` (or ``Σ p (z − z') − lse + lse'``) cancels numbers of order ``ln V`` down
+    to the KLs of 1e-5..1e-3 seen early in training, losing most fp32 digits, which the top-k ranking needs; here
+    every summand ``e^y − 1 − y`` is ≥ 0, so nothing cancels. Exactly 0 when ``gap`` is 0. Rows whose centred gap
+    would overflow ``expm1`` in fp32 (> 80 nats) take ``plain`` instead.
+    """
+    with torch.no_grad():
+        probs = probs.detach()
+        centred = _rowdot(probs, gap).unsqueeze(1) - gap
+        overflow = centred.amax(-1) > 80.0
+        excess = torch.expm1(centred).sub_(centred)
+        del centred
+        accurate = torch.log1p(_rowdot(probs, excess))
+        return torch.where(overflow, plain.detach(), accurate)
+
+
 def row_terms(logits: Tensor, targets: Tensor, names: Sequence[str], *, ref_logits: Tensor | None = None,
               old_logits: Tensor | None = None, old_logp: Tensor | None = None,
               gem_beta: float = 1.0, gem_weighting: str = "linear") -> dict[str, Tensor]:
@@ -180,15 +200,16 @@ def row_terms(logits: Tensor, targets: Tensor, names: Sequence[str], *, ref_logi
             raise ValueError(f"terms {sorted(REFERENCE_TERMS & set(names))} need reference logits")
         ref_logits = ref_logits.detach()
         ref_lse = torch.logsumexp(ref_logits, dim=-1)
-        if "kl" in names:  # with a graph, the logit difference first: exactly 0 gradient when z = z'
-            gap = (_rowdot(probs, logits.detach() - ref_logits) if logits.requires_grad
-                   else _rowdot(probs, logits) - _rowdot(probs, ref_logits))
-            out["kl"] = gap - lse.detach() + ref_lse
+        if "kl" in names:  # gradient through p only: exactly 0 when z = z'; value from the accurate form
+            gap = logits.detach() - ref_logits
+            plain = _rowdot(probs, gap) - lse.detach() + ref_lse
+            out["kl"] = plain - plain.detach() + _accurate_kl(probs, gap, plain)
         if "code_kl" in names:
             out["code_kl"] = _rowdot(probs, probs) - _rowdot(probs, ref_logits) + ref_lse
         if "forward_kl" in names:
             ref_probs = torch.softmax(ref_logits, dim=-1)
-            out["forward_kl"] = _rowdot(ref_probs, ref_logits) - ref_lse - _rowdot(ref_probs, logits) + lse
+            plain = _rowdot(ref_probs, ref_logits - logits) - ref_lse + lse
+            out["forward_kl"] = plain - plain.detach() + _accurate_kl(ref_probs, ref_logits - logits.detach(), plain)
         if "ref_logp" in names:
             out["ref_logp"] = ref_logits.gather(1, targets.unsqueeze(1)).squeeze(1) - ref_lse
     if "old_logp" in names:
@@ -399,9 +420,9 @@ class _HeadPlan:
             coef = coefs[name].index_select(0, active)
             if name == "kl":  # ∂KL = p (log p − log q − KL); the difference first: exactly 0 when p = q
                 diff = logp_a - logq
-                kl = _rowdot(probs_a, diff)
-                value = value + (coef * kl).sum()
-                part = diff.sub_(kl.unsqueeze(1)).mul_(probs_a) if need_grad else None
+                plain = _rowdot(probs_a, diff)
+                value = value + (coef * _accurate_kl(probs_a, diff, plain)).sum()
+                part = diff.sub_(plain.unsqueeze(1)).mul_(probs_a) if need_grad else None
             elif name == "code_kl":  # ∂ Σp(p − log q) = p (2p − 2Σp² − log q + Σ p log q)
                 collision, cross = _rowdot(probs_a, probs_a), _rowdot(probs_a, logq)
                 value = value + (coef * (collision - cross)).sum()
@@ -409,7 +430,9 @@ class _HeadPlan:
                     if need_grad else None
             else:  # forward_kl: ∂ Σ q (log q − log p) = p − q
                 ref_probs = logq.exp()
-                value = value + (coef * (_rowdot(ref_probs, logq) - _rowdot(ref_probs, logp_a))).sum()
+                gap = logq - logp_a
+                value = value + (coef * _accurate_kl(ref_probs, gap, _rowdot(ref_probs, gap))).sum()
+                del gap
                 part = (probs_a - ref_probs) if need_grad else None
             if part is not None:
                 grad.add_(part.mul_(coef.unsqueeze(1)))
