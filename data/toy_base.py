@@ -20,7 +20,7 @@ from data.toy import pretrain
 from data.toy.tokenizer import END_OF_TURN, train_tokenizer
 from data.toy.world import DocumentMix, benchmark_problems, documents
 from pipeline.config import CONF_DIR, Config, ConfigError, to_config
-from pipeline.manifest import Manifest, config_hash, read_manifest, stage_run
+from pipeline.manifest import Manifest, read_manifest, stage_run
 from pipeline.paths import toy_base_dir
 from pipeline.seeding import derive_seed, seed_everything
 from pipeline.tracking import MetricsLogger, configure_cpu_threads, progress
@@ -87,7 +87,8 @@ def run(cfg: Config) -> Manifest:
                           "(use model=toy profile=toy)")
     configure_cpu_threads(cfg.profile.num_threads)
     out_dir = toy_base_dir(cfg)
-    with stage_run(out_dir, stage="base", variant=f"toy/{config_hash(cfg.toy)}", config=asdict(cfg.toy),
+    settings = cfg.toy.base_model_settings()
+    with stage_run(out_dir, stage="base", variant=f"toy/{out_dir.name}", config=settings,
                    seeds={"world_seed": cfg.toy.world_seed}) as stage:
         if stage is None:
             return read_manifest(out_dir)

@@ -52,8 +52,8 @@ def data_dir(cfg: Config) -> Path:
 
 
 def toy_base_dir(cfg: Config) -> Path:
-    """Cache folder of the toy base model, keyed by the toy-world config (re-runs and other experiments reuse it)."""
-    return cache_dir(cfg.experiment.run_root, "base", config_hash(cfg.toy))
+    """Cache folder of the toy base model, keyed by the settings it depends on (re-runs and other experiments reuse it)."""
+    return cache_dir(cfg.experiment.run_root, "base", config_hash(cfg.toy.base_model_settings()))
 
 
 def base_model_path(cfg: Config) -> str:

@@ -1,12 +1,15 @@
 """Schema of the toy world: synthetic arithmetic problems, their tokenizer and a tiny Qwen3 base model."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 from pipeline.config.common import ConfigError, check_range
 
 TOY_STYLES = ("chain", "steps", "careful", "direct")
 """Solution styles of the toy world (data/toy/world.py explains each)."""
+
+ROW_ONLY_FIELDS = ("num_rows", "num_benchmark_problems", "row_style_weights")
+"""Toy fields that shape the data stage's rows and benchmarks but not the pretrained base model."""
 
 
 def _check_style_weights(key: str, weights: dict[str, float], allowed: tuple[str, ...]) -> None:
@@ -75,6 +78,10 @@ class ToyConfig:
     """Steps between resumable checkpoints of the pretraining run."""
     pretrain_eval_problems: int = 64
     """Held-out problems for the greedy accuracy recorded in the base manifest (0: skip)."""
+
+    def base_model_settings(self) -> dict[str, object]:
+        """The fields the base model depends on (its cache key): everything except what only shapes the LUFFY rows."""
+        return {name: value for name, value in asdict(self).items() if name not in ROW_ONLY_FIELDS}
 
     def validate(self) -> None:
         check_range("toy.num_rows", self.num_rows, 10)
