@@ -22,8 +22,9 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, PreTrainedTokenizerBase
 
 LOGPROB_TOLERANCE = {torch.float32: 1e-3, torch.bfloat16: 0.15}
-"""Largest allowed |Δ log p| between the reloaded export and the in-memory model, by export dtype (bf16 rounds
-weights to 8 significant bits, which moves log-probs by a few hundredths on real models)."""
+"""Largest allowed |Δ log p| between the reloaded export and the in-memory model, by the lower of the export dtype
+and the in-memory model's compute dtype (bf16 keeps 8 significant bits, which moves log-probs by a few hundredths
+on real models)."""
 _PROBE = "EXPORT_END_OF_TURN_PROBE"
 
 
@@ -82,7 +83,8 @@ def write_hf_folder(model_config: Any, state_dict: dict[str, torch.Tensor], toke
 
 
 def verify_hf_folder(folder: Path, *, sequences: list[torch.Tensor], expected_logprobs: list[torch.Tensor],
-                     end_of_turn: str, num_parameters: int, dtype: torch.dtype, device: torch.device) -> dict[str, Any]:
+                     end_of_turn: str, num_parameters: int, dtype: torch.dtype, tolerance: float,
+                     device: torch.device) -> dict[str, Any]:
     """Reloads ``folder`` with transformers and checks it against the in-memory model (raises :class:`ExportError`)."""
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).to(device).eval()
     tokenizer = AutoTokenizer.from_pretrained(folder)
@@ -102,21 +104,22 @@ def verify_hf_folder(folder: Path, *, sequences: list[torch.Tensor], expected_lo
             logits = model(input_ids=input_ids.to(device), use_cache=False).logits
             diff = (logits.float().log_softmax(-1).cpu() - expected).abs().max().item()
             max_diff = max(max_diff, diff)
-    if not max_diff <= LOGPROB_TOLERANCE[dtype]:
+    if not max_diff <= tolerance:
         raise ExportError(f"{folder}: reloaded log-probs differ from the in-memory model by {max_diff:.3g} "
-                          f"(> {LOGPROB_TOLERANCE[dtype]} allowed for {dtype})")
-    return {"max_abs_logprob_diff": max_diff, "num_parameters": reloaded_params, "end_of_turn": end_of_turn,
+                          f"(> {tolerance} allowed)")
+    return {"max_abs_logprob_diff": max_diff, "tolerance": tolerance, "num_parameters": reloaded_params,
+            "end_of_turn": end_of_turn,
             "eos_token_id": generation_config.eos_token_id, "dtype": str(dtype).removeprefix("torch.")}
 
 
 def export_hf(policy_logprobs: Callable[[torch.Tensor], torch.Tensor], policy: torch.nn.Module, *,
               tokenizer: PreTrainedTokenizerBase, generation_config: GenerationConfig, sequences: list[torch.Tensor],
-              folder: Path, dtype: torch.dtype, is_main: bool, device: torch.device,
+              folder: Path, dtype: torch.dtype, compute_dtype: torch.dtype, is_main: bool, device: torch.device,
               announce: Callable[[str], None] = print) -> dict[str, Any] | None:
-    """Collective export of the FSDP2-sharded ``policy`` to ``folder``; returns the check record on rank 0.
+    """Collective export of the FSDP2-sharded ``policy`` to ``folder`` in ``dtype``; returns the check record on rank 0.
 
     ``policy_logprobs(input_ids)`` runs the in-memory (sharded) model on one sequence on every rank and returns its
-    next-token log-probabilities ``[1, L, V]`` in float32.
+    next-token log-probabilities ``[1, L, V]`` in float32; ``compute_dtype`` is the precision that forward ran in.
     """
     expected = [policy_logprobs(ids).cpu() for ids in sequences]
     state_dict = gather_full_state_dict(policy)
@@ -127,7 +130,8 @@ def export_hf(policy_logprobs: Callable[[torch.Tensor], torch.Tensor], policy: t
     shutil.rmtree(staging, ignore_errors=True)
     write_hf_folder(policy.config, state_dict, tokenizer, generation_config, staging, dtype)
     record = verify_hf_folder(staging, sequences=sequences, expected_logprobs=expected, end_of_turn=end_of_turn,
-                              num_parameters=policy_parameter_count(policy), dtype=dtype, device=device)
+                              num_parameters=policy_parameter_count(policy), dtype=dtype, device=device,
+                              tolerance=max(LOGPROB_TOLERANCE[dtype], LOGPROB_TOLERANCE[compute_dtype]))
     shutil.rmtree(folder, ignore_errors=True)
     staging.rename(folder)
     return record

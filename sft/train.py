@@ -63,6 +63,11 @@ def export_dtype(cfg: Config) -> torch.dtype:
     return torch.float32 if cfg.profile.name == "toy" else getattr(torch, cfg.model.dtype)
 
 
+def forward_dtype(cfg: Config, env: DistEnv) -> torch.dtype:
+    """Precision of a forward outside autocast: bf16 under FSDP2 mixed precision (GPU), else float32."""
+    return torch.bfloat16 if env.device.type == "cuda" and cfg.sft.mixed_precision == "bf16" else torch.float32
+
+
 def resolve_model_dir(cfg: Config, env: DistEnv) -> str:
     """A local folder for the base model: the path itself, or the hub snapshot (downloaded by rank 0 first)."""
     path = base_model_path(cfg)
@@ -163,7 +168,8 @@ def _run(cfg: Config, env: DistEnv) -> Manifest:
                                for row in rows[:EXPORT_CHECK_SEQUENCES]]
             export_record = export_hf(policy_logprobs, root.policy, tokenizer=tokenizer,
                                       generation_config=generation_config, sequences=check_sequences,
-                                      folder=hf_export_dir(out_dir), dtype=export_dtype(cfg), is_main=env.is_main,
+                                      folder=hf_export_dir(out_dir), dtype=export_dtype(cfg),
+                                      compute_dtype=forward_dtype(cfg, env), is_main=env.is_main,
                                       device=env.device, announce=announce)
             if env.is_main:
                 export_record["time_s"] = time.perf_counter() - export_started

@@ -92,12 +92,13 @@ def init_distributed(device_type: str) -> DistEnv:
         device, backend = torch.device("cuda", local_rank), "nccl"
     else:
         device, backend = torch.device("cpu"), "gloo"
-    owns_group = not dist.is_initialized()
+    owns_group = not dist.is_initialized()  # else reuse it (e.g. the 1-rank group an in-process vLLM engine leaves)
     if owns_group:
+        device_id = device if device.type == "cuda" else None
         if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-            dist.init_process_group(backend, device_id=device if device.type == "cuda" else None)
+            dist.init_process_group(backend, device_id=device_id)
         else:
-            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, device_id=device_id)
     return DistEnv(rank=dist.get_rank(), world_size=dist.get_world_size(), device=device, owns_group=owns_group)
 
 
