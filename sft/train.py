@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import os
+import shutil
 import time
 from contextlib import nullcontext
 from dataclasses import asdict
@@ -142,8 +143,9 @@ def _run(cfg: Config, env: DistEnv) -> Manifest:
             scheduler = build_scheduler(optimizer, cfg.sft, total_optimizer_steps(cfg.sft, order.steps_per_epoch))
 
             resume = decision == "resume"
-            if env.is_main and not resume:
+            if env.is_main and not resume:  # a stale run's outputs must not outlive a fresh start
                 keep_metrics_up_to(out_dir / METRICS_FILE, 0)
+                shutil.rmtree(hf_export_dir(out_dir), ignore_errors=True)
             with MetricsLogger(out_dir / METRICS_FILE, enabled=env.is_main, wandb_mode=cfg.logging.wandb_mode,
                                wandb_project=cfg.logging.wandb_project, config=config_record,
                                run_name=cfg.logging.run_name or f"{cfg.experiment.name}/sft/{variant}") as logger:

@@ -218,7 +218,8 @@ class SFTConfig:
     """Stop after this many optimiser steps (-1: epochs decide)."""
     loss_norm: str = "micro_batch_mean"
     """micro_batch_mean: mean over micro-batches (and ranks) of each micro-batch's loss (paper Alg. 1, methods_spec D13);
-    global_token_mean: Σ token losses ÷ valid tokens of the whole optimiser step over all ranks;
+    global_token_mean: each micro-batch loss weighted by its share of the step's supervised tokens over all ranks
+    (counted before the forward; for token-mean losses this is Σ token losses ÷ tokens of the whole step);
     micro_batch_sum: like micro_batch_mean without ÷grad_accum (the official code's HF quirk)."""
     chunk_size: int = 1024
     """Tokens per chunk of the loss head (only module that builds [tokens × vocab] tensors)."""
@@ -227,7 +228,7 @@ class SFTConfig:
     gradient_checkpointing: bool = False
     """Recompute decoder activations in backward."""
     checkpoint_every: int = 0
-    """Save a resumable checkpoint every N optimiser steps (0: at every epoch end only)."""
+    """Save a resumable checkpoint every N optimiser steps; one is also saved at every epoch end and after the last step (0: only those)."""
     keep_checkpoints: int = 2
     """Resumable checkpoints kept on disk."""
 
