@@ -33,6 +33,7 @@ from sft.export import export_hf
 from sft.losses import build_loss
 from sft.trainer import (
     METRICS_FILE,
+    Checkpointer,
     DistEnv,
     PolicyWithTokenLoss,
     broadcast_from_main,
@@ -44,6 +45,7 @@ from sft.trainer import (
     init_distributed,
     keep_metrics_up_to,
     load_causal_lm,
+    restore_or_start,
     shard_models,
     total_optimizer_steps,
 )
@@ -123,7 +125,8 @@ def _run(cfg: Config, env: DistEnv) -> Manifest:
                               grad_accum=cfg.sft.grad_accum, world_size=env.world_size, order_seed=order_seed)
             tokenizer_extra = {"gguf_file": cfg.model.gguf_file} if cfg.model.gguf_file else {}
             tokenizer = AutoTokenizer.from_pretrained(model_dir, **tokenizer_extra)
-            pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+            # padded positions are masked and unsupervised, so any id works when the tokenizer defines none
+            pad_token_id = next((i for i in (tokenizer.pad_token_id, tokenizer.eos_token_id) if i is not None), 0)
 
             token_loss = build_loss(cfg.sft.method)
 
@@ -140,19 +143,20 @@ def _run(cfg: Config, env: DistEnv) -> Manifest:
                                        old_policy=freeze(load()) if token_loss.needs_old_policy else None)
             shard_models(root, env, cfg.sft.mixed_precision)
             optimizer = build_optimizer(root, cfg.sft)
-            scheduler = build_scheduler(optimizer, cfg.sft, total_optimizer_steps(cfg.sft, order.steps_per_epoch))
-
-            resume = decision == "resume"
-            if env.is_main and not resume:  # a stale run's outputs must not outlive a fresh start
-                keep_metrics_up_to(out_dir / METRICS_FILE, 0)
+            total_steps = total_optimizer_steps(cfg.sft, order.steps_per_epoch)
+            scheduler = build_scheduler(optimizer, cfg.sft, total_steps)
+            checkpointer = Checkpointer(out_dir, keep=cfg.sft.keep_checkpoints, env=env)
+            state = restore_or_start(checkpointer, root, optimizer, scheduler, order=order, total_steps=total_steps,
+                                     resume=decision == "resume", announce=announce)
+            if env.is_main:  # metric lines after the restored step get redone; the export is rewritten at the end
+                keep_metrics_up_to(out_dir / METRICS_FILE, state["global_step"])
                 shutil.rmtree(hf_export_dir(out_dir), ignore_errors=True)
             with MetricsLogger(out_dir / METRICS_FILE, enabled=env.is_main, wandb_mode=cfg.logging.wandb_mode,
                                wandb_project=cfg.logging.wandb_project, config=config_record,
                                run_name=cfg.logging.run_name or f"{cfg.experiment.name}/sft/{variant}") as logger:
-                summary = fit(root, optimizer, scheduler, rows=rows, order=order, pad_token_id=pad_token_id,
-                              sft=cfg.sft, env=env, run_dir=out_dir, resume=resume, logger=logger,
-                              show_progress=env.is_main and cfg.logging.progress,
-                              log_every=cfg.logging.log_every, announce=announce)
+                summary = fit(root, optimizer, scheduler, checkpointer, state, rows=rows, order=order,
+                              pad_token_id=pad_token_id, sft=cfg.sft, env=env, logger=logger,
+                              show_progress=env.is_main and cfg.logging.progress, log_every=cfg.logging.log_every)
             if summary.steps == 0 or summary.steps != summary.total_steps:
                 raise RuntimeError(f"training stopped after {summary.steps} of {summary.total_steps} optimiser "
                                    "steps; the run is not complete")

@@ -397,12 +397,17 @@ class Checkpointer:
         return path
 
     def load(self, path: Path, root: PolicyWithTokenLoss, optimizer: torch.optim.Optimizer,
-             scheduler: torch.optim.lr_scheduler.LRScheduler) -> dict[str, Any]:
+             scheduler: torch.optim.lr_scheduler.LRScheduler, *, total_steps: int) -> dict[str, Any]:
+        """Restores everything saved in ``path``; returns its trainer state (raises :class:`ResumeError` first if the
+        checkpoint belongs to another world size or schedule)."""
         trainer_state = json.loads((path / TRAINER_STATE_FILE).read_text())
         if trainer_state["world_size"] != self.env.world_size:
             raise ResumeError(f"{path} was written by {trainer_state['world_size']} ranks, this run has "
                               f"{self.env.world_size}: the global batch (and data order) would change; relaunch "
                               "with the original number of processes or delete the checkpoints to restart")
+        if trainer_state["total_steps"] != total_steps:
+            raise ResumeError(f"{path} planned {trainer_state['total_steps']} optimiser steps, this run plans "
+                              f"{total_steps}; delete the checkpoints to restart")
         state = self._sharded_state(root, optimizer)
         dcp.load(state, checkpoint_id=str(path))
         set_model_state_dict(root.policy, state["policy"])
@@ -450,31 +455,33 @@ def total_optimizer_steps(sft: SFTConfig, steps_per_epoch: int) -> int:
     return planned if sft.max_steps == -1 else min(planned, sft.max_steps)
 
 
-def fit(root: PolicyWithTokenLoss, optimizer: torch.optim.Optimizer,
-        scheduler: torch.optim.lr_scheduler.LRScheduler, *, rows: list[TokenisedRow], order: DataOrder,
-        pad_token_id: int, sft: SFTConfig, env: DistEnv, run_dir: Path, resume: bool, logger: MetricsLogger,
-        show_progress: bool, log_every: int, announce: Callable[[str], None] = print) -> TrainSummary:
-    """Trains until ``total_optimizer_steps``; resumes from the latest complete checkpoint when ``resume``."""
-    total_steps = total_optimizer_steps(sft, order.steps_per_epoch)
-    checkpointer = Checkpointer(run_dir, keep=sft.keep_checkpoints, env=env)
-    state = {"global_step": 0, "supervised_tokens": 0, "input_tokens": 0, "train_time_s": 0.0, "last_loss": math.nan}
-    resumed_from = None
+def restore_or_start(checkpointer: Checkpointer, root: PolicyWithTokenLoss, optimizer: torch.optim.Optimizer,
+                     scheduler: torch.optim.lr_scheduler.LRScheduler, *, order: DataOrder, total_steps: int,
+                     resume: bool, announce: Callable[[str], None] = print) -> dict[str, Any]:
+    """The training state to start from: the newest complete checkpoint's when ``resume``, else step 0 (and a fresh
+    start deletes every checkpoint, so a stale run's weights can never be picked up later)."""
     latest = checkpointer.latest() if resume else None
-    if latest is not None:
-        state = checkpointer.load(latest, root, optimizer, scheduler)
-        resumed_from = state["global_step"]
-        if state["total_steps"] != total_steps:
-            raise ResumeError(f"{latest} planned {state['total_steps']} steps, this run plans {total_steps}")
-        epoch, index = order.position(resumed_from)
-        announce(f"[sft] RESUMING from {latest} after optimiser step {resumed_from}/{total_steps}: "
-                 f"epoch {epoch}, row {index} of that epoch's order")
-        if env.is_main:
-            keep_metrics_up_to(run_dir / METRICS_FILE, resumed_from)
-    elif resume:
-        announce(f"[sft] no complete checkpoint in {checkpointer.root}; starting from step 0")
-    else:
-        checkpointer.clear()
+    if latest is None:
+        if resume:
+            announce(f"[sft] no complete checkpoint in {checkpointer.root}; starting from step 0")
+        else:
+            checkpointer.clear()
+        return {"global_step": 0, "supervised_tokens": 0, "input_tokens": 0, "train_time_s": 0.0,
+                "last_loss": math.nan, "resumed_from_step": None}
+    state = checkpointer.load(latest, root, optimizer, scheduler, total_steps=total_steps)
+    epoch, index = order.position(state["global_step"])
+    announce(f"[sft] RESUMING from {latest} after optimiser step {state['global_step']}/{total_steps}: "
+             f"epoch {epoch}, row {index} of that epoch's order")
+    return {**state, "resumed_from_step": state["global_step"]}
 
+
+def fit(root: PolicyWithTokenLoss, optimizer: torch.optim.Optimizer,
+        scheduler: torch.optim.lr_scheduler.LRScheduler, checkpointer: Checkpointer, state: dict[str, Any], *,
+        rows: list[TokenisedRow], order: DataOrder, pad_token_id: int, sft: SFTConfig, env: DistEnv,
+        logger: MetricsLogger, show_progress: bool, log_every: int) -> TrainSummary:
+    """Trains from ``state`` (see :func:`restore_or_start`) until ``total_optimizer_steps``."""
+    total_steps = total_optimizer_steps(sft, order.steps_per_epoch)
+    resumed_from = state["resumed_from_step"]
     needs_old_policy = root.old_policy is not None
     refresh_every = root.token_loss.old_policy_refresh_every if needs_old_policy else 0
     if needs_old_policy and (not isinstance(refresh_every, int) or refresh_every < 1):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import random
-import shutil
 import signal
 import subprocess
 import sys
@@ -146,7 +145,3 @@ def kill_after_checkpoint(overrides: list[str], checkpoint_dir: Path, timeout: f
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
-
-
-def copy_run(src_root: Path, dst_root: Path) -> None:
-    shutil.copytree(src_root, dst_root)

@@ -18,8 +18,9 @@ from pipeline.config import compose
 from pipeline.manifest import read_manifest, write_manifest
 from pipeline.paths import hf_export_dir, sft_dir
 from pipeline.tracking import read_metrics
+import sft.train
 from sft.train import run
-from sft.trainer import CHECKPOINTS_DIR, METRICS_FILE, TRAINER_STATE_FILE, ResumeError
+from sft.trainer import CHECKPOINTS_DIR, METRICS_FILE, TRAINER_STATE_FILE, ResumeError, TrainSummary
 from sft_helpers import build_tiny_model, final_weights, kill_after_checkpoint, prepare_run, run_torchrun
 
 pytestmark = pytest.mark.integration
@@ -134,3 +135,15 @@ def test_resume_that_cannot_continue_fails_loudly_and_stays_incomplete(tmp_path,
     manifest = read_manifest(out_dir)
     assert manifest.status == "failed" and "ResumeError" in manifest.error
     assert not hf_export_dir(out_dir).exists()
+
+
+def test_a_run_without_updates_is_never_complete(tmp_path, model_dir, monkeypatch):
+    """Whatever makes the loop end early (here: a loop that returns at once), no complete manifest, no export."""
+    cfg, _ = prepare_run(tmp_path, model_dir, NUM_ROWS, max_steps=2)
+    monkeypatch.setattr(sft.train, "fit", lambda *args, **kwargs: TrainSummary(
+        steps=0, total_steps=2, supervised_tokens=0, input_tokens=0, final_loss=float("nan"), train_time_s=0.0,
+        resumed_from_step=None, steps_this_launch=0))
+    with pytest.raises(RuntimeError, match="after 0 of 2 optimiser steps"):
+        run(cfg)
+    assert read_manifest(sft_dir(cfg)).status == "failed"
+    assert not hf_export_dir(sft_dir(cfg)).exists()
