@@ -16,19 +16,20 @@ import time
 from contextlib import nullcontext
 from dataclasses import asdict
 from pathlib import Path
+from typing import Callable
 
 import hydra
 import torch
 import torch.distributed as dist
 from omegaconf import DictConfig
-from transformers import AutoTokenizer
+from transformers import AutoTokenizer, GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from pipeline.config import CONF_DIR, Config, to_config
 from pipeline.manifest import Manifest, read_manifest, require_complete, stage_run
 from pipeline.paths import base_model_path, data_dir, hf_export_dir, method_label, sft_dir, toy_base_dir
 from pipeline.seeding import derive_seed, seed_everything
 from pipeline.tracking import MetricsLogger, configure_cpu_threads
-from sft.data import SFT_TOKENS_FILE, DataOrder, read_sft_tokens
+from sft.data import SFT_TOKENS_FILE, DataOrder, TokenisedRow, read_sft_tokens
 from sft.export import export_hf
 from sft.losses import build_loss
 from sft.trainer import (
@@ -84,6 +85,45 @@ def resolve_model_dir(cfg: Config, env: DistEnv) -> str:
     return snapshot_download(path)
 
 
+def build_root(cfg: Config, model_dir: str, env: DistEnv) -> tuple[PolicyWithTokenLoss, GenerationConfig]:
+    """The FSDP2-sharded policy plus the frozen models its loss needs, and the base generation config."""
+    token_loss = build_loss(cfg.sft.method)
+
+    def load() -> PreTrainedModel:
+        return load_causal_lm(model_dir, attn_implementation=cfg.model.attn_implementation,
+                              gguf_file=cfg.model.gguf_file)
+
+    policy = load()
+    generation_config = copy.deepcopy(policy.generation_config)
+    if cfg.sft.gradient_checkpointing:
+        policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    root = PolicyWithTokenLoss(policy, token_loss, cfg.sft.chunk_size,
+                               reference=freeze(load()) if token_loss.needs_reference else None,
+                               old_policy=freeze(load()) if token_loss.needs_old_policy else None)
+    shard_models(root, env, cfg.sft.mixed_precision)
+    return root, generation_config
+
+
+def export_policy(cfg: Config, root: PolicyWithTokenLoss, tokenizer: PreTrainedTokenizerBase,
+                  generation_config: GenerationConfig, rows: list[TokenisedRow], out_dir: Path, env: DistEnv,
+                  announce: Callable[[str], None]) -> dict | None:
+    """Collective: writes and verifies ``hf/`` (see :mod:`sft.export`); the check record on rank 0."""
+
+    def policy_logprobs(input_ids: torch.Tensor) -> torch.Tensor:
+        root.eval()
+        with torch.no_grad():
+            logits = root(input_ids=input_ids.to(env.device))
+        root.reshard()  # the root keeps its parameters unsharded after a forward without backward
+        return logits.float().log_softmax(-1)
+
+    check_sequences = [torch.tensor(row.input_ids[:EXPORT_CHECK_TOKENS]).unsqueeze(0)
+                       for row in rows[:EXPORT_CHECK_SEQUENCES]]
+    return export_hf(policy_logprobs, root.policy, tokenizer=tokenizer, generation_config=generation_config,
+                     sequences=check_sequences, folder=hf_export_dir(out_dir), dtype=export_dtype(cfg),
+                     compute_dtype=forward_dtype(cfg, env), is_main=env.is_main, device=env.device,
+                     announce=announce)
+
+
 def run(cfg: Config) -> Manifest:
     """Trains, exports and records one SFT method on one base model; returns the stage manifest."""
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
@@ -128,20 +168,7 @@ def _run(cfg: Config, env: DistEnv) -> Manifest:
             # padded positions are masked and unsupervised, so any id works when the tokenizer defines none
             pad_token_id = next((i for i in (tokenizer.pad_token_id, tokenizer.eos_token_id) if i is not None), 0)
 
-            token_loss = build_loss(cfg.sft.method)
-
-            def load() -> torch.nn.Module:
-                return load_causal_lm(model_dir, attn_implementation=cfg.model.attn_implementation,
-                                      gguf_file=cfg.model.gguf_file)
-
-            policy = load()
-            generation_config = copy.deepcopy(policy.generation_config)
-            if cfg.sft.gradient_checkpointing:
-                policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-            root = PolicyWithTokenLoss(policy, token_loss, cfg.sft.chunk_size,
-                                       reference=freeze(load()) if token_loss.needs_reference else None,
-                                       old_policy=freeze(load()) if token_loss.needs_old_policy else None)
-            shard_models(root, env, cfg.sft.mixed_precision)
+            root, generation_config = build_root(cfg, model_dir, env)
             optimizer = build_optimizer(root, cfg.sft)
             total_steps = total_optimizer_steps(cfg.sft, order.steps_per_epoch)
             scheduler = build_scheduler(optimizer, cfg.sft, total_steps)
@@ -162,21 +189,7 @@ def _run(cfg: Config, env: DistEnv) -> Manifest:
                                    "steps; the run is not complete")
 
             export_started = time.perf_counter()
-
-            def policy_logprobs(input_ids: torch.Tensor) -> torch.Tensor:
-                root.eval()
-                with torch.no_grad():
-                    logits = root(input_ids=input_ids.to(env.device))
-                root.reshard()  # the root keeps its parameters unsharded after a forward without backward
-                return logits.float().log_softmax(-1)
-
-            check_sequences = [torch.tensor(row.input_ids[:EXPORT_CHECK_TOKENS]).unsqueeze(0)
-                               for row in rows[:EXPORT_CHECK_SEQUENCES]]
-            export_record = export_hf(policy_logprobs, root.policy, tokenizer=tokenizer,
-                                      generation_config=generation_config, sequences=check_sequences,
-                                      folder=hf_export_dir(out_dir), dtype=export_dtype(cfg),
-                                      compute_dtype=forward_dtype(cfg, env), is_main=env.is_main,
-                                      device=env.device, announce=announce)
+            export_record = export_policy(cfg, root, tokenizer, generation_config, rows, out_dir, env, announce)
             if env.is_main:
                 export_record["time_s"] = time.perf_counter() - export_started
                 wall = time.perf_counter() - started
