@@ -17,9 +17,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
+from pipeline.models import end_of_turn_token
+
 IGNORE_INDEX = -100
 THINK_PREFIX = "<think>\n"
-_PROBE = "\x00probe\x00"
 
 
 class PromptTooLongError(ValueError):
@@ -40,19 +41,6 @@ def render_prompt(tokenizer, prompt_messages: Sequence[Mapping[str, str]]) -> st
                                          tokenize=False)
 
 
-def end_of_turn_text(tokenizer) -> str:
-    """The special token the chat template writes right after an assistant message (e.g. ``<|im_end|>``)."""
-    rendered = tokenizer.apply_chat_template(
-        [{"role": "user", "content": "hi"}, {"role": "assistant", "content": _PROBE}], tokenize=False)
-    after = rendered.split(_PROBE, 1)[1]
-    special = sorted((token for token in tokenizer.all_special_tokens if token and after.find(token) >= 0),
-                     key=after.find)
-    if not special:
-        raise ValueError(f"the chat template writes no special token after an assistant turn ({after!r}); "
-                         "cannot tell where a response ends")
-    return special[0]
-
-
 def strip_think(prompt_text: str, target_text: str, mode: str) -> str:
     """Drops the target's leading ``<think>\\n`` (``always``; ``auto``: only if the prompt already ends with it)."""
     if mode not in ("auto", "always", "never"):
@@ -67,7 +55,7 @@ def build_sft_example(tokenizer, prompt_messages: Sequence[Mapping[str, str]], t
                       max_length: int, strip_leading_think: str = "auto") -> SFTExample:
     """Token ids and labels (-100 on the prompt) of one SFT example (formula in the module doc)."""
     prompt_text = render_prompt(tokenizer, prompt_messages)
-    response_text = strip_think(prompt_text, target_text, strip_leading_think) + end_of_turn_text(tokenizer)
+    response_text = strip_think(prompt_text, target_text, strip_leading_think) + end_of_turn_token(tokenizer)
     prompt_ids = tokenizer.encode(prompt_text, add_special_tokens=False)
     response_ids = tokenizer.encode(response_text, add_special_tokens=False)
     if len(prompt_ids) >= max_length:

@@ -15,39 +15,20 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from data.formatting import PromptTooLongError, build_sft_example, end_of_turn_text
+from data.formatting import PromptTooLongError, build_sft_example
 from pipeline.config import CONF_DIR, Config, to_config
 from pipeline.manifest import Manifest, read_manifest, require_complete, stage_run
+from pipeline.models import load_tokenizer
 from pipeline.paths import base_model_path, data_dir, toy_base_dir
 from pipeline.tracking import progress
 
 TOKENS_FILE = "sft_tokens.parquet"
 
 
-def load_tokenizer(cfg: Config):
-    """The base model's tokenizer (hub id, local folder, toy folder or GGUF file), eos = the chat end-of-turn token.
-
-    GGUF conversions can carry the wrong eos (SmolLM2's reports ``<|im_start|>``); the chat template decides.
-    """
-    from transformers import AutoTokenizer
-
-    path = base_model_path(cfg)
-    if cfg.model.source == "gguf":
-        tokenizer = AutoTokenizer.from_pretrained(path, gguf_file=cfg.model.gguf_file)
-    else:
-        tokenizer = AutoTokenizer.from_pretrained(path)
-    if tokenizer.chat_template is None:
-        raise ValueError(f"tokenizer at {path} has no chat template; SFT formatting needs one")
-    tokenizer.eos_token = end_of_turn_text(tokenizer)
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    return tokenizer
-
-
 def tokenizer_input(cfg: Config) -> dict[str, Path]:
     """The tokenizer files this stage depends on, when they are local (a hub id is recorded in the config)."""
     path = Path(base_model_path(cfg))
-    if cfg.model.source == "gguf":
+    if cfg.model.gguf_file:
         return {"tokenizer": path / cfg.model.gguf_file}
     for name in ("tokenizer.json", "tokenizer_config.json"):
         if (path / name).is_file():
@@ -83,7 +64,7 @@ def run(cfg: Config) -> Manifest:
     with stage_run(out_dir, stage="data_tokens", variant=cfg.model.name, config=config, inputs=inputs) as stage:
         if stage is None:
             return read_manifest(out_dir)
-        tokenizer = load_tokenizer(cfg)
+        tokenizer = load_tokenizer(base_model_path(cfg), gguf_file=cfg.model.gguf_file)
         rows = pq.read_table(source_dir / "sft.parquet").to_pylist()
         columns: dict[str, list] = {k: [] for k in ("input_ids", "labels", "num_response_tokens", "truncated",
                                                     "row_id")}

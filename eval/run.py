@@ -38,6 +38,7 @@ from pipeline.manifest import (
     stage_run,
     write_manifest,
 )
+from pipeline.models import load_tokenizer
 from pipeline.paths import BASE_VARIANT, base_model_path, data_dir, eval_dir, hf_export_dir, rl_dir, sft_dir, toy_base_dir
 from pipeline.seeding import derive_seed
 from pipeline.tracking import progress
@@ -159,10 +160,8 @@ class _Engine:
     """The tokenizer now, the sampler on first use (so a fully finished run never starts an engine)."""
 
     def __init__(self, model_path: str, cfg: Config, factory: Callable[..., Sampler]):
-        from transformers import AutoTokenizer
-
         self.model_path, self.cfg, self._factory = model_path, cfg, factory
-        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        self.tokenizer = load_tokenizer(model_path)
         self._sampler: Sampler | None = None
         self.max_model_len = cfg.eval.max_model_len
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, Sequence
 
 from pipeline.config import Config, ConfigError
+from pipeline.models import load_causal_lm, load_tokenizer
 
 
 @dataclass
@@ -104,21 +105,18 @@ class HFSampler:
     def __init__(self, model_path: str, cfg: Config):
         import torch
         import transformers
-        from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.version = transformers.__version__
         self._torch = torch
         self._device = "cuda" if cfg.profile.device == "cuda" else "cpu"
-        self._tokenizer = AutoTokenizer.from_pretrained(model_path)
-        self._model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, cfg.model.dtype)) \
-            .to(self._device).eval()
+        self._tokenizer = load_tokenizer(model_path)
+        self._model = load_causal_lm(model_path, dtype=cfg.model.dtype).to(self._device).eval()
         self._eos = self._model.generation_config.eos_token_id
         if self._eos is None:
             self._eos = self._tokenizer.eos_token_id
         greedy = cfg.eval.temperature == 0
-        pad = self._tokenizer.pad_token_id
         self._generate = {"do_sample": not greedy, "max_new_tokens": cfg.eval.max_tokens,
-                          "pad_token_id": self._tokenizer.eos_token_id if pad is None else pad}
+                          "pad_token_id": self._tokenizer.pad_token_id}
         if not greedy:
             self._generate.update(temperature=cfg.eval.temperature, top_p=cfg.eval.top_p, top_k=0)
         self.settings = {"generate": dict(self._generate), "dtype": cfg.model.dtype, "device": self._device,

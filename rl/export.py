@@ -12,6 +12,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from pipeline.models import end_of_turn_token, load_causal_lm
+
 LATEST_ITERATION_FILE = "latest_checkpointed_iteration.txt"
 """verl's marker of the newest complete checkpoint in ``trainer.default_local_dir``."""
 
@@ -47,23 +49,9 @@ def merge_actor(checkpoint_dir: Path, step: int, target_dir: Path, env: dict[str
         raise RuntimeError(f"verl's model merger failed (exit {result.returncode}); see {log_path}")
 
 
-def end_of_turn_token(tokenizer: Any) -> str:
-    """The special token the chat template puts right after an assistant message (``<|im_end|>`` for ChatML)."""
-    marker = "EKSFT_END_OF_MESSAGE_MARKER"
-    text = tokenizer.apply_chat_template([{"role": "user", "content": "q"}, {"role": "assistant", "content": marker}],
-                                         tokenize=False)
-    after = text[text.rindex(marker) + len(marker):]
-    specials = sorted(set(tokenizer.all_special_tokens) | set(tokenizer.get_added_vocab()), key=len, reverse=True)
-    for token in specials:
-        if after.startswith(token):
-            return token
-    raise RuntimeError(f"the chat template ends an assistant message with {after[:40]!r}, which does not start with "
-                       "a special token; generation would not know where to stop")
-
-
 def check_hf_export(hf_dir: Path) -> dict[str, Any]:
     """Loads ``hf_dir`` with transformers, aligns eos with the chat template's end-of-turn token; returns facts."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+    from transformers import AutoTokenizer, GenerationConfig
 
     tokenizer = AutoTokenizer.from_pretrained(hf_dir)
     end_token = end_of_turn_token(tokenizer)
@@ -83,7 +71,7 @@ def check_hf_export(hf_dir: Path) -> dict[str, Any]:
         if generation.pad_token_id is None and tokenizer.pad_token_id is not None:
             generation.pad_token_id = tokenizer.pad_token_id
         generation.save_pretrained(hf_dir)
-    model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype="auto")
+    model = load_causal_lm(hf_dir, dtype="auto")
     return {"dtype": str(model.dtype).removeprefix("torch."), "num_parameters": model.num_parameters(),
             "end_of_turn_token": end_token, "eos_token_id": end_id,
             "fixed_generation_config": fixed_generation_config}

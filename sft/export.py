@@ -21,30 +21,16 @@ import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, PreTrainedTokenizerBase
 
+from pipeline.models import end_of_turn_token, load_causal_lm
+
 LOGPROB_TOLERANCE = {torch.float32: 1e-3, torch.bfloat16: 0.15}
 """Largest allowed |Δ log p| between the reloaded export and the in-memory model, by the lower of the export dtype
 and the in-memory model's compute dtype (bf16 keeps 8 significant bits, which moves log-probs by a few hundredths
 on real models)."""
-_PROBE = "EXPORT_END_OF_TURN_PROBE"
 
 
 class ExportError(RuntimeError):
     """The exported folder failed a check; the message says which."""
-
-
-def end_of_turn_token(tokenizer: PreTrainedTokenizerBase) -> str:
-    """The special token that closes an assistant turn in the tokenizer's chat template (e.g. ``<|im_end|>``)."""
-    if not tokenizer.chat_template:
-        raise ExportError("the tokenizer has no chat_template, so the end-of-turn token cannot be checked")
-    text = tokenizer.apply_chat_template([{"role": "user", "content": "1+1?"},
-                                          {"role": "assistant", "content": _PROBE}], tokenize=False)
-    suffix = text[text.rindex(_PROBE) + len(_PROBE):]
-    special_ids = set(tokenizer.all_special_ids) | {
-        token_id for token_id, token in tokenizer.added_tokens_decoder.items() if token.special}
-    for token_id in tokenizer(suffix, add_special_tokens=False)["input_ids"]:
-        if token_id in special_ids:
-            return tokenizer.convert_ids_to_tokens(token_id)
-    raise ExportError(f"no special token follows the assistant message in the chat template (suffix {suffix!r})")
 
 
 def align_eos(tokenizer: PreTrainedTokenizerBase, generation_config: GenerationConfig,
@@ -86,8 +72,8 @@ def verify_hf_folder(folder: Path, *, sequences: list[torch.Tensor], expected_lo
                      end_of_turn: str, num_parameters: int, dtype: torch.dtype, tolerance: float,
                      device: torch.device) -> dict[str, Any]:
     """Reloads ``folder`` with transformers and checks it against the in-memory model (raises :class:`ExportError`)."""
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).to(device).eval()
-    tokenizer = AutoTokenizer.from_pretrained(folder)
+    model = load_causal_lm(folder, dtype=dtype).to(device).eval()
+    tokenizer = AutoTokenizer.from_pretrained(folder)  # as saved: the eos check below must see the file's
     generation_config = GenerationConfig.from_pretrained(folder)
     reloaded_params = sum(p.numel() for p in model.parameters())
     if reloaded_params != num_parameters:

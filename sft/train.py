@@ -22,10 +22,11 @@ import hydra
 import torch
 import torch.distributed as dist
 from omegaconf import DictConfig
-from transformers import AutoTokenizer, GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from pipeline.config import CONF_DIR, Config, to_config
 from pipeline.manifest import Manifest, read_manifest, require_complete, stage_run
+from pipeline.models import load_causal_lm, load_tokenizer, local_model_dir
 from pipeline.paths import base_model_path, data_dir, hf_export_dir, method_label, sft_dir, toy_base_dir
 from pipeline.seeding import derive_seed, seed_everything
 from pipeline.tracking import MetricsLogger, configure_cpu_threads
@@ -45,7 +46,6 @@ from sft.trainer import (
     freeze,
     init_distributed,
     keep_metrics_up_to,
-    load_causal_lm,
     restore_or_start,
     shard_models,
     total_optimizer_steps,
@@ -75,14 +75,11 @@ def forward_dtype(cfg: Config, env: DistEnv) -> torch.dtype:
 def resolve_model_dir(cfg: Config, env: DistEnv) -> str:
     """A local folder for the base model: the path itself, or the hub snapshot (downloaded by rank 0 first)."""
     path = base_model_path(cfg)
-    if Path(path).exists():
-        return path
-    from huggingface_hub import snapshot_download
-
-    if env.is_main:
-        snapshot_download(path)
-    dist.barrier()
-    return snapshot_download(path)
+    if not Path(path).exists():
+        if env.is_main:
+            local_model_dir(path)
+        dist.barrier()
+    return local_model_dir(path)
 
 
 def build_root(cfg: Config, model_dir: str, env: DistEnv) -> tuple[PolicyWithTokenLoss, GenerationConfig]:
@@ -90,8 +87,8 @@ def build_root(cfg: Config, model_dir: str, env: DistEnv) -> tuple[PolicyWithTok
     token_loss = build_loss(cfg.sft.method)
 
     def load() -> PreTrainedModel:
-        return load_causal_lm(model_dir, attn_implementation=cfg.model.attn_implementation,
-                              gguf_file=cfg.model.gguf_file)
+        return load_causal_lm(model_dir, gguf_file=cfg.model.gguf_file,
+                              attn_implementation=cfg.model.attn_implementation, dtype=torch.float32)
 
     policy = load()
     generation_config = copy.deepcopy(policy.generation_config)
@@ -163,10 +160,7 @@ def _run(cfg: Config, env: DistEnv) -> Manifest:
             rows = read_sft_tokens(tokens_path)
             order = DataOrder([len(row.input_ids) for row in rows], micro_batch_size=cfg.sft.micro_batch_size,
                               grad_accum=cfg.sft.grad_accum, world_size=env.world_size, order_seed=order_seed)
-            tokenizer_extra = {"gguf_file": cfg.model.gguf_file} if cfg.model.gguf_file else {}
-            tokenizer = AutoTokenizer.from_pretrained(model_dir, **tokenizer_extra)
-            # padded positions are masked and unsupervised, so any id works when the tokenizer defines none
-            pad_token_id = next((i for i in (tokenizer.pad_token_id, tokenizer.eos_token_id) if i is not None), 0)
+            tokenizer = load_tokenizer(model_dir, gguf_file=cfg.model.gguf_file)
 
             root, generation_config = build_root(cfg, model_dir, env)
             optimizer = build_optimizer(root, cfg.sft)
@@ -182,7 +176,7 @@ def _run(cfg: Config, env: DistEnv) -> Manifest:
                                wandb_project=cfg.logging.wandb_project, config=config_record,
                                run_name=cfg.logging.run_name or f"{cfg.experiment.name}/sft/{variant}") as logger:
                 summary = fit(root, optimizer, scheduler, checkpointer, state, rows=rows, order=order,
-                              pad_token_id=pad_token_id, sft=cfg.sft, env=env, logger=logger,
+                              pad_token_id=tokenizer.pad_token_id, sft=cfg.sft, env=env, logger=logger,
                               show_progress=env.is_main and cfg.logging.progress, log_every=cfg.logging.log_every)
             if summary.steps == 0 or summary.steps != summary.total_steps:
                 raise RuntimeError(f"training stopped after {summary.steps} of {summary.total_steps} optimiser "

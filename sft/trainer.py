@@ -47,7 +47,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
-from transformers import AutoModelForCausalLM, PreTrainedModel
+from transformers import PreTrainedModel
 
 from pipeline.config import SFTConfig
 from pipeline.tracking import MetricsLogger, progress
@@ -157,13 +157,6 @@ def micro_batch_weight(loss_norm: str, *, num_tokens: int, step_tokens: int, gra
 
 
 # ---------------------------------------------------------------------------------------------- models
-def load_causal_lm(model_dir: str, *, attn_implementation: str, gguf_file: str = "") -> PreTrainedModel:
-    """``AutoModelForCausalLM.from_pretrained`` in float32 (the master weights), the same call for every source."""
-    extra = {"gguf_file": gguf_file} if gguf_file else {}
-    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32,
-                                                attn_implementation=attn_implementation, **extra)
-
-
 def freeze(model: PreTrainedModel) -> PreTrainedModel:
     model.requires_grad_(False)
     return model.eval()

@@ -6,11 +6,11 @@ import itertools
 import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from data.formatting import (IGNORE_INDEX, PromptTooLongError, build_sft_example, end_of_turn_text, render_prompt,
-                             verl_row)
+from data.formatting import IGNORE_INDEX, PromptTooLongError, build_sft_example, render_prompt, verl_row
 from data.schema import VERL_COLUMNS
 from data.toy.tokenizer import train_tokenizer
 from data.toy.world import DocumentMix, documents
+from pipeline.models import end_of_turn_token
 
 CHATML = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>\n' }}{% endfor %}"
           "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
@@ -60,8 +60,8 @@ def test_label_mask(make, toy_tokenizer):
 
 
 def test_end_of_turn_comes_from_the_template(toy_tokenizer):
-    assert end_of_turn_text(toy_tokenizer) == "<|im_end|>"
-    assert end_of_turn_text(qwen_style_tokenizer(CHATML)) == "<|im_end|>"  # not the tokenizer's eos
+    assert end_of_turn_token(toy_tokenizer) == "<|im_end|>"
+    assert end_of_turn_token(qwen_style_tokenizer(CHATML)) == "<|im_end|>"  # not the tokenizer's eos
 
 
 @pytest.mark.parametrize("template, mode, stripped", [

@@ -8,7 +8,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 STAGES = ("data", "sft", "rl", "eval")
 SHARED = ("pipeline/config", "pipeline/manifest.py", "pipeline/paths.py", "pipeline/tracking.py",
-          "pipeline/seeding.py")
+          "pipeline/seeding.py", "pipeline/models.py", "pipeline/tiny_model.py")
 ALLOWED = {("rl", "eval.scoring")}
 
 

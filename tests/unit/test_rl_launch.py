@@ -6,8 +6,9 @@ import time
 
 import pytest
 
+from pipeline.models import end_of_turn_token
 from rl import train
-from rl.export import end_of_turn_token, latest_checkpoint_step
+from rl.export import latest_checkpoint_step
 
 
 def test_summary_keeps_phases_apart_and_later_records_win():

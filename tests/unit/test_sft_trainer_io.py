@@ -7,8 +7,9 @@ import pyarrow.parquet as pq
 import pytest
 from transformers import GenerationConfig
 
+from pipeline.models import ChatTemplateError, end_of_turn_token
 from sft.data import SFTDataError, read_sft_tokens
-from sft.export import ExportError, align_eos, end_of_turn_token
+from sft.export import align_eos
 
 GOOD = {"row_id": ["r0"], "input_ids": [[1, 5, 6, 2]], "labels": [[-100, -100, 6, 2]], "num_response_tokens": [2],
         "truncated": [False]}
@@ -74,5 +75,5 @@ def test_align_eos_puts_the_end_of_turn_first():
 def test_no_chat_template_is_an_error():
     tokenizer = _chatml_tokenizer("<|im_end|>")
     tokenizer.chat_template = None
-    with pytest.raises(ExportError, match="no chat_template"):
+    with pytest.raises(ChatTemplateError, match="no chat template"):
         end_of_turn_token(tokenizer)
