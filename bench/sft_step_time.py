@@ -20,6 +20,8 @@ import time
 
 import torch
 
+from pipeline.tiny_model import random_qwen3
+
 SIZES = {
     # name: (hidden, intermediate, layers, heads, kv heads, head_dim, vocab)
     "tiny": (128, 384, 4, 2, 1, 64, 512),
@@ -30,14 +32,10 @@ SIZES = {
 
 
 def build_model(size: str, seed: int):
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
     hidden, intermediate, layers, heads, kv_heads, head_dim, vocab = SIZES[size]
-    config = Qwen3Config(vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate,
-                         num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
-                         head_dim=head_dim, tie_word_embeddings=True, max_position_embeddings=32768)
-    torch.manual_seed(seed)
-    return Qwen3ForCausalLM(config).to(torch.float32)
+    return random_qwen3(vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate, num_layers=layers,
+                        num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim, max_position_embeddings=32768,
+                        seed=seed)
 
 
 def random_micro_batches(args: argparse.Namespace, vocab: int, device: torch.device) -> list[dict]:

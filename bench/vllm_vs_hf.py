@@ -25,9 +25,9 @@ def _config(model: str, args: argparse.Namespace):
 
 
 def _prompts(model: str, count: int) -> list[list[int]]:
-    from transformers import AutoTokenizer
+    from pipeline.models import load_tokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(model)
+    tokenizer = load_tokenizer(model)
     prompts = []
     for index in range(count):
         messages = [{"role": "system", "content": "Put the final answer in \\boxed{}."},
@@ -63,7 +63,7 @@ def main() -> None:
     import torch
 
     from eval.sample import HFSampler, VLLMSampler
-    from eval.tiny_model import build_tiny_qwen3
+    from pipeline.tiny_model import build_tiny_qwen3
 
     with tempfile.TemporaryDirectory() as tmp:
         model = args.model or str(build_tiny_qwen3(tmp, hidden_size=256, num_layers=4, dtype=args.dtype))

@@ -1,4 +1,4 @@
-"""Tiny fixtures for the SFT trainer tests: a random 2-layer Qwen3, a ChatML word-level tokenizer, and a
+"""Tiny fixtures for the SFT trainer tests: a random 2-layer Qwen3 with a ChatML BPE tokenizer, and a
 tokenised SFT split in the data stage's format (with a complete data manifest), all in a tmp folder."""
 from __future__ import annotations
 
@@ -18,47 +18,22 @@ from safetensors.torch import load_file
 from pipeline.config import Config, compose
 from pipeline.manifest import stage_run
 from pipeline.paths import hf_export_dir, sft_dir
+from pipeline.tiny_model import TRAINING_TEXTS, build_tiny_qwen3
 from sft.data import IGNORE_INDEX, SFT_TOKENS_FILE
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|pad|>"]
-WORDS = [f"w{i}" for i in range(60)] + ["user", "assistant", "system"]
-
-
-def build_tiny_tokenizer(folder: Path):
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {token: i for i, token in enumerate(SPECIALS + WORDS + ["<unk>"])}
-    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    core.add_special_tokens(SPECIALS)
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, eos_token="<|endoftext|>", pad_token="<|pad|>",
-                                        unk_token="<unk>", chat_template=CHATML)
-    tokenizer.save_pretrained(folder)
-    return tokenizer
+WORDS = sorted(set(" ".join(TRAINING_TEXTS).split()))
+"""Words the tiny model's BPE tokenizer was trained on, so each is one or a few tokens."""
 
 
 def build_tiny_model(folder: Path, seed: int = 0) -> Path:
-    """Random Qwen3 (hidden 128, 2 layers, 2 heads x 64, 1 kv head, tied embeddings) + tokenizer in ``folder``.
+    """The tiny fp32 Qwen3 (hidden 128, 2 layers, 2 heads x 64) of :mod:`pipeline.tiny_model` in ``folder``.
 
-    The base generation config's EOS is ``<|endoftext|>``, not the template's ``<|im_end|>``: the export must fix it.
+    Its eos and generation config's eos are ``<|endoftext|>``, not the template's ``<|im_end|>``: the export must
+    fix them.
     """
-    from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
-
-    tokenizer = build_tiny_tokenizer(folder)
-    config = Qwen3Config(vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=1, head_dim=64, tie_word_embeddings=True,
-                         max_position_embeddings=512, rope_theta=10000.0, bos_token_id=None,
-                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
-    torch.manual_seed(seed)
-    model = Qwen3ForCausalLM(config)
-    model.generation_config = GenerationConfig(eos_token_id=tokenizer.eos_token_id,
-                                               pad_token_id=tokenizer.pad_token_id)
-    model.save_pretrained(folder)
-    return folder
+    return build_tiny_qwen3(folder, intermediate_size=256, max_position_embeddings=512, eos_token="<|endoftext|>",
+                            dtype="float32", seed=seed)
 
 
 def write_sft_tokens(cfg: Config, num_rows: int, seed: int = 0) -> Path:
@@ -70,8 +45,8 @@ def write_sft_tokens(cfg: Config, num_rows: int, seed: int = 0) -> Path:
     rng = random.Random(seed)
     columns = {"row_id": [], "input_ids": [], "labels": [], "num_response_tokens": [], "truncated": []}
     for index in range(num_rows):
-        question = " ".join(rng.choice(WORDS[:60]) for _ in range(rng.randint(2, 8)))
-        answer = " ".join(rng.choice(WORDS[:60]) for _ in range(rng.randint(3, 20)))
+        question = " ".join(rng.choice(WORDS) for _ in range(rng.randint(2, 8)))
+        answer = " ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 20)))
         prompt = tokenizer.apply_chat_template([{"role": "user", "content": question}], tokenize=False,
                                                add_generation_prompt=True)
         prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]

@@ -13,7 +13,7 @@ import pytest
 from eval.run import SAMPLES_FILE, load_benchmark, run
 from eval.sample import Completion, make_sampler
 from eval.scoring import extract_answer, verify
-from eval.tiny_model import build_tiny_qwen3
+from pipeline.tiny_model import build_tiny_qwen3
 from pipeline.config import Config, ConfigError, compose
 from pipeline.manifest import StageInputError, read_manifest
 from pipeline.paths import data_dir, eval_dir

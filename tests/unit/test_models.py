@@ -1,0 +1,51 @@
+"""The shared tokenizer loader: eos is the chat template's end-of-turn token, a pad token always exists, and a
+tokenizer without a chat template is refused with its path; the tiny BPE tokenizer's fixed ids."""
+from __future__ import annotations
+
+import pytest
+from tokenizers import Tokenizer, models
+from transformers import PreTrainedTokenizerFast
+
+from pipeline.models import ChatTemplateError, end_of_turn_token, load_tokenizer
+from pipeline.tiny_model import CHATML_TEMPLATE, build_tiny_tokenizer
+
+
+def test_eos_becomes_the_end_of_turn_and_pad_is_kept(tmp_path):
+    build_tiny_tokenizer(eos_token="<|endoftext|>").save_pretrained(tmp_path)
+    tokenizer = load_tokenizer(tmp_path)
+    assert (tokenizer.eos_token, tokenizer.eos_token_id) == ("<|im_end|>", 2)
+    assert (tokenizer.pad_token, tokenizer.pad_token_id) == ("<|endoftext|>", 0)
+
+
+def test_missing_pad_becomes_the_end_of_turn(tmp_path):
+    core = Tokenizer(models.WordLevel({"<unk>": 0}, "<unk>"))
+    PreTrainedTokenizerFast(tokenizer_object=core, unk_token="<unk>", eos_token="<|endoftext|>",
+                            chat_template=CHATML_TEMPLATE,
+                            additional_special_tokens=["<|im_start|>", "<|im_end|>"]).save_pretrained(tmp_path)
+    tokenizer = load_tokenizer(tmp_path)
+    assert tokenizer.eos_token == tokenizer.pad_token == "<|im_end|>"
+
+
+def test_no_chat_template_names_the_path(tmp_path):
+    tokenizer = build_tiny_tokenizer()
+    tokenizer.chat_template = None
+    tokenizer.save_pretrained(tmp_path)
+    with pytest.raises(ChatTemplateError, match=f"tokenizer at {tmp_path} has no chat template"):
+        load_tokenizer(tmp_path)
+
+
+def test_template_without_a_closing_special_token_is_refused():
+    tokenizer = build_tiny_tokenizer()
+    tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }}\n{% endfor %}"
+    with pytest.raises(ChatTemplateError, match="no special token follows the assistant message"):
+        end_of_turn_token(tokenizer)
+
+
+def test_tiny_tokenizer_ids():
+    tokenizer = build_tiny_tokenizer(think_prompt=True)
+    assert tokenizer.convert_tokens_to_ids(["<|endoftext|>", "<|im_start|>", "<|im_end|>"]) == [0, 1, 2]
+    assert len(tokenizer("\n", add_special_tokens=False)["input_ids"]) == 1
+    assert tokenizer.convert_ids_to_tokens(tokenizer("144", add_special_tokens=False)["input_ids"]) == ["1", "4", "4"]
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True,
+                                           tokenize=False)
+    assert prompt == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n"
