@@ -12,10 +12,12 @@
 """
 from __future__ import annotations
 
+import typing
 from dataclasses import fields
 from pathlib import Path
+from typing import Any, Iterator
 
-from pipeline.config import Config
+from pipeline.config import Config, ConfigError
 from pipeline.config.sft import SFT_METHOD_SCHEMAS, SFTMethod
 from pipeline.manifest import cache_dir, config_hash, stage_dir
 
@@ -45,6 +47,69 @@ def method_label(method: SFTMethod) -> str:
         if value != getattr(defaults, f.name):
             parts.append(f"{f.name}{_format_value(value)}")
     return "_".join(parts)
+
+
+def parse_method_label(label: str) -> SFTMethod:
+    """Inverse of :func:`method_label`: ``eksft_rho0.1`` → ``EKSFTMethod(rho=0.1)``, ``eksft`` → the defaults.
+
+    Field names may contain underscores and prefix each other (``dynamic_lambda``, ``dynamic_lambda_factor``), so
+    every split into fields (in schema order) and typed values is tried; the first whose :func:`method_label` is
+    ``label`` again wins. Raises ``ValueError`` naming the label when none does (e.g. ``my_model``).
+    """
+    name, _, rest = label.partition("_")
+    if name not in SFT_METHOD_SCHEMAS:
+        raise ValueError(f"label {label!r} does not start with an SFT method name ({sorted(SFT_METHOD_SCHEMAS)})")
+    schema = SFT_METHOD_SCHEMAS[name]
+    types = typing.get_type_hints(schema)
+    names = [f.name for f in fields(schema) if f.name != "name"]
+    for values in _field_splits(rest, names, types):
+        method = schema(**values)
+        try:
+            method.validate()
+        except ConfigError:
+            continue
+        if method_label(method) == label:
+            return method
+    raise ValueError(f"label {label!r} is not a label of method {name} (fields {names})")
+
+
+def _field_splits(text: str, names: list[str], types: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """Every way to read ``text`` as ``<field><value>_<field><value>...`` with fields in the order of ``names``."""
+    if not text:
+        yield {}
+        return
+    for index, name in enumerate(names):
+        if not text.startswith(name):
+            continue
+        tail = text[len(name):]
+        for end in [*(i for i, ch in enumerate(tail) if ch == "_"), len(tail)]:
+            value = _typed_value(tail[:end], types[name])
+            if value is _NOT_A_VALUE:
+                continue
+            rest = tail[end + 1:] if end < len(tail) else ""
+            for values in _field_splits(rest, names[index + 1:], types):
+                yield {name: value, **values}
+
+
+_NOT_A_VALUE = object()
+
+
+def _typed_value(text: str, annotation: Any) -> Any:
+    """``text`` as written by :func:`_format_value` for a field of type ``annotation``, or ``_NOT_A_VALUE``."""
+    options = typing.get_args(annotation) if typing.get_origin(annotation) is typing.Union else (annotation,)
+    if type(None) in options and text == "None":
+        return None
+    for kind in options:
+        if kind is bool and text in ("True", "False"):
+            return text == "True"
+        if kind in (int, float):
+            try:
+                return kind(text)
+            except ValueError:
+                continue
+        if kind is str:
+            return text
+    return _NOT_A_VALUE
 
 
 def data_dir(cfg: Config) -> Path:
