@@ -5,8 +5,34 @@ from dataclasses import dataclass, field
 
 from pipeline.config.common import ConfigError, check_choice, check_range
 
+ANALYSES = ("drift", "iou", "case_study", "sweep")
+"""Analyses the report stage can add next to the tables and pass@k curves."""
 PAPER_ROW_LABELS = {"base": "Base", "sft": "SFT", "dft": "DFT", "iwsft": "IW-SFT", "psft": "PSFT",
                     "eksft": "EKSFT (Ours)"}
+
+
+@dataclass
+class AnalysisConfig:
+    """The report's analyses (``eval.report``): parameter drift, IoU(M_H, M_KL), token-probability case study, sweeps."""
+
+    run: list[str] = field(default_factory=lambda: list(ANALYSES))
+    """Analyses to produce, a subset of drift, iou, case_study, sweep (each is skipped with a note when its inputs are missing)."""
+    drift_threshold: float = 1e-3
+    """A weight counts as changed when |θ − θ₀| > drift_threshold · |θ₀| (the paper's fraction above the change threshold)."""
+    case_study_row: int = 0
+    """Row index of the tokenised SFT split (``data/<model>/sft_tokens.parquet``) whose response the case study scores."""
+    case_study_max_tokens: int = 64
+    """Score only the first N response tokens of that row."""
+    case_study_device: str = ""
+    """Device of the case-study forwards (cpu, cuda); empty = profile.device."""
+
+    def validate(self) -> None:
+        for name in self.run:
+            check_choice("eval.analysis.run[]", name, ANALYSES)
+        check_range("eval.analysis.drift_threshold", self.drift_threshold, 0.0)
+        check_range("eval.analysis.case_study_row", self.case_study_row, 0)
+        check_range("eval.analysis.case_study_max_tokens", self.case_study_max_tokens, 1)
+        check_choice("eval.analysis.case_study_device", self.case_study_device, ("", "cpu", "cuda"))
 
 
 @dataclass
@@ -53,6 +79,8 @@ class EvalConfig:
     """Column titles of the tables by benchmark name (missing: the name itself)."""
     row_labels: dict[str, str] = field(default_factory=lambda: dict(PAPER_ROW_LABELS))
     """Row titles of the tables by variant / method name (missing: the label itself)."""
+    analysis: AnalysisConfig = field(default_factory=AnalysisConfig)
+    """The report stage's analyses beyond Tables 1-2 and the pass@k curves."""
 
     def validate(self) -> None:
         check_choice("eval.phase", self.phase, ("sft", "rl"))
@@ -75,6 +103,7 @@ class EvalConfig:
         check_range("eval.gpu_memory_utilization", self.gpu_memory_utilization, 0.0, 1.0, low_open=True)
         check_range("eval.tensor_parallel_size", self.tensor_parallel_size, 1)
         check_range("eval.table_k", self.table_k, 1)
+        self.analysis.validate()
 
     def samples_for(self, benchmark: str) -> int:
         """Samples per problem on ``benchmark`` (``n_per_benchmark`` wins over ``n``)."""
