@@ -1,0 +1,110 @@
+"""The report stage's analyses on a constructed run tree: a tiny random Qwen3 as the toy base model, two "SFT
+exports" (the base with perturbed weights), an EKSFT metrics log, a tokenised SFT row and sweep evaluations."""
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from eval import report
+from pipeline.tiny_model import build_tiny_qwen3
+from pipeline.config import compose
+from pipeline.manifest import stage_run
+from pipeline.paths import base_model_path, data_dir, eval_dir, hf_export_dir, report_dir, sft_dir, toy_base_dir
+
+pytestmark = pytest.mark.integration
+
+
+def _complete(folder, stage):
+    with stage_run(folder, stage=stage, variant="test", config={"folder": str(folder)}, announce=lambda _: None):
+        pass
+
+
+def _export(base, folder, scale, seed):
+    """The base model with every weight moved by N(0, scale²)·|w| (a stand-in for an SFT run's output)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(base)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(torch.randn(parameter.shape, generator=generator) * scale * parameter.abs())
+    model.save_pretrained(folder)
+    AutoTokenizer.from_pretrained(base).save_pretrained(folder)
+
+
+def _build_tree(tmp_path):
+    cfg = compose([f"experiment.run_root={tmp_path}", "experiment.methods=[sft,eksft]", "logging.progress=false",
+                   "eval.analysis.case_study_max_tokens=12"])
+    base = build_tiny_qwen3(base_model_path(cfg), dtype="float32")
+    _complete(toy_base_dir(cfg), "base")
+    for label, scale in (("sft", 0.05), ("eksft", 0.005)):
+        _export(base, hf_export_dir(sft_dir(cfg, label)), scale, seed=len(label))
+        _complete(sft_dir(cfg, label), "sft")
+    log = [{"step": 1, "stats/iou": 0.0, "stats/num_T": 40, "stats/num_M_H": 8, "stats/num_M_KL": 0, "stats/num_M": 8},
+           {"step": 2, "stats/iou": 0.2, "stats/num_T": 40, "stats/num_M_H": 8, "stats/num_M_KL": 8, "stats/num_M": 12},
+           {"step": 3, "stats/iou": 0.6, "stats/num_T": 40, "stats/num_M_H": 8, "stats/num_M_KL": 8, "stats/num_M": 10}]
+    (sft_dir(cfg, "eksft") / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in log))
+    (sft_dir(cfg, "sft") / "metrics.jsonl").write_text(json.dumps({"step": 1, "loss": 1.0}) + "\n")
+
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(base)
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "Compute 3 + 4 * 5."}], tokenize=False,
+                                           add_generation_prompt=True)
+    prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    response_ids = tokenizer("4 * 5 = 20. 3 + 20 = 23. The answer is \\boxed{23}.<|im_end|>",
+                             add_special_tokens=False)["input_ids"]
+    tokens = data_dir(cfg) / "toy" / "sft_tokens.parquet"
+    tokens.parent.mkdir(parents=True)
+    pq.write_table(pa.table({"row_id": ["row-0"], "input_ids": [prompt_ids + response_ids],
+                             "labels": [[-100] * len(prompt_ids) + response_ids]}), tokens)
+
+    for variant, counts in (("base", [0, 2]), ("sft", [1, 4]), ("eksft", [2, 3]), ("eksft_rho0.1", [1, 3]),
+                            ("eksft_rho0.4", [0, 1])):
+        for bench in ("toy_add", "toy_mixed"):
+            folder = eval_dir(cfg, "sft", variant, bench)
+            folder.mkdir(parents=True)
+            (folder / "metrics.json").write_text(json.dumps({"n": 4, "correct_counts": {"p1": counts[0],
+                                                                                      "p2": counts[1]}}))
+    return cfg
+
+
+def test_report_renders_every_analysis(tmp_path):
+    cfg = _build_tree(tmp_path)
+    manifest = report.run(cfg)
+    out = report_dir(cfg)
+    text = (out / "report.md").read_text()
+    for relative in ("plots/drift_Toy-Qwen3-0.8M_sft_layers.png", "plots/drift_Toy-Qwen3-0.8M_sft_fraction.png",
+                     "plots/iou_Toy-Qwen3-0.8M.png", "plots/iou_Toy-Qwen3-0.8M_mask_fractions.png",
+                     "plots/case_study_Toy-Qwen3-0.8M.png", "case_study_Toy-Qwen3-0.8M.html",
+                     "plots/sweep_Toy-Qwen3-0.8M_sft_eksft_rho.png", "sweep_Toy-Qwen3-0.8M_sft_eksft_rho.md"):
+        assert f"({relative})" in text, relative
+        assert (out / relative).stat().st_size > 300, relative
+        assert relative in manifest.outputs
+    assert "Phase rl: skipped, no complete RL export" in text
+
+    drift = json.loads((out / "drift_Toy-Qwen3-0.8M_sft.json").read_text())["methods"]
+    # Weights moved by 5% vs 0.5% of their size: the SFT export drifts ~10x more, and nearly every weight of both
+    # moved by more than 0.1% of itself (|N(0,1)|·scale > 1e-3 fails only for |N| < 0.02 resp. 0.2).
+    assert drift["SFT"]["relative_change"] == pytest.approx(10 * drift["EKSFT (Ours)"]["relative_change"], rel=0.1)
+    assert drift["SFT"]["fraction_above_threshold"] > 0.95 > drift["EKSFT (Ours)"]["fraction_above_threshold"] > 0.8
+
+    # Step 1 (empty M_KL) is left out: min 0.2, avg 0.4, max 0.6 over steps 2-3; the plain SFT run has no IoU.
+    assert "| EKSFT (Ours) | 2 | 0.20 | 0.40 | 0.60 |" in (out / "iou_Toy-Qwen3-0.8M.md").read_text()
+    assert "| SFT |" not in (out / "iou_Toy-Qwen3-0.8M.md").read_text()
+
+    case = json.loads((out / "case_study_Toy-Qwen3-0.8M.json").read_text())
+    assert list(case["probabilities"]) == ["Base", "SFT", "EKSFT (Ours)"] and len(case["tokens"]) == 12
+    assert all(0 < p < 1 for values in case["probabilities"].values() for p in values)
+    assert "".join(case["tokens"]) == "4 * 5 = 20. 3 +"
+
+    # Sweep rows rho = 0.1, 0.2 (the default label eksft), 0.4; Avg pass@1 = mean of (c1 + c2) / 8 over benchmarks.
+    sweep = (out / "sweep_Toy-Qwen3-0.8M_sft_eksft_rho.md").read_text()
+    assert sweep.splitlines()[0].startswith("| rho | Toy-Add pass@1 | Toy-Add pass@4 |")
+    assert [line.split(" | ")[0] for line in sweep.splitlines()[3:]] == ["| 0.1", "| 0.2", "| 0.4"]
+    assert "| 0.4 | 12.5 | <u>50.0</u> | 12.5 |" in sweep
+    assert report.run(cfg).started_at == manifest.started_at  # unchanged inputs: skipped
