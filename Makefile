@@ -58,8 +58,11 @@ smollm2: env-cpu
 	$(PY) -m sft.train $(SMOLLM2) $(ARGS)
 	$(PY) -m eval.run $(SMOLLM2) $(ARGS)
 
+## Benchmarks (ratios measured in one run): EKSFT/SFT step time, loss-head memory dense/chunked, vLLM/HF tokens/s.
 bench: env-cpu
-	$(PY) -m bench.run_all $(ARGS)
+	$(PY) -m bench.sft_step_time $(ARGS)
+	$(PY) -m bench.loss_head_memory $(ARGS)
+	$(PY) -m bench.vllm_vs_hf $(ARGS)
 
 clean-demo:
 	rm -rf runs/demo
