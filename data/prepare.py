@@ -22,8 +22,6 @@ from collections import Counter
 from dataclasses import asdict
 from pathlib import Path
 
-import hydra
-from omegaconf import DictConfig
 
 from data import benchmarks as bench
 from data.formatting import verl_row
@@ -31,7 +29,7 @@ from data.loading import LoadedRows, load_rows
 from data.schema import problem_key, problem_text, system_prompt
 from data.split import ids_digest, split_rows
 from data.toy import world
-from pipeline.config import CONF_DIR, Config, ConfigError, to_config
+from pipeline.config import Config, ConfigError, stage_main
 from pipeline.manifest import Manifest, read_manifest, sha256_path, sha256_text, stage_run
 from pipeline.paths import data_dir
 from pipeline.seeding import derive_seed
@@ -169,9 +167,7 @@ def run(cfg: Config) -> Manifest:
     return stage.manifest
 
 
-@hydra.main(config_path=str(CONF_DIR), config_name="config", version_base=None)
-def main(cfg: DictConfig) -> None:
-    run(to_config(cfg))
+main = stage_main(run)
 
 
 if __name__ == "__main__":

@@ -12,11 +12,9 @@ from __future__ import annotations
 from dataclasses import asdict
 from pathlib import Path
 
-import hydra
-from omegaconf import DictConfig
 
 from data.formatting import PromptTooLongError, build_sft_example
-from pipeline.config import CONF_DIR, Config, to_config
+from pipeline.config import Config, stage_main
 from pipeline.manifest import Manifest, read_manifest, require_complete, stage_run
 from pipeline.models import load_tokenizer
 from pipeline.paths import base_model_path, data_dir, toy_base_dir
@@ -102,9 +100,7 @@ def run(cfg: Config) -> Manifest:
     return stage.manifest
 
 
-@hydra.main(config_path=str(CONF_DIR), config_name="config", version_base=None)
-def main(cfg: DictConfig) -> None:
-    run(to_config(cfg))
+main = stage_main(run)
 
 
 if __name__ == "__main__":

@@ -13,13 +13,11 @@ import itertools
 from dataclasses import asdict
 from pathlib import Path
 
-import hydra
-from omegaconf import DictConfig
 
 from data.toy import pretrain
 from data.toy.tokenizer import END_OF_TURN, train_tokenizer
 from data.toy.world import DocumentMix, benchmark_problems, documents
-from pipeline.config import CONF_DIR, Config, ConfigError, to_config
+from pipeline.config import Config, ConfigError, stage_main
 from pipeline.manifest import Manifest, read_manifest, stage_run
 from pipeline.paths import toy_base_dir
 from pipeline.seeding import derive_seed, seed_everything
@@ -98,9 +96,7 @@ def run(cfg: Config) -> Manifest:
     return stage.manifest
 
 
-@hydra.main(config_path=str(CONF_DIR), config_name="config", version_base=None)
-def main(cfg: DictConfig) -> None:
-    run(to_config(cfg))
+main = stage_main(run)
 
 
 if __name__ == "__main__":

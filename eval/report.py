@@ -24,8 +24,6 @@ import os
 from dataclasses import asdict, replace
 from pathlib import Path
 
-import hydra
-from omegaconf import DictConfig
 
 from eval.analyses.case_study import read_case_study_row, token_probabilities, token_texts, write_case_study
 from eval.analyses.drift import compare_checkpoints, fraction_above, plot_drift, write_drift
@@ -45,7 +43,7 @@ from eval.tables import (
     to_latex,
     to_markdown,
 )
-from pipeline.config import CONF_DIR, Config, compose, to_config
+from pipeline.config import Config, compose, stage_main
 from pipeline.manifest import Manifest, StageInputError, read_manifest, stage_run
 from pipeline.models import local_model_dir
 from pipeline.paths import (
@@ -408,9 +406,7 @@ def _slug(text: str) -> str:
     return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in text)
 
 
-@hydra.main(config_path=str(CONF_DIR), config_name="config", version_base=None)
-def main(cfg: DictConfig) -> None:
-    run(to_config(cfg))
+main = stage_main(run)
 
 
 if __name__ == "__main__":

@@ -22,13 +22,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-import hydra
-from omegaconf import DictConfig
 
 from eval.metrics import benchmark_metrics
 from eval.sample import Sampler, configure_vllm_cpu_environment, make_sampler, render_prompt, response_prefix
 from eval.scoring import MAX_WORKERS, extract_answer, verify
-from pipeline.config import CONF_DIR, Config, ConfigError, to_config
+from pipeline.config import Config, ConfigError, stage_main
 from pipeline.manifest import (
     Manifest,
     StageInputError,
@@ -297,9 +295,7 @@ def run(cfg: Config, sampler_factory: Callable[..., Sampler] = make_sampler) -> 
     return summary
 
 
-@hydra.main(config_path=str(CONF_DIR), config_name="config", version_base=None)
-def main(cfg: DictConfig) -> None:
-    run(to_config(cfg))
+main = stage_main(run)
 
 
 if __name__ == "__main__":

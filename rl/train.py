@@ -22,10 +22,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-import hydra
-from omegaconf import DictConfig
 
-from pipeline.config import CONF_DIR, Config, to_config
+from pipeline.config import Config, stage_main
 from pipeline.manifest import Manifest, read_manifest, require_complete, stage_run
 from pipeline.paths import BASE_VARIANT, data_dir, hf_export_dir, rl_dir, sft_dir, toy_base_dir
 from pipeline.seeding import derive_seed
@@ -297,9 +295,7 @@ def run(cfg: Config) -> Manifest:
     return read_manifest(stage)
 
 
-@hydra.main(config_path=str(CONF_DIR), config_name="config", version_base=None)
-def main(cfg: DictConfig) -> None:
-    run(to_config(cfg))
+main = stage_main(run)
 
 
 if __name__ == "__main__":

@@ -18,13 +18,11 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Callable
 
-import hydra
 import torch
 import torch.distributed as dist
-from omegaconf import DictConfig
 from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 
-from pipeline.config import CONF_DIR, Config, to_config
+from pipeline.config import Config, stage_main
 from pipeline.manifest import Manifest, read_manifest, require_complete, stage_run
 from pipeline.models import load_causal_lm, load_tokenizer, local_model_dir
 from pipeline.paths import base_model_path, data_dir, hf_export_dir, method_label, sft_dir, toy_base_dir
@@ -207,9 +205,7 @@ def _run(cfg: Config, env: DistEnv) -> Manifest:
     return read_manifest(out_dir)
 
 
-@hydra.main(config_path=str(CONF_DIR), config_name="config", version_base=None)
-def main(cfg: DictConfig) -> None:
-    run(to_config(cfg))
+main = stage_main(run)
 
 
 if __name__ == "__main__":

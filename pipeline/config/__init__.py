@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
+import hydra
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
@@ -49,6 +50,7 @@ __all__ = [
     "check_choice",
     "check_range",
     "compose",
+    "stage_main",
     "to_config",
 ]
 
@@ -123,6 +125,17 @@ def to_config(cfg: DictConfig) -> Config:
         raise ConfigError(f"the composed config is not a Config (got {type(obj).__name__}); "
                           "is 'base_config' first in conf/config.yaml's defaults?")
     return obj.validate()
+
+
+def stage_main(run: Callable[[Config], Any]) -> Callable[[], None]:
+    """A stage's command-line entry point: Hydra composes ``conf/config.yaml`` with the arguments, then
+    ``run(to_config(cfg))``. Use as ``main = stage_main(run)`` in the stage module."""
+
+    @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base=None)
+    def main(cfg: DictConfig) -> None:
+        run(to_config(cfg))
+
+    return main
 
 
 def compose(overrides: list[str] | tuple[str, ...] = ()) -> Config:
