@@ -221,7 +221,7 @@ class SFTConfig:
     global_token_mean: each micro-batch loss weighted by its share of the step's supervised tokens over all ranks
     (counted before the forward; for token-mean losses this is Σ token losses ÷ tokens of the whole step);
     micro_batch_sum: like micro_batch_mean without ÷grad_accum (the official code's HF quirk)."""
-    chunk_size: int = 1024
+    chunk_size: int = 256
     """Tokens per chunk of the loss head (only module that builds [tokens × vocab] tensors)."""
     mixed_precision: str = "bf16"
     """bf16 (autocast on CPU, FSDP2 MixedPrecisionPolicy on GPU) or fp32."""
