@@ -112,6 +112,8 @@ class ModelConfig:
             raise ConfigError(f"model.path must be set for model.source={self.source}")
         if self.source == "gguf" and not self.gguf_file:
             raise ConfigError("model.gguf_file must be set for model.source=gguf")
+        if self.source != "gguf" and self.gguf_file:
+            raise ConfigError(f"model.gguf_file is only read for model.source=gguf; got model.source={self.source}")
         check_choice("model.dtype", self.dtype, ("bfloat16", "float32"))
         check_choice("model.attn_implementation", self.attn_implementation,
                      ("sdpa", "eager", "flash_attention_2"))
