@@ -130,6 +130,11 @@ class RLConfig:
         check_range("rl.overlong_penalty_factor", self.overlong_penalty_factor, 0.0)
         check_choice("rl.reward_style", self.reward_style, tuple(REWARD_STYLES))
         check_range("rl.micro_batch_size_per_gpu", self.micro_batch_size_per_gpu, 1)
+        if not self.use_dynamic_bsz and (self.ppo_mini_batch_size * self.rollout_n) % self.micro_batch_size_per_gpu:
+            # verl asserts this deep inside its first log-prob pass, after Ray and vLLM have started.
+            raise ConfigError(f"rl.micro_batch_size_per_gpu ({self.micro_batch_size_per_gpu}) must divide "
+                              f"rl.ppo_mini_batch_size x rl.rollout_n ({self.ppo_mini_batch_size} x {self.rollout_n}) "
+                              "when rl.use_dynamic_bsz is false")
         check_range("rl.rollout_tensor_parallel", self.rollout_tensor_parallel, 1)
         check_range("rl.gpu_memory_utilization", self.gpu_memory_utilization, 0.0, 1.0, low_open=True)
         check_range("rl.save_freq", self.save_freq, 1)

@@ -45,6 +45,7 @@ def test_command_line_choice_beats_profile_default():
     ("sft.loss_norm=per_token", "sft.loss_norm"),
     ("eval.n=0", "eval.n"),
     ("model.gguf_file=x.gguf", "model.gguf_file"),
+    ("rl.rollout_n=3", "rl.micro_batch_size_per_gpu"),
 ])
 def test_invalid_value_names_the_key(override, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
