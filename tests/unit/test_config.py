@@ -46,6 +46,14 @@ def test_command_line_choice_beats_profile_default():
     ("eval.n=0", "eval.n"),
     ("model.gguf_file=x.gguf", "model.gguf_file"),
     ("rl.rollout_n=3", "rl.micro_batch_size_per_gpu"),
+    ("data.num_sft_rows=0", "data.num_sft_rows"),
+    ("data.strip_leading_think=sometimes", "data.strip_leading_think"),
+    ("data.invalid_rows=ignore", "data.invalid_rows"),
+    ("data.num_rl_val_rows=-1", "data.num_rl_val_rows"),
+    ("toy.slip_rates.chain=1.5", "toy.slip_rates.chain"),
+    ("+toy.chat_style_weights.guess=0.1", "toy.chat_style_weights"),
+    ("toy.num_kv_heads=3", "toy.num_kv_heads"),
+    ("toy.pretrain_seq_len=4096", "toy.pretrain_seq_len"),
 ])
 def test_invalid_value_names_the_key(override, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
