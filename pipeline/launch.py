@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -18,6 +19,8 @@ from pipeline.manifest import config_hash, manifest_path, read_manifest, sha256_
 from pipeline.stages import StageCommand
 
 LAUNCH_RECORD = "launch.json"
+_running: set[subprocess.Popen] = set()
+_running_lock = threading.Lock()
 
 
 class StageFailed(RuntimeError):
@@ -58,8 +61,28 @@ def stage_environment(device: str) -> dict[str, str]:
     return env
 
 
-def run_command(command: StageCommand) -> float:
-    """Runs the command (output streamed and kept in ``launch.log``); returns its wall time in seconds."""
+def stop(process: subprocess.Popen) -> None:
+    """Interrupts a stage's whole process group (SIGINT, so it can record its state), then kills it after 30 s."""
+    try:
+        os.killpg(process.pid, signal.SIGINT)
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def stop_all() -> None:
+    """Stops every stage command still running (the orchestrator's Ctrl-C with commands in flight)."""
+    with _running_lock:
+        processes = list(_running)
+    for process in processes:
+        stop(process)
+
+
+def run_command(command: StageCommand, *, echo: bool = True) -> float:
+    """Runs the command with its output kept in ``launch.log`` (and streamed to stdout with ``echo``); returns
+    its wall time in seconds."""
     command.record_dir.mkdir(parents=True, exist_ok=True)
     log_path = command.record_dir / "launch.log"
     started = time.time()
@@ -69,19 +92,22 @@ def run_command(command: StageCommand) -> float:
         log.flush()
         process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                    env=stage_environment(command.config.profile.device), start_new_session=True)
+        with _running_lock:
+            _running.add(process)
         try:
             assert process.stdout is not None
             for line in process.stdout:
-                sys.stdout.write(line)
+                if echo:
+                    sys.stdout.write(line)
                 log.write(line)
+                log.flush()  # the orchestrator's status line reads the log while the command runs
             returncode = process.wait()
         except KeyboardInterrupt:
-            os.killpg(process.pid, signal.SIGINT)
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
+            stop(process)
             raise
+        finally:
+            with _running_lock:
+                _running.discard(process)
     if returncode != 0:
         reasons = [f"{d}: {m.error}" for d in command.manifest_dirs
                    if (m := read_manifest(d)) is not None and m.error]

@@ -11,15 +11,19 @@ from __future__ import annotations
 import json
 import sys
 import time
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from pipeline.config import CONF_DIR, Config, ConfigError, to_config
-from pipeline.launch import StageFailed, is_done, run_command
+from pipeline.launch import StageFailed, is_done, run_command, stop_all
 from pipeline.stages import StageCommand, build_plan
 
+STATUS_EVERY_S = 60
+"""Seconds between status lines while commands run side by side (their own output goes to their logs)."""
 PLAN_OWNED_KEYS = {"model": "profile.models=[...]", "sft/method": "experiment.methods=[...]",
                    "eval.phase": None, "eval.variant": None, "rl.init": None}
 """Keys the plan sets per stage; a user override of one would be ambiguous."""
@@ -68,20 +72,112 @@ def run(cfg: Config, overrides: list[str]) -> list[StageCommand]:
         print("dry run: nothing was started")
         return plan
     started = time.time()
-    for index, command in enumerate(plan, 1):
-        prefix = f"[{index}/{len(plan)}] {command.name}"
-        if is_done(command):
-            print(f"{prefix}: done (manifests unchanged), skipping")
-            continue
-        print(f"{prefix}: starting")
-        try:
-            seconds = run_command(command)
-        except StageFailed as failure:
-            print(f"{prefix}: FAILED: {failure}", file=sys.stderr)
-            raise SystemExit(1) from failure
-        print(f"{prefix}: finished in {seconds:.0f} s")
+    failure = execute(plan, cfg.experiment.parallel)
+    if failure is not None:
+        print(f"FAILED: {failure}", file=sys.stderr)
+        raise SystemExit(1) from failure
     print(f"experiment {cfg.experiment.name} complete in {time.time() - started:.0f} s")
     return plan
+
+
+def critical_path_lengths(plan: list[StageCommand]) -> dict[str, int]:
+    """Per command, the number of commands on the longest chain that starts with it (itself included)."""
+    dependents: dict[str, list[str]] = {command.name: [] for command in plan}
+    for command in plan:
+        for need in command.needs:
+            dependents[need].append(command.name)
+    lengths: dict[str, int] = {}
+    for command in reversed(plan):  # needs always point backwards in the plan
+        lengths[command.name] = 1 + max((lengths[d] for d in dependents[command.name]), default=0)
+    return lengths
+
+
+def last_progress_line(log_path: Path, limit: int = 90) -> str:
+    """The last non-empty line of a stage log, as a terminal would show it (a tqdm bar redraws after ``\\r``)."""
+    try:
+        with open(log_path, "rb") as log:
+            log.seek(max(0, log_path.stat().st_size - 4096))
+            tail = log.read().decode("utf-8", errors="replace")
+    except FileNotFoundError:
+        return ""
+    lines = [line.strip() for line in tail.replace("\r", "\n").split("\n") if line.strip()]
+    return lines[-1][:limit] if lines else ""
+
+
+def status_line(running: list[StageCommand], finished: int, total: int, elapsed_s: float) -> str:
+    """What a parallel run is doing: commands finished, and the latest progress line of each running one."""
+    parts = [f"{c.name}: {last_progress_line(c.record_dir / 'launch.log')}" for c in running]
+    return f"[{finished}/{total} done, {elapsed_s / 60:.1f} min] " + " | ".join(parts)
+
+
+def execute(plan: list[StageCommand], parallel: int) -> StageFailed | None:
+    """Runs the plan with up to ``parallel`` commands at a time; returns the first failure (None on success).
+
+    A command starts once every command it needs has succeeded. With one slot the plan runs in its own order
+    (Table 1 before RL); with more, the ready command heading the longest chain of dependents goes first
+    (list scheduling), so the RL chain starts as soon as its inputs exist and evaluations fill the gaps. After
+    a failure nothing new starts; commands already running finish, so their work is kept.
+    """
+    order = {command.name: index for index, command in enumerate(plan)}
+    chain = critical_path_lengths(plan)
+    priority = (lambda c: order[c.name]) if parallel == 1 else (lambda c: (-chain[c.name], order[c.name]))
+    pending = sorted(plan, key=priority)
+    started = time.time()
+    succeeded: set[str] = set()
+    failure: StageFailed | None = None
+    total = len(plan)
+
+    def label(command: StageCommand) -> str:
+        return f"[{order[command.name] + 1}/{total}] {command.name}"
+
+    with ThreadPoolExecutor(max_workers=parallel) as pool:
+        running: dict[Future, StageCommand] = {}
+
+        def start_ready() -> None:
+            """Starts (or skips, when done) ready commands in priority order while slots are free."""
+            progressed = True
+            while progressed and failure is None:
+                progressed = False
+                for command in pending:
+                    if len(running) >= parallel:
+                        return
+                    if all(need in succeeded for need in command.needs):
+                        pending.remove(command)
+                        progressed = True
+                        if is_done(command):
+                            print(f"{label(command)}: done (manifests unchanged), skipping")
+                            succeeded.add(command.name)
+                        else:
+                            log = "" if parallel == 1 else f" (log: {command.record_dir / 'launch.log'})"
+                            print(f"{label(command)}: starting{log}", flush=True)
+                            running[pool.submit(run_command, command, echo=parallel == 1)] = command
+                        break
+
+        try:
+            start_ready()
+            while running:
+                finished, _ = wait(running, timeout=STATUS_EVERY_S if parallel > 1 else None,
+                                   return_when=FIRST_COMPLETED)
+                if not finished:
+                    print(status_line(list(running.values()), len(succeeded), total, time.time() - started),
+                          flush=True)
+                for future in finished:
+                    command = running.pop(future)
+                    try:
+                        seconds = future.result()
+                    except StageFailed as error:
+                        print(f"{label(command)}: FAILED", file=sys.stderr, flush=True)
+                        failure = failure or error
+                        continue
+                    succeeded.add(command.name)
+                    print(f"{label(command)}: finished in {seconds:.0f} s", flush=True)
+                start_ready()
+        except KeyboardInterrupt:
+            stop_all()
+            raise
+    if failure is None and pending:
+        raise RuntimeError(f"commands whose needs never finished: {[c.name for c in pending]}")
+    return failure
 
 
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base=None)

@@ -49,6 +49,8 @@ class StageCommand:
     """The config the command composes (for display and for the skip check)."""
     settings: dict[str, object] = field(default_factory=dict)
     """The resolved settings worth showing in a dry run."""
+    needs: list[str] = field(default_factory=list)
+    """Names of the plan's commands whose outputs this one reads; it starts only after they succeed."""
 
     @property
     def record_dir(self) -> Path:
@@ -92,7 +94,11 @@ def _rl_settings(cfg: Config, variant: str) -> dict[str, object]:
 
 
 def build_plan(cfg: Config, overrides: list[str]) -> list[StageCommand]:
-    """Expands ``cfg.experiment`` into the ordered list of stage commands (user ``overrides`` go to every stage)."""
+    """Expands ``cfg.experiment`` into the ordered list of stage commands (user ``overrides`` go to every stage).
+
+    Each command's ``needs`` names the commands in this plan that produce its inputs; a producer left out of
+    ``experiment.stages`` is not waited for (the stage itself checks that its inputs are complete).
+    """
     stages = set(cfg.experiment.stages)
     plan: list[StageCommand] = []
     if "data" in stages:
@@ -102,12 +108,14 @@ def build_plan(cfg: Config, overrides: list[str]) -> list[StageCommand]:
     for model in cfg.profile.models:
         model_overrides = [*overrides, f"model={model}"]
         mcfg = compose(model_overrides)
+        base_model = [f"base/{model}"] if mcfg.model.source == "toy" else []
         if "base" in stages:
-            if mcfg.model.source == "toy":
+            if base_model:
                 plan.append(StageCommand("base", f"base/{model}", _python_module("data.toy_base", model_overrides),
                                          [toy_base_dir(mcfg)], mcfg, {"toy": vars(mcfg.toy)}))
             plan.append(StageCommand("base", f"tokenize/{model}", _python_module("data.tokenize_sft", model_overrides),
-                                     [data_dir(mcfg) / model], mcfg, {"max_length": mcfg.data.max_length}))
+                                     [data_dir(mcfg) / model], mcfg, {"max_length": mcfg.data.max_length},
+                                     needs=["data", *base_model]))
         labels = []
         for method in cfg.experiment.methods:
             method_overrides = [*model_overrides, f"sft/method={method}"]
@@ -117,31 +125,37 @@ def build_plan(cfg: Config, overrides: list[str]) -> list[StageCommand]:
             if "sft" in stages:
                 argv = [*torchrun_prefix(scfg), "-m", "sft.train", *method_overrides]
                 plan.append(StageCommand("sft", f"sft/{model}/{label}", argv, [sft_dir(scfg)], scfg,
-                                         _sft_settings(scfg)))
+                                         _sft_settings(scfg), needs=[f"tokenize/{model}"]))
         variants = [BASE_VARIANT, *labels]
-        for phase, stage in (("sft", "eval_sft"), ("rl", "eval_rl")):
-            if stage == "eval_rl" and "rl" in stages:
-                continue  # scheduled right after each variant's RL run below
-            if stage not in stages:
-                continue
-            plan.extend(_eval_commands(mcfg, model_overrides, phase, variants))
-        if "rl" in stages:
-            for variant in variants:
+        start_model = {variant: ["data", *base_model] if variant == BASE_VARIANT else [f"sft/{model}/{variant}"]
+                       for variant in variants}
+        if "eval_sft" in stages:
+            plan.extend(_eval_commands(mcfg, model_overrides, "sft", variants, start_model))
+        for variant in variants:
+            if "rl" in stages:
                 rl_overrides = [*model_overrides, f"rl.init={variant}"]
                 plan.append(StageCommand("rl", f"rl/{model}/{variant}", _python_module("rl.train", rl_overrides),
-                                         [rl_dir(mcfg, variant)], mcfg, _rl_settings(mcfg, variant)))
-                if "eval_rl" in stages:
-                    plan.extend(_eval_commands(mcfg, model_overrides, "rl", [variant]))
+                                         [rl_dir(mcfg, variant)], mcfg, _rl_settings(mcfg, variant),
+                                         needs=start_model[variant]))
+            if "eval_rl" in stages:
+                plan.extend(_eval_commands(mcfg, model_overrides, "rl", [variant],
+                                           {variant: ["data", f"rl/{model}/{variant}"]}))
     if "report" in stages:
-        plan.append(StageCommand("report", "report", _python_module("eval.report", overrides), [report_dir(cfg)], cfg))
+        plan.append(StageCommand("report", "report", _python_module("eval.report", overrides), [report_dir(cfg)], cfg,
+                                 needs=[command.name for command in plan]))
+    names = {command.name for command in plan}
+    for command in plan:
+        command.needs = [need for need in command.needs if need in names]
     return plan
 
 
-def _eval_commands(cfg: Config, overrides: list[str], phase: str, variants: list[str]) -> list[StageCommand]:
+def _eval_commands(cfg: Config, overrides: list[str], phase: str, variants: list[str],
+                   needs: dict[str, list[str]]) -> list[StageCommand]:
     commands = []
     for variant in variants:
         argv = _python_module("eval.run", [*overrides, f"eval.phase={phase}", f"eval.variant={variant}"])
         dirs = [eval_dir(cfg, phase, variant, bench) for bench in cfg.data.benchmarks]
         commands.append(StageCommand(f"eval_{phase}", f"eval/{cfg.model.name}/{phase}/{variant}", argv, dirs, cfg,
-                                     {**_eval_settings(cfg), "benchmarks": list(cfg.data.benchmarks)}))
+                                     {**_eval_settings(cfg), "benchmarks": list(cfg.data.benchmarks)},
+                                     needs=needs[variant]))
     return commands

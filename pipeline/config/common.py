@@ -48,10 +48,14 @@ class ExperimentConfig:
     """SFT methods (``conf/sft/method/*.yaml`` names) trained, evaluated and handed to RL."""
     run_root: str = "runs"
     """Folder holding every run directory (``<run_root>/<experiment>/<stage>/<variant>``)."""
+    parallel: int = 1
+    """Stage commands run at the same time. On a 2-core CPU machine 2 overlaps vLLM's one-thread sampling and
+    verl's start-up with training; on GPUs keep 1 (every stage uses all of a node's GPUs)."""
 
     def validate(self) -> None:
         if not self.name or "/" in self.name:
             raise ConfigError(f"experiment.name must be a non-empty folder name; got {self.name!r}")
+        check_range("experiment.parallel", self.parallel, 1)
         for stage in self.stages:
             check_choice("experiment.stages[]", stage, STAGES)
         if not self.methods:

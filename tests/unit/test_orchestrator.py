@@ -1,13 +1,14 @@
 """The orchestrator: the plan an experiment expands to, skipping finished commands, stopping on failure."""
 from __future__ import annotations
 
+import json
 import sys
 
 import pytest
 
 from pipeline.config import ConfigError, compose
 from pipeline.launch import StageFailed, is_done, run_command
-from pipeline.run import stage_overrides
+from pipeline.run import critical_path_lengths, execute, stage_overrides, status_line
 from pipeline.stages import StageCommand, build_plan
 
 
@@ -45,11 +46,60 @@ def test_overrides_the_plan_owns_are_refused_with_a_hint():
     assert stage_overrides(["dry_run=true", "sft.lr=1e-4", "hydra.verbose=true"]) == ["sft.lr=1e-4"]
 
 
-def _fake_stage(tmp_path, body: str) -> StageCommand:
-    script = ("import sys; from pipeline.manifest import stage_run\n"
-              f"with stage_run(r'{tmp_path / 'stage'}', stage='x', variant='v', config={{}}) as run:\n"
+def _fake_stage(tmp_path, body: str, name: str = "stage", needs: tuple[str, ...] = ()) -> StageCommand:
+    script = ("import sys, time; from pipeline.manifest import stage_run\n"
+              f"with stage_run(r'{tmp_path / name}', stage='x', variant='{name}', config={{}}) as run:\n"
               f"    {body}\n")
-    return StageCommand("x", "x/v", [sys.executable, "-c", script], [tmp_path / "stage"], compose([]))
+    return StageCommand("x", name, [sys.executable, "-c", script], [tmp_path / name], compose([]), needs=list(needs))
+
+
+def _timed_stage(tmp_path, name: str, seconds: float, needs: tuple[str, ...] = ()) -> StageCommand:
+    """A stage that sleeps and records when it ran in ``<name>.json``."""
+    body = (f"start = time.time(); time.sleep({seconds}); "
+            f"open(r'{tmp_path / name}.json', 'w').write(repr([start, time.time()]))")
+    return _fake_stage(tmp_path, body, name, needs)
+
+
+def _span(tmp_path, name: str) -> tuple[float, float]:
+    return tuple(json.loads((tmp_path / f"{name}.json").read_text()))
+
+
+def test_plan_needs_point_at_the_producers():
+    cfg = compose(["experiment=demo"])
+    plan = {c.name: c for c in build_plan(cfg, [])}
+    assert plan["tokenize/toy"].needs == ["data", "base/toy"]
+    assert plan["rl/toy/eksft"].needs == ["sft/toy/eksft"]
+    assert plan["rl/toy/base"].needs == ["data", "base/toy"]
+    assert plan["eval/toy/rl/dft"].needs == ["data", "rl/toy/dft"]
+    assert set(plan["report"].needs) == set(plan) - {"report"}
+    only_eval = {c.name: c for c in build_plan(compose(["experiment=demo", "experiment.stages=[eval_sft]"]), [])}
+    assert all(c.needs == [] for c in only_eval.values())  # producers outside the plan are not waited for
+
+
+def test_longest_chain_goes_first():
+    cfg = compose(["experiment=demo"])
+    chain = critical_path_lengths(build_plan(cfg, []))
+    assert chain["sft/toy/sft"] > chain["rl/toy/base"] > chain["eval/toy/sft/base"]
+    assert chain["report"] == 1 and chain["base/toy"] > chain["tokenize/toy"]
+
+
+def test_parallel_slots_overlap_independent_commands_and_wait_for_needs(tmp_path):
+    first = _timed_stage(tmp_path, "first", 1.0)
+    second = _timed_stage(tmp_path, "second", 1.0)
+    after_first = _timed_stage(tmp_path, "after_first", 0.1, needs=("first",))
+    assert execute([first, second, after_first], parallel=2) is None
+    assert _span(tmp_path, "first")[0] < _span(tmp_path, "second")[1]  # ran at the same time
+    assert _span(tmp_path, "after_first")[0] >= _span(tmp_path, "first")[1]
+    assert all(is_done(c) for c in (first, second, after_first))
+
+
+def test_failure_lets_running_commands_finish_and_starts_nothing_new(tmp_path):
+    failing = _fake_stage(tmp_path, "raise ValueError('bad row 7')", "failing")
+    slow = _timed_stage(tmp_path, "slow", 1.0)
+    later = _timed_stage(tmp_path, "later", 0.1, needs=("slow",))
+    failure = execute([failing, slow, later], parallel=2)
+    assert isinstance(failure, StageFailed) and "bad row 7" in str(failure)
+    assert is_done(slow) and not (tmp_path / "later.json").exists()
 
 
 def test_finished_command_is_skipped_until_its_manifest_changes(tmp_path):
@@ -72,3 +122,12 @@ def test_failed_stage_reports_its_reason(tmp_path):
 def test_sweep_preset_stays_with_the_orchestrator():
     kept = stage_overrides(["+sweep=eksft_rho", "sft.method.rho=0.3"], methods=["eksft"])
     assert kept == ["experiment.methods=[eksft]", "sft.method.rho=0.3"]
+
+
+def test_status_shows_the_latest_progress_bar_of_each_running_command(tmp_path):
+    command = _fake_stage(tmp_path, "pass", "rl")
+    command.record_dir.mkdir(parents=True)
+    (command.record_dir / "launch.log").write_text("$ python -m rl.train\nrl/sft:  12%| 1/8 [00:40<04:40]\r"
+                                                    "rl/sft:  25%| 2/8 [00:52<02:36]\r")
+    line = status_line([command], finished=3, total=27, elapsed_s=600)
+    assert line == "[3/27 done, 10.0 min] rl: rl/sft:  25%| 2/8 [00:52<02:36]"
