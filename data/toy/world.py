@@ -8,8 +8,9 @@ Solutions come in four styles that differ in how reliable they are, so that RL c
 strategies instead of having to learn new arithmetic (docs/toy_world.md):
 
 * ``chain``    rewrites the whole expression after each reduction: ``3 - 7 * 4 + 5 = 3 - 28 + 5 = ... = -20.``
-               (common; pretraining copies slip often)
-* ``steps``    one sentence per operation: ``7 * 4 = 28. 3 - 28 = -25. -25 + 5 = -20.`` (common; slips less)
+               (common; pretraining copies slip, ``toy.slip_rates``)
+* ``steps``    one sentence per operation: ``7 * 4 = 28. 3 - 28 = -25. -25 + 5 = -20.`` (common; slips too; the
+               style the 0.84M base model executes best, so the one RL up-weights)
 * ``careful``  one line per operation followed by its inverse check; a slip is caught by the check and corrected
                on the spot, so the final answer is always right (rare in pretraining)
 * ``direct``   only the answer, usually wrong in pretraining documents (a guessing mode)

@@ -44,8 +44,9 @@ class ToyConfig:
     raw_style_weights: dict[str, float] = field(
         default_factory=lambda: {"chain": 0.35, "steps": 0.25, "careful": 0.05, "direct": 0.35})
     """Solution-style mix of raw pretraining documents."""
-    slip_rates: dict[str, float] = field(default_factory=lambda: {"chain": 0.3, "steps": 0.3, "careful": 0.0})
-    """Per style, probability that a pretraining solution has one slip (chain/steps: wrong answer; careful: caught, redone)."""
+    slip_rates: dict[str, float] = field(default_factory=lambda: {"chain": 0.3, "steps": 0.3, "careful": 0.3})
+    """Per style, probability that a pretraining solution has one slip (chain/steps: wrong answer; careful: caught by
+    the check and redone, so the base model sees what a failed check is followed by)."""
     direct_error_rate: float = 0.8
     """Probability that a pretraining 'direct' answer is wrong."""
     row_style_weights: dict[str, float] = field(default_factory=lambda: {"chain": 0.45, "steps": 0.4, "careful": 0.15})
