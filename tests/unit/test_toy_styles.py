@@ -1,0 +1,44 @@
+"""scripts/toy_styles.py: the style mix of toy-world evaluations."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from data.toy.world import Problem, Term, solve
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "toy_styles.py"
+spec = importlib.util.spec_from_file_location("toy_styles", SCRIPT)
+toy_styles = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(toy_styles)
+
+PROBLEM = Problem((Term("number", (10,)), Term("product", (7, 4))), ("-",))
+
+
+def _write_samples(path: Path, samples: list[tuple[str, int]]) -> None:
+    path.mkdir(parents=True)
+    with open(path / "samples.jsonl", "w") as out:
+        for text, correct in samples:
+            out.write(json.dumps({"problem_id": "p", "text": text, "correct": correct}) + "\n")
+
+
+def test_rows_give_share_and_accuracy_per_style(tmp_path):
+    rng = random.Random(0)
+    steps, direct = solve(PROBLEM, "steps", rng), solve(PROBLEM, "direct", rng)
+    _write_samples(tmp_path / "eval/toy/rl/base/toy_add", [(steps, 1), (steps, 0), (steps, 1), (direct, 0)])
+    _write_samples(tmp_path / "eval/toy/sft/base/toy_add", [(direct, 0)])
+    text = toy_styles.table(tmp_path, phase="rl", benchmark=None)
+    header, rule, row = text.splitlines()
+    assert header.endswith("| chain | steps | careful | direct |")
+    assert row == "| toy | rl | base | toy_add | 0.500 | 0 / — | 0.75 / 0.67 | 0 / — | 0.25 / 0.00 |"
+
+
+def test_a_line_that_is_not_a_sample_is_named(tmp_path):
+    _write_samples(tmp_path / "eval/toy/sft/base/toy_add", [("The answer is \\boxed{1}.", 1)])
+    with open(tmp_path / "eval/toy/sft/base/toy_add/samples.jsonl", "a") as out:
+        out.write('{"text": "x"}\n')
+    with pytest.raises(SystemExit, match="samples.jsonl:2"):
+        toy_styles.table(tmp_path, None, None)
