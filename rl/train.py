@@ -18,9 +18,10 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 
 from pipeline.config import Config, stage_main
@@ -162,6 +163,31 @@ def _kill_tree(process: subprocess.Popen) -> None:
     process.wait()
 
 
+class StallWatchdog:
+    """Calls ``on_stall`` once if ``progressed`` is not called for ``timeout_s`` seconds (0: never)."""
+
+    def __init__(self, timeout_s: float, on_stall: Callable[[], None], poll_s: float = 5.0):
+        self.timeout_s, self.on_stall, self.poll_s = timeout_s, on_stall, poll_s
+        self.fired = False
+        self._last = time.monotonic()
+        self._done = threading.Event()
+        if timeout_s > 0:
+            threading.Thread(target=self._watch, daemon=True).start()
+
+    def progressed(self) -> None:
+        self._last = time.monotonic()
+
+    def stop(self) -> None:
+        self._done.set()
+
+    def _watch(self) -> None:
+        while not self._done.wait(min(self.poll_s, self.timeout_s)):
+            if time.monotonic() - self._last > self.timeout_s:
+                self.fired = True
+                self.on_stall()
+                return
+
+
 class _MetricsCopier:
     """Copies verl's per-step JSONL records into our metrics file as they appear (one line per step)."""
 
@@ -204,6 +230,7 @@ def run_verl(cfg: Config, variant: str, stage: Path, already_done: int) -> int:
         copier = _MetricsCopier(Path(env["VERL_FILE_LOGGER_PATH"]), metrics)
         process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                    start_new_session=True, text=True, errors="replace", bufsize=1)
+        watchdog = StallWatchdog(cfg.rl.stall_timeout_s, lambda: _kill_tree(process))
         try:
             for line in process.stdout:
                 log.write(line)
@@ -211,16 +238,21 @@ def run_verl(cfg: Config, variant: str, stage: Path, already_done: int) -> int:
                     log.flush()
                     copier.poll()
                     bar.update(max(0, copier.last_step - bar.n))
+                    watchdog.progressed()
             returncode = process.wait()
         except BaseException:
             _kill_tree(process)
             raise
         finally:
+            watchdog.stop()
             copier.poll()
         if returncode != 0:
             _kill_tree(process)
             tail = log_path.read_text(encoding="utf-8", errors="replace").splitlines()[-15:]
-            raise RLError(f"verl exited with {returncode}; last lines of {log_path}:\n" + "\n".join(tail))
+            reason = (f"verl logged no new step for {cfg.rl.stall_timeout_s:.0f} s (rl.stall_timeout_s) and was "
+                      "stopped; a Ray actor may have died (e.g. killed for memory)" if watchdog.fired
+                      else f"verl exited with {returncode}")
+            raise RLError(f"{reason}; last lines of {log_path}:\n" + "\n".join(tail))
     return latest_checkpoint_step(stage / CHECKPOINT_SUBDIR)
 
 

@@ -91,6 +91,9 @@ class RLConfig:
     """Validate once before the first step (a baseline for the curve)."""
     max_checkpoints_to_keep: int = 2
     """verl actor checkpoints kept on disk (older ones are deleted)."""
+    stall_timeout_s: float = 0.0
+    """Stop the run with an error when verl has logged no new step for this long (start-up included); 0: never.
+    verl 0.9.1 waits forever when one of its Ray actors dies (e.g. killed for memory)."""
     verl_overrides: dict[str, str] = field(default_factory=dict)
     """Extra verl keys passed through unchanged (``key: value``; prefix ``+`` for keys not in verl's schema); they win."""
 
@@ -140,6 +143,7 @@ class RLConfig:
         check_range("rl.save_freq", self.save_freq, 1)
         check_range("rl.test_freq", self.test_freq, 0)
         check_range("rl.max_checkpoints_to_keep", self.max_checkpoints_to_keep, 1)
+        check_range("rl.stall_timeout_s", self.stall_timeout_s, 0.0)
         for key in self.verl_overrides:
             if not key or "=" in key or " " in key:
                 raise ConfigError(f"rl.verl_overrides has an invalid verl key {key!r} (write key: value)")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import subprocess
+import threading
 import time
 
 import pytest
@@ -68,3 +69,16 @@ def test_kill_tree_reaches_children_that_ignore_sigterm(monkeypatch):
     train._kill_tree(process)
     assert process.returncode is not None
     assert not any(child.is_running() and child.status() != psutil.STATUS_ZOMBIE for child in children)
+
+
+def test_stall_watchdog_fires_only_without_progress():
+    stalled = threading.Event()
+    watchdog = train.StallWatchdog(0.3, stalled.set, poll_s=0.05)
+    for _ in range(8):  # progress every 0.1 s keeps it quiet
+        time.sleep(0.1)
+        watchdog.progressed()
+    assert not stalled.is_set() and not watchdog.fired
+    assert stalled.wait(2.0) and watchdog.fired
+    off = train.StallWatchdog(0.0, stalled.clear)
+    time.sleep(0.1)
+    assert not off.fired
