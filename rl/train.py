@@ -51,6 +51,8 @@ REQUIRED_COLUMNS = ("data_source", "prompt", "reward_model")
 STEP_LINE = re.compile(r"(?:^|\s)step:\d+ - ")
 """verl's console logger line of a finished step (Ray prefixes it with the actor name)."""
 KILL_GRACE_S = 10.0
+RUNTIME_ONLY_FIELDS = ("stall_timeout_s",)
+"""rl fields that change how a run is supervised, not what it computes (left out of the manifest's config hash)."""
 
 
 class RLError(RuntimeError):
@@ -282,7 +284,8 @@ def summarize_metrics(records: list[dict[str, Any]]) -> dict[str, Any]:
 
 def _stage_config(cfg: Config, variant: str) -> dict[str, Any]:
     """The part of the config that determines this stage's outputs (hashed into the manifest)."""
-    return {"variant": variant, "rl": dataclasses.asdict(cfg.rl), "model": dataclasses.asdict(cfg.model),
+    rl = {key: value for key, value in dataclasses.asdict(cfg.rl).items() if key not in RUNTIME_ONLY_FIELDS}
+    return {"variant": variant, "rl": rl, "model": dataclasses.asdict(cfg.model),
             "profile": dataclasses.asdict(cfg.profile), "seed": cfg.seed, "experiment": cfg.experiment.name}
 
 

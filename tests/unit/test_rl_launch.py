@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from pipeline.config import compose
 from pipeline.models import end_of_turn_token
 from rl import train
 from rl.export import latest_checkpoint_step
@@ -82,3 +83,9 @@ def test_stall_watchdog_fires_only_without_progress():
     off = train.StallWatchdog(0.0, stalled.clear)
     time.sleep(0.1)
     assert not off.fired
+
+
+def test_stall_timeout_is_not_part_of_the_run_identity():
+    quick, patient = compose(["rl.stall_timeout_s=60"]), compose(["rl.stall_timeout_s=6000"])
+    assert train._stage_config(quick, "sft") == train._stage_config(patient, "sft")
+    assert train._stage_config(quick, "sft") != train._stage_config(compose(["rl.lr=1e-5"]), "sft")
