@@ -57,6 +57,8 @@ def describe(command: StageCommand) -> str:
     lines = [f"[{command.stage}] {command.name}", f"    $ {' '.join(command.argv)}"]
     lines += [f"    {key}: {json.dumps(value, default=str)}" for key, value in command.settings.items()]
     lines.append(f"    manifests: {', '.join(str(d) for d in command.manifest_dirs)}")
+    if command.needs:
+        lines.append(f"    after: {', '.join(command.needs)}")
     return "\n".join(lines)
 
 
