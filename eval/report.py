@@ -29,6 +29,7 @@ from eval.analyses.case_study import read_case_study_row, token_probabilities, t
 from eval.analyses.drift import compare_checkpoints, fraction_above, plot_drift, write_drift
 from eval.analyses.iou import iou_markdown, iou_series, plot_iou
 from eval.plots import plot_pass_at_k
+from eval.run import METRICS_FILE
 from eval.sweep import Sweep, evaluated_labels, find_sweeps, format_values, plot_sweep
 from eval.tables import (
     AVERAGE,
@@ -113,7 +114,7 @@ def collect(cfg: Config, phase: str, models: list[Config], labels: list[str]
     for m, mcfg in enumerate(models):
         for variant in labels:
             for bench in names:
-                path = eval_dir(mcfg, phase, variant, bench) / "metrics.json"
+                path = eval_dir(mcfg, phase, variant, bench) / METRICS_FILE
                 if path.exists():
                     docs[(m, variant, bench)] = json.loads(path.read_text(encoding="utf-8"))
                     inputs[f"{mcfg.model.name}/{phase}/{variant}/{bench}"] = path
@@ -124,7 +125,7 @@ def collect(cfg: Config, phase: str, models: list[Config], labels: list[str]
                         row_header=header, columns=[*columns, AVERAGE], metrics=metrics, blocks=[])
     curves: dict[tuple[str, str], dict] = {}
     for m, mcfg in enumerate(models):
-        title = mcfg.model.display_name or mcfg.model.name
+        title = model_title(mcfg)
         rows = []
         for variant in labels:
             row = Row(label=row_label(cfg, variant), variant=variant)
@@ -195,7 +196,8 @@ def analysis_inputs(cfg: Config, models: list[Config], labels: list[str]) -> dic
 
 def drift_section(cfg: Config, mcfg: Config, labels: list[str], out_dir: Path, run_) -> tuple[list[str], dict]:
     """Parameter drift of each phase's exports vs the base model: Markdown lines and {phase: {method: fraction}}."""
-    title, name = mcfg.model.display_name or mcfg.model.name, _slug(mcfg.model.display_name or mcfg.model.name)
+    title = model_title(mcfg)
+    name = _slug(title)
     threshold = cfg.eval.analysis.drift_threshold
     lines, metrics = [f"### Parameter drift: {title}", ""], {}
     base, _ = base_model_folder(mcfg)
@@ -229,7 +231,8 @@ def drift_section(cfg: Config, mcfg: Config, labels: list[str], out_dir: Path, r
 
 def iou_section(cfg: Config, mcfg: Config, labels: list[str], out_dir: Path, run_) -> tuple[list[str], dict]:
     """IoU(M_H, M_KL) over the SFT steps of every run that logged it: Markdown lines and {run: min/avg/max}."""
-    title, name = mcfg.model.display_name or mcfg.model.name, _slug(mcfg.model.display_name or mcfg.model.name)
+    title = model_title(mcfg)
+    name = _slug(title)
     lines = [f"### IoU(M_H, M_KL) over SFT steps: {title}", ""]
     series = {}
     for variant, stage in trained_exports(mcfg, "sft", labels).items():
@@ -262,7 +265,8 @@ def iou_section(cfg: Config, mcfg: Config, labels: list[str], out_dir: Path, run
 
 def case_study_section(cfg: Config, mcfg: Config, labels: list[str], out_dir: Path, run_) -> list[str]:
     """Per-token probabilities of one SFT solution under the base model and each SFT export."""
-    title, name = mcfg.model.display_name or mcfg.model.name, _slug(mcfg.model.display_name or mcfg.model.name)
+    title = model_title(mcfg)
+    name = _slug(title)
     analysis = cfg.eval.analysis
     lines = [f"### Token-probability case study: {title}", ""]
     base, _ = base_model_folder(mcfg)
@@ -317,7 +321,7 @@ def sweep_section(cfg: Config, sweeps: list, out_dir: Path, run_) -> list[str]:
         return lines + ["Skipped: no method of this experiment was evaluated with two or more settings "
                         "(run a sweep, e.g. `python -m pipeline.run +sweep=eksft_rho ...`).", ""]
     for mcfg, phase, sweep, table, _ in sweeps:
-        title = mcfg.model.display_name or mcfg.model.name
+        title = model_title(mcfg)
         stem = f"sweep_{_slug(title)}_{phase}_{sweep.name}"
         for suffix, render in (("md", to_markdown), ("csv", to_csv), ("tex", to_latex)):
             (out_dir / f"{stem}.{suffix}").write_text(render(table), encoding="utf-8")
@@ -366,12 +370,12 @@ def run(cfg: Config) -> Manifest:
             if missing:
                 lines += [f"Missing evaluations (shown as –): {', '.join(missing)}", ""]
             lines += ["### pass@k curves", ""]
-            for (model_title, bench), by_method in curves.items():
-                relative = f"plots/passk_{_slug(model_title)}_{phase}_{bench}.png"
+            for (title, bench), by_method in curves.items():
+                relative = f"plots/passk_{_slug(title)}_{phase}_{bench}.png"
                 column = cfg.eval.benchmark_labels.get(bench, bench)
-                plot_pass_at_k(by_method, f"{model_title} · {column} · {stage}", out_dir / relative)
-                run_.add_output(relative, f"pass@k curves, {model_title}, {bench}, phase {phase}")
-                lines.append(f"![{model_title} {bench}]({relative})")
+                plot_pass_at_k(by_method, f"{title} · {column} · {stage}", out_dir / relative)
+                run_.add_output(relative, f"pass@k curves, {title}, {bench}, phase {phase}")
+                lines.append(f"![{title} {bench}]({relative})")
             lines += ["", "### Eval manifests", ""]
             for key, path in files.items():
                 manifest = read_manifest(path.parent)
@@ -400,6 +404,11 @@ def run(cfg: Config) -> Manifest:
                                  for phase, (table, _, _) in collected.items()}
         run_.manifest.metrics.update({key: value for key, value in analysis_metrics.items() if value})
         return run_.manifest
+
+
+def model_title(mcfg: Config) -> str:
+    """How a model is named in tables, plot titles and file names: ``model.display_name``, else ``model.name``."""
+    return mcfg.model.display_name or mcfg.model.name
 
 
 def _slug(text: str) -> str:

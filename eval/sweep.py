@@ -14,11 +14,10 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from eval.analyses import pyplot, save_figure
+from eval.run import METRICS_FILE
 from eval.tables import AVERAGE, ResultTable
 from pipeline.config.sft import SFTMethod
 from pipeline.paths import parse_method_label
-
-METRICS_FILE = "metrics.json"
 
 
 @dataclass

@@ -17,7 +17,7 @@ import csv
 import json
 import math
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 from eval.analyses import AnalysisInputError, pyplot, save_figure
@@ -169,9 +169,8 @@ def write_drift(by_method: dict[str, list[TensorDrift]], threshold: float, json_
                          "above_threshold", "fraction_above"])
         for label, drifts in by_method.items():
             for d in drifts:
-                row = asdict(d)
-                writer.writerow([label, d.name, layer_key(d.name), d.numel, f"{row['base_norm']:.6g}",
-                                 f"{row['delta_norm']:.6g}", f"{d.relative:.6g}", d.above_threshold,
+                writer.writerow([label, d.name, layer_key(d.name), d.numel, f"{d.base_norm:.6g}",
+                                 f"{d.delta_norm:.6g}", f"{d.relative:.6g}", d.above_threshold,
                                  f"{d.fraction_above:.6g}"])
 
 
