@@ -37,7 +37,8 @@ class TokenLoss:
     old_policy_refresh_every: int = 0
     """Optimiser steps between old-policy refreshes (PSFT: ``updates_per_refresh``; else 0)."""
     stats: tuple[str, ...] = ("logp",)
-    """Per-token statistics pass A computes (names of ``sft.token_stats.row_terms``)."""
+    """Per-token statistics pass A computes before ``weigh`` (names of ``sft.token_stats.row_terms``); empty: no
+    pass A at all (no extra head matmul), ``weigh`` sees only the row masks."""
     uses_label_positions: bool = False
     """Also give ``weigh`` the rows ``labels[i] != -100`` (official EKSFT alignment, methods_spec D1)."""
     stats_in_model_dtype: bool = False
@@ -46,9 +47,22 @@ class TokenLoss:
     def __init__(self, cfg: SFTMethod):
         self.cfg = cfg
         self.term_options: Mapping[str, Any] = {}
+        self.loss_norm: str | None = cfg.loss_norm
+        """This method's ``sft.loss_norm`` (the trainer's ``sft.loss_norm`` when None; EKSFT official_code presets it)."""
+        self.step = 0
+        """The optimiser step being computed (0-based), set by :meth:`begin_step`."""
+
+    def begin_step(self, step: int) -> None:
+        """The trainer calls this before optimiser step ``step``; losses drawing per-step randomness read ``self.step``."""
+        self.step = step
 
     def weigh(self, stats: TokenStats) -> TokenWeights:
         raise NotImplementedError
+
+    def head_metrics(self, stats: TokenStats) -> dict[str, Tensor]:
+        """Metrics computed after the loss head: ``stats.values`` holds pass A's statistics and, when pass A did
+        not compute it, pass B's detached ``logp`` (how a loss without pass A still logs its ``ce``)."""
+        return {}
 
 
 TOKEN_LOSSES: dict[str, type[TokenLoss]] = {}
@@ -82,10 +96,11 @@ def build_loss(method_cfg: SFTMethod) -> TokenLoss:
 
 
 def compute_token_loss(method: str | SFTMethod, logits: Tensor, labels: Tensor, ref_logits: Tensor | None = None,
-                       old_logits: Tensor | None = None, **params: Any) -> tuple[Tensor, dict[str, Tensor]]:
+                       old_logits: Tensor | None = None, *, step: int = 0,
+                       **params: Any) -> tuple[Tensor, dict[str, Tensor]]:
     """Dense reference API: ``method`` (a name or a config) on HF-convention unshifted ``logits [B, L, V]`` and
-    ``labels [B, L]`` (-100 ignored); ``params`` override config fields (e.g. ``rho``, ``lambda_entropy``,
-    ``lambda_kl``, ``compat="official_code"``). Returns ``(loss, metrics)``, metrics detached."""
+    ``labels [B, L]`` (-100 ignored) at optimiser step ``step``; ``params`` override config fields (e.g. ``rho``,
+    ``lambda_entropy``, ``lambda_kl``, ``compat="official_code"``). Returns ``(loss, metrics)``, metrics detached."""
     if isinstance(method, str):
         if method not in SFT_METHOD_SCHEMAS:
             raise ConfigError(f"unknown token loss {method!r}; valid: {sorted(SFT_METHOD_SCHEMAS)}")
@@ -97,8 +112,9 @@ def compute_token_loss(method: str | SFTMethod, logits: Tensor, labels: Tensor, 
     unknown = sorted(set(params) - known)
     if unknown:
         raise ConfigError(f"unknown parameters {unknown} for token loss {base.name!r}; valid: {sorted(known)}")
-    result = dense_loss(build_loss(dataclasses.replace(base, **params)), logits, labels,
-                        ref_logits=ref_logits, old_logits=old_logits)
+    loss = build_loss(dataclasses.replace(base, **params))
+    loss.begin_step(step)
+    result = dense_loss(loss, logits, labels, ref_logits=ref_logits, old_logits=old_logits)
     return result.loss, result.metrics
 
 
@@ -131,22 +147,30 @@ def _ce_metrics(stats: TokenStats, mask: Tensor) -> dict[str, Tensor]:
 class SFTLoss(TokenLoss):
     """SFT: ``L = −(1/|T|) Σ_{i∈T} log p_i``."""
 
+    stats = ()
+
     def weigh(self, stats: TokenStats) -> TokenWeights:
         share = _per_row_share(stats.has_target)
-        return TokenWeights(coefs={"logp": -share}, constant=share.new_zeros(()),
-                            metrics=_ce_metrics(stats, stats.has_target))
+        return TokenWeights(coefs={"logp": -share}, constant=share.new_zeros(()))
+
+    def head_metrics(self, stats: TokenStats) -> dict[str, Tensor]:
+        return _ce_metrics(stats, stats.has_target)
 
 
 @register_token_loss("dft")
 class DFTLoss(TokenLoss):
     """DFT (arXiv 2508.05629): ``L = −(1/|T|) Σ_{i∈T} sg(p_i) log p_i``; gradient ``−(1/|T|) Σ ∇p_i``."""
 
+    stats = ()
+
     def weigh(self, stats: TokenStats) -> TokenWeights:
         share = _per_row_share(stats.has_target)
-        prob = stats.values["logp"].exp()
+        return TokenWeights(coefs={"prob_logp": -share}, constant=share.new_zeros(()))
+
+    def head_metrics(self, stats: TokenStats) -> dict[str, Tensor]:
         metrics = _ce_metrics(stats, stats.has_target)
-        metrics["dft_p_mean"] = _mean_on(prob, stats.has_target)
-        return TokenWeights(coefs={"logp": -share * prob}, constant=share.new_zeros(()), metrics=metrics)
+        metrics["dft_p_mean"] = _mean_on(stats.values["logp"].exp(), stats.has_target)
+        return metrics
 
 
 @register_token_loss("iwsft")
@@ -242,12 +266,13 @@ class GEMLoss(TokenLoss):
 
 EKSFT_COMPAT_PRESETS: dict[str, dict[str, Any]] = {
     "paper": dict(mask_alignment="paper", k_rounding="ceil", topk_ties="paper_rank", reg_sets="union",
-                  entropy_norm="none", kl_formula="true_kl", dynamic_lambda=False, stats_dtype="fp32"),
+                  entropy_norm="none", kl_formula="true_kl", dynamic_lambda=False, stats_dtype="fp32", loss_norm=None),
     "official_code": dict(mask_alignment="official_code", k_rounding="floor", topk_ties="exact_k",
                           reg_sets="per_criterion", entropy_norm="log_vocab", kl_formula="official_code",
-                          dynamic_lambda=True, stats_dtype="model"),
+                          dynamic_lambda=True, stats_dtype="model", loss_norm="micro_batch_sum"),
 }
-"""Value of every ``None`` flag of :class:`EKSFTMethod` under each ``compat`` (methods_spec §1.3, D1–D12)."""
+"""Value of every ``None`` flag of :class:`EKSFTMethod` under each ``compat`` (methods_spec §1.3, D1–D13; a
+``loss_norm`` of None leaves ``sft.loss_norm`` in charge)."""
 
 
 def resolve_eksft_flags(cfg: EKSFTMethod) -> dict[str, Any]:
@@ -282,16 +307,23 @@ def top_rank_mask(values: Tensor, candidates: Tensor, k: Tensor, ties: str) -> T
     return candidates & (rank <= k)
 
 
-def random_subset_mask(candidates: Tensor, k: Tensor, targets: Tensor, seed: int) -> Tensor:
-    """``k`` candidate rows drawn uniformly without replacement; the generator is seeded by ``seed`` and a
-    SHA-256 of the candidates' target ids, so the same data always gets the same mask (any process, any device)."""
-    index = candidates.nonzero().squeeze(1)
-    digest = hashlib.sha256(targets.index_select(0, index).cpu().numpy().tobytes()).hexdigest()
-    generator = torch.Generator().manual_seed(derive_seed(seed, f"eksft_random_mask:{digest}"))
-    chosen = torch.randperm(index.numel(), generator=generator)[: int(k.item())].to(index.device)
-    mask = torch.zeros_like(candidates)
-    mask[index.index_select(0, chosen)] = True
-    return mask
+def random_subset_mask(candidates: Tensor, k: Tensor, targets: Tensor, sequence: Tensor, seed: int,
+                       step: int) -> Tensor:
+    """``k`` candidate rows drawn uniformly without replacement, a new draw every optimiser step.
+
+    Every row of sequence s gets a uniform key from a CPU generator seeded by ``derive_seed(seed,
+    "eksft_random_mask:<step>:<SHA-256 of s's target ids>")``; the k candidates with the largest keys are drawn. So a
+    fixed (seed, step, sequence) gives the same keys on any process or device and in any batch (resume redraws the
+    same mask), and each step draws afresh, so no label stays untrained for every epoch.
+    """
+    targets_cpu, sequence_cpu = targets.cpu(), sequence.cpu()
+    keys = torch.zeros(candidates.shape, dtype=torch.float64)
+    for seq in torch.unique(sequence_cpu[candidates.cpu()]).tolist():
+        rows = (sequence_cpu == seq).nonzero().squeeze(1)
+        digest = hashlib.sha256(targets_cpu.index_select(0, rows).numpy().tobytes()).hexdigest()
+        generator = torch.Generator().manual_seed(derive_seed(seed, f"eksft_random_mask:{step}:{digest}"))
+        keys[rows] = torch.rand(rows.numel(), generator=generator, dtype=torch.float64)
+    return top_rank_mask(keys.to(candidates.device), candidates, k, "exact_k")
 
 
 @register_token_loss("eksft")
@@ -311,6 +343,7 @@ class EKSFTLoss(TokenLoss):
     def __init__(self, cfg: EKSFTMethod):
         super().__init__(cfg)
         self.flags = resolve_eksft_flags(cfg)
+        self.loss_norm = self.flags["loss_norm"]
         self.uses_label_positions = self.flags["mask_alignment"] == "official_code"
         self.stats_in_model_dtype = self.flags["stats_dtype"] == "model"
         self.kl_term = "code_kl" if self.flags["kl_formula"] == "official_code" else "kl"
@@ -333,7 +366,7 @@ class EKSFTLoss(TokenLoss):
         by_kl = top_rank_mask(torch.where(kl < cfg.kl_eps, 0.0, kl), rankable, k, flags["topk_ties"])
         if cfg.selection == "random":
             masked = random_subset_mask(rankable, selection_size(count, cfg.random_mask_ratio, flags["k_rounding"]),
-                                        stats.targets, cfg.random_mask_seed)
+                                        stats.targets, stats.sequence, cfg.random_mask_seed, self.step)
         elif cfg.combine == "union":
             masked = by_entropy | by_kl
         else:

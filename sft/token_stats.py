@@ -6,11 +6,13 @@ A token loss (``sft.losses``) never sees the vocabulary. It names the per-token 
 ``chunk_size`` prediction rows at a time (methods_spec §9.2):
 
 * pass A (no graph, fp32 unless the loss asks for the model dtype): the loss's statistics, a few floats per row;
+  skipped entirely (no head matmul) when the loss names none (plain SFT, DFT);
 * selection and weighting on those ``N`` scalars (``TokenLoss.weigh``);
 * pass B: ``Σ_rows Σ_terms coef · term`` with gradients, as a custom autograd function that forms each chunk's
   logit gradient in the forward from the closed forms below (in the chunk's own logits buffer) and accumulates
   ``grad_hidden`` and ``grad_head_weight`` at once (the Liger fused-linear pattern), so one chunk of logits is
-  alive at a time and backward is a rescale.
+  alive at a time and backward is a rescale. Pass B also keeps each row's detached ``log p_y``, from which
+  ``TokenLoss.head_metrics`` reports what a loss without a pass A logs (SFT's and DFT's ``ce``).
 
 Reference logits are built in pass B only for the rows whose reference-term coefficients are non-zero (for
 EKSFT: the masked set M). :func:`dense_loss` computes the same loss on given full logits with plain autograd
@@ -23,6 +25,7 @@ Per-row terms (all in nats; ``p = softmax(z)``, ``q = softmax(z')`` for referenc
 log-sum-exp, ``y`` the target):
 
 * ``logp``        ``log p_y = z_y − lse``
+* ``prob_logp``   ``sg(p_y) · log p_y`` (DFT; logit gradient ``p_y (e_y − p)``)
 * ``entropy``     ``H = −Σ_v p_v log p_v = lse − Σ_v p_v z_v``
 * ``kl``          ``KL(π_θ‖π_ref) = Σ_v p_v (log p_v − log q_v) = Σ_v p_v (z_v − z'_v) − lse + lse'``
 * ``code_kl``     ``Σ_v p_v (p_v − log q_v)`` (the official EKSFT code's "KL", methods_spec D9)
@@ -31,6 +34,9 @@ log-sum-exp, ``y`` the target):
 * ``ratio``       ``exp(clamp(log p_y − old_logp, −20, 20))`` (PSFT; ``old_logp`` from pass A)
 * ``gem``         ``Σ_v g_v w_v (log p_v − log p_y)``, ``g = sg(softmax(z/β))``, ``w_v = 1`` or
                   ``sg(σ(0.01 (z_v − z_y)))`` (GEM)
+* ``de``          ``(p_y − ½)²`` (SED-SFT's diversity term; logit gradient ``2 (p_y − ½) p_y (e_y − p)``)
+* ``topk_mass``   ``Σ`` of the ``top_k`` largest ``p_v`` (detached statistic; SED-SFT's flexible-token mask)
+* ``topk_entropy`` entropy of ``softmax`` over the ``top_k`` largest logits (detached statistic; EAFT)
 
 For ``entropy`` and ``kl`` the graph goes through ``p`` only, with ``z`` inside the sums detached: the dropped
 part ``Σ_v p_v ∂log p_v/∂z = p (1 − Σ p)`` is exactly zero in exact arithmetic, and without it the logit
@@ -50,8 +56,9 @@ REFERENCE_TERMS = frozenset({"kl", "code_kl", "forward_kl", "ref_logp"})
 """Terms that need the reference model's logits."""
 OLD_POLICY_TERMS = frozenset({"old_logp"})
 """Terms that need the old policy's logits."""
-ALL_TERMS = frozenset({"logp", "entropy", "ratio", "gem"}) | REFERENCE_TERMS | OLD_POLICY_TERMS
-OBJECTIVE_TERMS = frozenset({"logp", "entropy", "ratio", "gem", "kl", "code_kl", "forward_kl"})
+ALL_TERMS = frozenset({"logp", "prob_logp", "entropy", "ratio", "gem", "de", "topk_mass", "topk_entropy"}) \
+    | REFERENCE_TERMS | OLD_POLICY_TERMS
+OBJECTIVE_TERMS = frozenset({"logp", "prob_logp", "entropy", "ratio", "gem", "de", "kl", "code_kl", "forward_kl"})
 """Terms a loss may put coefficients on (the others do not depend on the policy)."""
 
 
@@ -99,6 +106,8 @@ class TokenLossLike(Protocol):
     term_options: Mapping[str, Any]
 
     def weigh(self, stats: TokenStats) -> TokenWeights: ...
+
+    def head_metrics(self, stats: TokenStats) -> dict[str, Tensor]: ...
 
 
 @dataclass
@@ -174,7 +183,7 @@ def _accurate_kl(probs: Tensor, gap: Tensor, plain: Tensor) -> Tensor:
 
 def row_terms(logits: Tensor, targets: Tensor, names: Sequence[str], *, ref_logits: Tensor | None = None,
               old_logits: Tensor | None = None, old_logp: Tensor | None = None,
-              gem_beta: float = 1.0, gem_weighting: str = "linear") -> dict[str, Tensor]:
+              gem_beta: float = 1.0, gem_weighting: str = "linear", top_k: int = 1) -> dict[str, Tensor]:
     """Per-row terms (module docstring) of ``logits [C, V]`` in their own dtype; differentiable in ``logits``."""
     unknown = set(names) - ALL_TERMS
     if unknown:
@@ -184,9 +193,13 @@ def row_terms(logits: Tensor, targets: Tensor, names: Sequence[str], *, ref_logi
         return out
     lse = torch.logsumexp(logits, dim=-1)
     target_logit = logits.gather(1, targets.unsqueeze(1)).squeeze(1)
-    if "logp" in names or "ratio" in names:
+    if {"logp", "prob_logp", "ratio", "de"} & set(names):
         logp = target_logit - lse
         out["logp"] = logp
+        if "prob_logp" in names:
+            out["prob_logp"] = logp.detach().exp() * logp
+        if "de" in names:
+            out["de"] = (logp.exp() - 0.5) ** 2
         if "ratio" in names:
             if old_logp is None:
                 raise ValueError("the 'ratio' term needs old_logp (old-policy log-probabilities of the targets)")
@@ -218,6 +231,13 @@ def row_terms(logits: Tensor, targets: Tensor, names: Sequence[str], *, ref_logi
         old_logits = old_logits.detach()
         out["old_logp"] = (old_logits.gather(1, targets.unsqueeze(1)).squeeze(1)
                            - torch.logsumexp(old_logits, dim=-1))
+    if {"topk_mass", "topk_entropy"} & set(names):
+        top_logits = logits.detach().topk(min(top_k, logits.shape[-1]), dim=-1).values
+        if "topk_mass" in names:
+            out["topk_mass"] = torch.exp(top_logits - lse.detach().unsqueeze(1)).sum(-1)
+        if "topk_entropy" in names:
+            top_logp = top_logits.log_softmax(-1)
+            out["topk_entropy"] = -(top_logp.exp() * top_logp).sum(-1)
     if "gem" in names:
         detached = logits.detach()
         weights = torch.softmax(detached / gem_beta, dim=-1)
@@ -250,7 +270,8 @@ def dense_loss(loss: TokenLossLike, logits: Tensor, labels: Tensor, *, ref_logit
                       old_logp=values.get("old_logp"), **loss.term_options)
     objective = sum((weights.coefs[name] * terms[name]).sum() for name in weights.coefs)
     value = objective + weights.constant + 0.0 * logits.sum()  # the zero term keeps |T| = 0 on the graph
-    return _result(value, rows, weights)
+    target_logp = row_terms(logits_nv.detach().float(), rows.targets, ("logp",))["logp"]
+    return _result(value, rows, _with_head_metrics(loss, weights, rows, values, target_logp, logits.shape[-1]))
 
 
 # ------------------------------------------------------------------------------------------ chunked head
@@ -292,9 +313,11 @@ def chunked_loss(loss: TokenLossLike, hidden: Tensor, head_weight: Tensor, label
     weights = loss.weigh(_token_stats(rows, values, head_weight.shape[0]))
     plan = _HeadPlan(coefs=weights.coefs, targets=rows.targets, chunk_size=chunk_size, compute_dtype=compute_dtype,
                      ref_hidden=ref_nd, ref_head_weight=ref_w, old_logp=values.get("old_logp"),
-                     term_options=loss.term_options)
+                     term_options=loss.term_options, target_logp=hidden_nd.new_zeros(rows.index.numel(),
+                                                                                     dtype=torch.float32))
     value = _ChunkedHeadObjective.apply(hidden_nd, head_weight, plan) + weights.constant
-    return _result(value, rows, weights)
+    return _result(value, rows,
+                   _with_head_metrics(loss, weights, rows, values, plan.target_logp, head_weight.shape[0]))
 
 
 def _compute_dtype(hidden: Tensor, weight: Tensor) -> torch.dtype:
@@ -316,6 +339,8 @@ def _chunked_stats(loss: TokenLossLike, hidden_nd: Tensor, weight: Tensor, targe
     """Pass A: ``loss.stats`` for every row, chunk by chunk, without a graph; fp32 unless the loss asks for the
     compute dtype. The head weights come already cast to the compute dtype."""
     names = loss.stats
+    if not names:
+        return {}
     stats_dtype = weight.dtype if loss.stats_in_model_dtype else torch.float32
     needs_ref = bool(REFERENCE_TERMS & set(names))
     needs_old = bool(OLD_POLICY_TERMS & set(names))
@@ -346,6 +371,8 @@ class _HeadPlan:
     ref_head_weight: Tensor | None
     old_logp: Tensor | None
     term_options: Mapping[str, Any]
+    target_logp: Tensor
+    """``[N]`` fp32, filled chunk by chunk: each row's detached ``log p_y`` (for ``TokenLoss.head_metrics``)."""
 
     def chunk_value_and_grad(self, logits_cv: Tensor, chunk: slice, need_grad: bool) -> tuple[Tensor, Tensor | None]:
         """``Σ_rows Σ_terms coef · term`` of one chunk of fp32 logits (overwritten in place) and, if ``need_grad``,
@@ -368,11 +395,24 @@ class _HeadPlan:
         logp = logits_cv.sub_(torch.logsumexp(logits_cv, dim=-1, keepdim=True))
         probs = logp.exp()
         logp_y = logp.gather(1, targets).squeeze(1)
+        self.target_logp[chunk] = logp_y
         alpha, beta, gamma = (torch.zeros_like(logp_y) for _ in range(3))
         if "logp" in coefs:  # ∂ log p_y = e_y − p
             value = value + (coefs["logp"] * logp_y).sum()
             alpha -= coefs["logp"]
             gamma += coefs["logp"]
+        if "prob_logp" in coefs:  # ∂ sg(p_y) log p_y = p_y (e_y − p)
+            prob_y = logp_y.exp()
+            value = value + (coefs["prob_logp"] * prob_y * logp_y).sum()
+            slope = coefs["prob_logp"] * prob_y
+            alpha -= slope
+            gamma += slope
+        if "de" in coefs:  # ∂(p_y − ½)² = 2 (p_y − ½) p_y (e_y − p)
+            prob_y = logp_y.exp()
+            value = value + (coefs["de"] * (prob_y - 0.5) ** 2).sum()
+            slope = coefs["de"] * 2.0 * (prob_y - 0.5) * prob_y
+            alpha -= slope
+            gamma += slope
         if "ratio" in coefs:  # ∂ r = r (e_y − p) inside the clamp, 0 outside
             log_ratio = logp_y - self.old_logp[chunk]
             ratio = torch.exp(torch.clamp(log_ratio, -20.0, 20.0))
@@ -487,6 +527,15 @@ def _token_stats(rows: PredictionRows, values: dict[str, Tensor], vocab_size: in
     return TokenStats(values=values, targets=rows.targets, has_target=rows.has_target,
                       is_label_position=rows.is_label_position, sequence=rows.sequence,
                       num_sequences=rows.num_sequences, vocab_size=vocab_size)
+
+
+def _with_head_metrics(loss: TokenLossLike, weights: TokenWeights, rows: PredictionRows, values: dict[str, Tensor],
+                       target_logp: Tensor, vocab_size: int) -> TokenWeights:
+    """``weights`` plus ``loss.head_metrics`` of the statistics with pass B's ``log p_y`` as ``logp`` where pass A
+    did not compute it."""
+    stats = _token_stats(rows, {"logp": target_logp, **values}, vocab_size)
+    return TokenWeights(coefs=weights.coefs, constant=weights.constant,
+                        metrics={**weights.metrics, **loss.head_metrics(stats)})
 
 
 def _result(value: Tensor, rows: PredictionRows, weights: TokenWeights) -> LossResult:

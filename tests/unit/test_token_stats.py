@@ -4,9 +4,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pipeline.config.sft import SFT_METHOD_SCHEMAS, EKSFTMethod, IWSFTMethod, GEMMethod, SFTMethod
-from sft.losses import build_loss
-from sft.token_stats import chunked_loss, dense_loss, prediction_rows, row_terms
+from pipeline.config.sft import SFT_METHOD_SCHEMAS, DFTMethod, EKSFTMethod, IWSFTMethod, GEMMethod, SFTMethod
+from sft import token_stats
+from sft.losses import DFTLoss, SFTLoss, build_loss
+from sft.token_stats import TokenWeights, chunked_loss, dense_loss, prediction_rows, row_terms
 
 # 3 sequences with prompt masks, right padding and one sequence with a single supervised token
 LABELS = torch.tensor([
@@ -219,3 +220,71 @@ def test_row_terms_small_kls_keep_their_precision_at_a_large_vocabulary():
     fp32 = row_terms(logits.float(), targets, ["kl", "forward_kl"], ref_logits=ref.float())
     for name in ("kl", "forward_kl"):
         torch.testing.assert_close(fp32[name].double(), exact[name], rtol=2e-4, atol=0.0, msg=name)
+
+
+class _SFTWithPassA(SFTLoss):
+    """Plain SFT as it was before it skipped pass A: ``log p_y`` from pass A, ``ce`` computed in ``weigh``."""
+
+    stats = ("logp",)
+
+    def weigh(self, stats):
+        weights = super().weigh(stats)
+        weights.metrics = super().head_metrics(stats)
+        return weights
+
+
+class _DFTWithPassA(DFTLoss):
+    """DFT as it was before it skipped pass A: coefficient ``−sg(p_y)/|T|`` on ``log p_y`` from pass A."""
+
+    stats = ("logp",)
+
+    def weigh(self, stats):
+        share = stats.has_target.float() / stats.has_target.sum().float().clamp(min=1.0)
+        return TokenWeights(coefs={"logp": -share * stats.values["logp"].exp()}, constant=share.new_zeros(()),
+                            metrics=super().head_metrics(stats))
+
+
+@pytest.mark.parametrize("new_cfg, old_loss", [(SFTMethod(), _SFTWithPassA(SFTMethod())),
+                                               (DFTMethod(), _DFTWithPassA(DFTMethod()))], ids=["sft", "dft"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_sft_and_dft_skip_pass_a_with_bitwise_unchanged_loss_gradients_and_metrics(monkeypatch, new_cfg, old_loss,
+                                                                                     dtype):
+    hidden, weight, *_ = _inputs(7)
+    head_matmuls = []
+    real_head_logits = token_stats._head_logits
+    monkeypatch.setattr(token_stats, "_head_logits", lambda *a: head_matmuls.append(1) or real_head_logits(*a))
+    results = []
+    for loss in (build_loss(new_cfg), old_loss):
+        head_matmuls.clear()
+        h, w = hidden.to(dtype).requires_grad_(), weight.to(dtype).requires_grad_()
+        result = chunked_loss(loss, h, w, LABELS, chunk_size=4)
+        result.loss.backward()
+        results.append((result, h.grad, w.grad, len(head_matmuls)))
+    (new, new_h, new_w, new_matmuls), (old, old_h, old_w, old_matmuls) = results
+    assert new_matmuls == 0 and old_matmuls == 3  # 11 rows in chunks of 4: pass A ran 3 head matmuls before
+    assert torch.equal(new.loss, old.loss) and torch.equal(new_h, old_h) and torch.equal(new_w, old_w)
+    assert new.metrics.keys() == old.metrics.keys()
+    for name, value in new.metrics.items():
+        assert torch.equal(value, old.metrics[name]), name
+
+
+def test_eksft_still_runs_pass_a(monkeypatch):
+    hidden, weight, ref_hidden, ref_weight, _ = _inputs(8)
+    head_matmuls = []
+    real_head_logits = token_stats._head_logits
+    monkeypatch.setattr(token_stats, "_head_logits", lambda *a: head_matmuls.append(1) or real_head_logits(*a))
+    chunked_loss(build_loss(EKSFTMethod()), hidden, weight, LABELS, chunk_size=4, ref_hidden=ref_hidden,
+                 ref_head_weight=ref_weight)
+    assert len(head_matmuls) >= 6  # policy and reference logits of each of the 3 chunks in pass A
+
+
+def test_prob_logp_term_value_and_closed_form_gradient():
+    logits = torch.tensor([[1.0, 2.0, -1.0], [0.5, 0.0, 0.3]], requires_grad=True)
+    targets = torch.tensor([1, 2])
+    term = row_terms(logits, targets, ["prob_logp"])["prob_logp"]
+    probs = torch.softmax(logits.detach(), -1)
+    p_y = probs[torch.arange(2), targets]
+    torch.testing.assert_close(term, p_y * p_y.log())
+    term.sum().backward()
+    one_hot = torch.nn.functional.one_hot(targets, 3).float()
+    torch.testing.assert_close(logits.grad, p_y.unsqueeze(1) * (one_hot - probs))
