@@ -1,15 +1,27 @@
-"""Loading the training set (hub id or local parquet/jsonl, both through ``datasets.load_dataset``) with row checks."""
+"""Loading the training set (hub id or local parquet/jsonl, both through ``datasets.load_dataset``) with row checks.
+
+Rows whose strings are not valid UTF-8 are invalid rows like any other (named by file, row and field; skipped and
+counted under ``data.invalid_rows=skip``): a JSONL file is scanned line by line before loading, since
+``load_dataset("json")`` stops at the first bad byte without naming a line, and the rows that decode are loaded from
+a copy without the bad lines; parquet strings are decoded row by row while iterating. Duplicate ids
+(``extra_info.index``) and duplicate problems (:func:`data.schema.problem_key`) are counted
+(``data.duplicates=count``) or refused (``refuse``).
+"""
 from __future__ import annotations
 
-from collections import Counter
+import json
+import tempfile
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable, Iterator
 
-from data.schema import InvalidRowError, check_row
+from data.schema import InvalidRowError, check_row, problem_key, problem_text
 from pipeline.config.data import DataConfig
 
 MAX_RECORDED_INVALID_ROWS = 20
+MAX_RECORDED_DUPLICATE_GROUPS = 20
+_NOT_UTF8 = "is not valid UTF-8"
 
 
 @dataclass
@@ -24,6 +36,8 @@ class LoadedRows:
     invalid: list[dict[str, Any]] = field(default_factory=list)
     """First invalid rows: {row, field, reason} (all of them are counted in ``invalid_by_field``)."""
     invalid_by_field: dict[str, int] = field(default_factory=dict)
+    duplicates: dict[str, Any] = field(default_factory=dict)
+    """:func:`count_duplicates` of the valid rows, plus the ``data.duplicates`` policy."""
 
     @property
     def num_invalid(self) -> int:
@@ -40,40 +54,138 @@ def local_format(path: str | Path) -> str:
     raise ValueError(f"data.path {path}: expected a .parquet, .jsonl or .json file; got suffix {suffix!r}")
 
 
-def load_local(path: str | Path, split: str = "train"):
-    """A local parquet/jsonl file as a ``datasets.Dataset`` (``load_dataset("parquet"|"json", data_files=...)``)."""
+def load_local(path: str | Path, split: str = "train", invalid_rows: str = "error"):
+    """A local parquet/jsonl file as a ``datasets.Dataset`` (``load_dataset("parquet"|"json", data_files=...)``), and the
+    JSONL rows left out of it because they are not UTF-8 (``invalid_rows=error`` raises on the first of those)."""
     from datasets import load_dataset
 
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"data.path {path} does not exist")
-    return load_dataset(local_format(path), data_files=str(path), split=split)
+    builder = local_format(path)
+    not_utf8 = scan_jsonl(path) if builder == "json" else {}
+    if not not_utf8:
+        return load_dataset(builder, data_files=str(path), split=split), []
+    if invalid_rows == "error":
+        raise next(iter(not_utf8.values()))
+    with tempfile.TemporaryDirectory() as scratch:
+        readable = Path(scratch) / path.name
+        with open(path, "rb") as source, open(readable, "wb") as copy:
+            copy.writelines(line for number, line in enumerate(source, start=1) if number not in not_utf8)
+        dataset = load_dataset(builder, data_files=str(readable), split=split, cache_dir=scratch, keep_in_memory=True)
+    return dataset, list(not_utf8.values())
+
+
+def scan_jsonl(path: Path) -> dict[int, InvalidRowError]:
+    """The rows of a JSONL file that are not valid UTF-8, by line number; rows are the non-blank lines (as
+    ``load_dataset`` reads them), so row and line numbers differ after a blank line."""
+    found: dict[int, InvalidRowError] = {}
+    row = 0
+    with open(path, "rb") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                line.decode("utf-8")
+            except UnicodeDecodeError as error:
+                found[number] = _jsonl_error(path, row, number, line, error)
+            row += 1
+    return found
+
+
+def _jsonl_error(path: Path, row: int, line_number: int, line: bytes, error: UnicodeDecodeError) -> InvalidRowError:
+    try:
+        where = _undecodable_field(json.loads(line.decode("utf-8", errors="surrogateescape")), "") or "(line)"
+    except ValueError:
+        where = "(line)"
+    return InvalidRowError(str(path), row, where, f"{_NOT_UTF8} (line {line_number}, {_bad_bytes(error)})")
+
+
+def _bad_bytes(error: UnicodeDecodeError) -> str:
+    return f"byte {error.start}: {error.object[max(0, error.start - 20):error.end + 20]!r}"
+
+
+def _undecodable_field(value: Any, path: str) -> str | None:
+    """Path (``prompt[1].content``) of the first string in ``value`` that holds an undecodable byte (a lone surrogate
+    from ``surrogateescape``), or None."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return path
+        return None
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        found = _undecodable_field(item, f"{path}[{key}]" if isinstance(key, int) else f"{path}.{key}" if path else key)
+        if found:
+            return found
+    return None
+
+
+def _decoded_rows(dataset, source: str) -> Iterator[dict | InvalidRowError]:
+    """The dataset's rows in order; a row with a string that is not UTF-8 (parquet does not check) comes as an
+    :class:`InvalidRowError` naming its column. Such a row ends the iteration, which then goes on row by row."""
+    position = 0
+    try:
+        for row in dataset:
+            yield row
+            position += 1
+        return
+    except UnicodeDecodeError:
+        pass
+    for position in range(position, len(dataset)):
+        try:
+            yield dataset[position]
+        except UnicodeDecodeError as error:
+            column = next((name for name in dataset.column_names if _fails_to_decode(dataset, name, position)), "(row)")
+            yield InvalidRowError(source, position, column, f"{_NOT_UTF8} ({_bad_bytes(error)})")
+
+
+def _fails_to_decode(dataset, column: str, position: int) -> bool:
+    try:
+        dataset.select_columns([column])[position]
+    except UnicodeDecodeError:
+        return True
+    return False
+
+
+def source_rows(dataset, source: str, not_utf8: Iterable[InvalidRowError] = ()) -> Iterator[tuple[int, Any]]:
+    """(index in the source, row or the :class:`InvalidRowError` that makes it unreadable) for every source row, in
+    order; the ``not_utf8`` rows are not in ``dataset``."""
+    missing = {error.index: error for error in not_utf8}
+    decoded = _decoded_rows(dataset, source)
+    for index in range(len(dataset) + len(missing)):
+        yield index, missing[index] if index in missing else next(decoded)
 
 
 def load_training_dataset(cfg: DataConfig, local_path: str | Path | None = None):
-    """The training set as a ``datasets.Dataset`` and a record of where it came from.
+    """The training set as a ``datasets.Dataset``, a record of where it came from, and the rows left out of it as not
+    UTF-8 (local JSONL under ``invalid_rows=skip``).
 
     ``local_path`` overrides ``cfg.path`` (the toy world writes its rows to a file and loads them like any local set).
     """
     if local_path is not None or cfg.source == "local":
         path = Path(local_path if local_path is not None else cfg.path)
-        dataset = load_local(path)
-        return dataset, {"kind": "local", "path": str(path)}
+        dataset, not_utf8 = load_local(path, invalid_rows=cfg.invalid_rows)
+        return dataset, {"kind": "local", "path": str(path)}, not_utf8
     from datasets import load_dataset
 
     dataset = load_dataset(cfg.hub_id, split=cfg.hub_split, revision=cfg.hub_revision or None)
     return dataset, {"kind": "hub", "hub_id": cfg.hub_id, "split": cfg.hub_split,
-                     "revision": cfg.hub_revision or "latest", "fingerprint": dataset._fingerprint}
+                     "revision": cfg.hub_revision or "latest", "fingerprint": dataset._fingerprint}, []
 
 
-def validate_rows(dataset, source_name: str, invalid_rows: str) -> tuple[list[dict], list[int], list[dict], Counter]:
+def validate_rows(dataset, source_name: str, invalid_rows: str, not_utf8: Iterable[InvalidRowError] = ()
+                  ) -> tuple[list[dict], list[int], list[dict], Counter]:
     """Checks every row; ``invalid_rows=error`` raises on the first bad one, ``skip`` collects them."""
     rows: list[dict] = []
     row_ids: list[int] = []
     invalid: list[dict] = []
     by_field: Counter = Counter()
-    for index, row in enumerate(dataset):
+    for index, row in source_rows(dataset, source_name, not_utf8):
         try:
+            if isinstance(row, InvalidRowError):
+                raise row
             check_row(row, index, source_name)
         except InvalidRowError as error:
             if invalid_rows == "error":
@@ -87,12 +199,60 @@ def validate_rows(dataset, source_name: str, invalid_rows: str) -> tuple[list[di
     return rows, row_ids, invalid, by_field
 
 
+def count_duplicates(rows: list[dict], row_ids: list[int]) -> dict[str, dict]:
+    """Rows sharing an id (``extra_info.index``) and rows sharing a problem (:func:`data.schema.problem_key`).
+
+    For each kind: ``duplicate_rows`` = sum over groups of (size - 1), ``groups`` = groups of two or more rows, and the
+    first groups' row ids (problems also with the text).
+    """
+    by_id: dict[Any, list[int]] = defaultdict(list)
+    by_problem: dict[str, list[int]] = defaultdict(list)
+    text_of: dict[str, str] = {}
+    for row, row_id in zip(rows, row_ids):
+        by_id[row["extra_info"]["index"]].append(row_id)
+        key = problem_key(problem_text(row))
+        by_problem[key].append(row_id)
+        text_of.setdefault(key, problem_text(row))
+
+    def summary(groups: dict, describe) -> dict:
+        repeated = [(key, ids) for key, ids in groups.items() if len(ids) > 1]
+        return {"duplicate_rows": sum(len(ids) - 1 for _, ids in repeated), "groups": len(repeated),
+                "first": [describe(key, ids) for key, ids in repeated[:MAX_RECORDED_DUPLICATE_GROUPS]]}
+
+    return {"ids": summary(by_id, lambda key, ids: {"id": key, "rows": ids}),
+            "problems": summary(by_problem, lambda key, ids: {"rows": ids, "problem": text_of[key][:80]})}
+
+
+def refuse_duplicates(source_name: str, duplicates: dict[str, dict]) -> None:
+    """Raises naming the repeated ids and problems with their rows, if there are any (``data.duplicates=refuse``)."""
+    ids, problems = duplicates["ids"], duplicates["problems"]
+    found = []
+    if ids["duplicate_rows"]:
+        groups = "; ".join(f"extra_info.index {group['id']}: rows {_listed(group['rows'])}" for group in ids["first"])
+        found.append(f"{ids['duplicate_rows']} rows repeat an id ({groups})")
+    if problems["duplicate_rows"]:
+        groups = "; ".join(f"rows {_listed(group['rows'])}: {group['problem']!r}" for group in problems["first"])
+        found.append(f"{problems['duplicate_rows']} rows repeat a problem ({groups})")
+    if found:
+        raise ValueError(f"{source_name}: data.duplicates=refuse, but {' and '.join(found)}; "
+                         "remove the duplicates or set data.duplicates=count")
+
+
+def _listed(row_ids: list[int]) -> str:
+    return ", ".join(str(row_id) for row_id in row_ids)
+
+
 def load_rows(cfg: DataConfig, local_path: str | Path | None = None) -> LoadedRows:
     """Loads and validates the training set; nothing is dropped without being counted."""
-    dataset, source = load_training_dataset(cfg, local_path)
+    dataset, source, not_utf8 = load_training_dataset(cfg, local_path)
     name = source.get("path") or source["hub_id"]
-    rows, row_ids, invalid, by_field = validate_rows(dataset, name, cfg.invalid_rows)
+    rows, row_ids, invalid, by_field = validate_rows(dataset, name, cfg.invalid_rows, not_utf8)
+    num_source_rows = len(dataset) + len(not_utf8)
     if not rows:
-        raise ValueError(f"{name}: no valid rows (of {len(dataset)}); invalid by field: {dict(by_field)}")
-    return LoadedRows(rows=rows, row_ids=row_ids, source=source, num_source_rows=len(dataset),
-                      invalid=invalid, invalid_by_field=dict(by_field))
+        raise ValueError(f"{name}: no valid rows (of {num_source_rows}); invalid by field: {dict(by_field)}")
+    duplicates = count_duplicates(rows, row_ids)
+    if cfg.duplicates == "refuse":
+        refuse_duplicates(name, duplicates)
+    return LoadedRows(rows=rows, row_ids=row_ids, source=source, num_source_rows=num_source_rows,
+                      invalid=invalid, invalid_by_field=dict(by_field),
+                      duplicates={"policy": cfg.duplicates, **duplicates})

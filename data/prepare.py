@@ -11,8 +11,8 @@ Needs no model (the SFT token ids are written afterwards by ``python -m data.tok
 * ``benchmarks/<name>.jsonl``  id, problem, answer, answer_raw and the chat ``prompt`` evaluation samples from
 * ``source/toy_rows.jsonl``    the generated toy rows (toy source only), loaded like any local file
 
-The manifest's ``details`` record the source (hub revision / file sha256), invalid rows, split counts, a sha256 of
-each part's sorted ids and the SFT/RL problem overlap (0 by construction; checked anyway).
+The manifest's ``details`` record the source (hub revision / file sha256), invalid rows, duplicate ids and problems,
+split counts, a sha256 of each part's sorted ids and the SFT/RL problem overlap (0 by construction; checked anyway).
 """
 from __future__ import annotations
 
@@ -152,6 +152,7 @@ def run(cfg: Config) -> Manifest:
             "num_source_rows": loaded.num_source_rows,
             "invalid_rows": {"policy": cfg.data.invalid_rows, "count": loaded.num_invalid,
                              "by_field": loaded.invalid_by_field, "first": loaded.invalid},
+            "duplicates": loaded.duplicates,
             "split": {
                 "seed": cfg.data.split_seed,
                 "counts": {part: len(positions) for part, positions in parts.items()},

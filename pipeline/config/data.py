@@ -55,7 +55,10 @@ class DataConfig:
     strip_leading_think: str = "auto"
     """Remove the target's leading '<think>\\n' when the generation prompt already ends with it: auto, always, never."""
     invalid_rows: str = "error"
-    """error: a malformed row raises naming the row and field; skip: drop it and count it in the manifest."""
+    """error: a malformed row (or one that is not UTF-8) raises naming the file, row and field; skip: drop it and count
+    it in the manifest."""
+    duplicates: str = "count"
+    """count: repeated ids (``extra_info.index``) and problems are counted in the manifest; refuse: they are an error."""
     system_prompt_path: str = ""
     """Optional system prompt file for benchmark prompts; empty = the training rows' own system turn."""
     benchmark_source: str = "hub"
@@ -79,6 +82,7 @@ class DataConfig:
         check_range("data.max_length", self.max_length, 16)
         check_choice("data.strip_leading_think", self.strip_leading_think, ("auto", "always", "never"))
         check_choice("data.invalid_rows", self.invalid_rows, ("error", "skip"))
+        check_choice("data.duplicates", self.duplicates, ("count", "refuse"))
         check_choice("data.benchmark_source", self.benchmark_source, ("hub", "local", "toy"))
         if self.benchmark_source == "toy" and self.source != "toy":
             raise ConfigError(f"data.benchmark_source=toy needs data.source=toy; got data.source={self.source}")
