@@ -3,35 +3,21 @@
     python -m data.tokenize_sft experiment=demo profile=toy        # after data.prepare and data.toy_base
 
 Reads ``sft.parquet`` (from a complete data manifest) and the tokenizer at ``pipeline.paths.base_model_path(cfg)``,
-and writes ``<data_dir>/<model.name>/sft_tokens.parquet`` with columns ``input_ids``, ``labels`` (-100 on the
+and writes ``sft_tokens.parquet`` into ``pipeline.paths.tokens_run(cfg).directory`` with columns ``input_ids``, ``labels`` (-100 on the
 prompt), ``num_response_tokens``, ``truncated`` and ``row_id``, plus its own manifest: the SFT trainer reads only
 token ids. Formatting rules: :mod:`data.formatting`.
 """
 from __future__ import annotations
 
-from dataclasses import asdict
 from pathlib import Path
 
 
 from data.formatting import PromptTooLongError, build_sft_example
 from pipeline.config import Config, stage_main
-from pipeline.manifest import Manifest, read_manifest, require_complete, stage_run
+from pipeline.manifest import Manifest, read_manifest, stage_run
 from pipeline.models import load_tokenizer
-from pipeline.paths import base_model_path, data_dir, toy_base_dir
+from pipeline.paths import SFT_TOKENS_FILE, base_model_path, data_dir, tokens_run
 from pipeline.tracking import progress
-
-TOKENS_FILE = "sft_tokens.parquet"
-
-
-def tokenizer_input(cfg: Config) -> dict[str, Path]:
-    """The tokenizer files this stage depends on, when they are local (a hub id is recorded in the config)."""
-    path = Path(base_model_path(cfg))
-    if cfg.model.gguf_file:
-        return {"tokenizer": path / cfg.model.gguf_file}
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        if (path / name).is_file():
-            return {"tokenizer": path / name}
-    return {}
 
 
 def write_tokens(path: Path, columns: dict[str, list]) -> None:
@@ -51,15 +37,9 @@ def write_tokens(path: Path, columns: dict[str, list]) -> None:
 def run(cfg: Config) -> Manifest:
     import pyarrow.parquet as pq
 
-    source_dir = data_dir(cfg)
-    require_complete(source_dir, "data stage (python -m data.prepare)")
-    if cfg.model.source == "toy":
-        require_complete(toy_base_dir(cfg), "toy base model (python -m data.toy_base)")
-    out_dir = source_dir / cfg.model.name
-    config = {"model": asdict(cfg.model), "max_length": cfg.data.max_length,
-              "strip_leading_think": cfg.data.strip_leading_think, "tokenizer_path": base_model_path(cfg)}
-    inputs = {"sft_rows": source_dir / "sft.parquet", **tokenizer_input(cfg)}
-    with stage_run(out_dir, stage="data_tokens", variant=cfg.model.name, config=config, inputs=inputs) as stage:
+    spec = tokens_run(cfg)
+    out_dir, source_dir = spec.directory, data_dir(cfg)
+    with stage_run(out_dir, stage="tokens", variant=spec.variant, config=spec.config, inputs=spec.inputs) as stage:
         if stage is None:
             return read_manifest(out_dir)
         tokenizer = load_tokenizer(base_model_path(cfg), gguf_file=cfg.model.gguf_file)
@@ -79,8 +59,8 @@ def run(cfg: Config) -> Manifest:
             columns["row_id"].append(row["row_id"])
         if not columns["row_id"]:
             raise ValueError(f"every SFT row's prompt reaches data.max_length={cfg.data.max_length}")
-        write_tokens(out_dir / TOKENS_FILE, columns)
-        stage.add_output(TOKENS_FILE, "SFT token ids and labels (-100 on the prompt), one row per example")
+        write_tokens(out_dir / SFT_TOKENS_FILE, columns)
+        stage.add_output(SFT_TOKENS_FILE, "SFT token ids and labels (-100 on the prompt), one row per example")
         lengths = [len(ids) for ids in columns["input_ids"]]
         stage.manifest.details.update({
             "tokenizer": {"path": base_model_path(cfg), "eos_token": tokenizer.eos_token,

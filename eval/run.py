@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -32,12 +33,21 @@ from pipeline.manifest import (
     StageInputError,
     read_manifest,
     require_complete,
-    sha256_path,
     stage_run,
-    write_manifest,
 )
 from pipeline.models import load_tokenizer
-from pipeline.paths import BASE_VARIANT, base_model_path, data_dir, eval_dir, hf_export_dir, rl_dir, sft_dir, toy_base_dir
+from pipeline.paths import (
+    BASE_VARIANT,
+    base_model_path,
+    data_dir,
+    eval_dir,
+    eval_run,
+    hf_export_dir,
+    rl_dir,
+    sft_dir,
+    toy_base_dir,
+    with_method,
+)
 from pipeline.seeding import derive_seed
 from pipeline.tracking import progress
 
@@ -182,7 +192,8 @@ class _Engine:
 def evaluate_benchmark(cfg: Config, benchmark: str, engine: _Engine, model_record: dict[str, str],
                        pool: ThreadPoolExecutor) -> Manifest:
     """Samples, scores and summarises one benchmark under the run contract (skips, resumes or restarts)."""
-    out_dir = eval_dir(cfg, cfg.eval.phase, cfg.eval.variant, benchmark)
+    spec = eval_run(cfg, cfg.eval.phase, cfg.eval.variant, benchmark)
+    out_dir = spec.directory
     bench_file = data_dir(cfg) / "benchmarks" / f"{benchmark}.jsonl"
     rows = load_benchmark(bench_file)[:cfg.eval.max_problems or None]
     n = cfg.eval.samples_for(benchmark)
@@ -191,21 +202,16 @@ def evaluate_benchmark(cfg: Config, benchmark: str, engine: _Engine, model_recor
     protocol = {"n": n, "temperature": cfg.eval.temperature, "top_p": cfg.eval.top_p,
                 "max_tokens": cfg.eval.max_tokens, "seed": cfg.seed, "backend": cfg.eval.backend,
                 "dtype": cfg.model.dtype, "think_prefix": sorted(prefixes) != [""]}
-    section = {"protocol": protocol, "benchmark": benchmark, "num_problems": len(rows), "model": model_record,
-               "phase": cfg.eval.phase, "variant": cfg.eval.variant}
     samples_path = out_dir / SAMPLES_FILE
 
-    previous = read_manifest(out_dir)
-    if previous is not None and previous.complete and len(read_finished(samples_path, n)) < len(rows):
-        previous.status, previous.error = "failed", f"{SAMPLES_FILE} lost problems after the run completed"
-        write_manifest(out_dir, previous)
-
-    variant = f"{cfg.model.name}/{cfg.eval.phase}/{cfg.eval.variant}/{benchmark}"
-    with stage_run(out_dir, stage=f"eval_{cfg.eval.phase}", variant=variant,
-                   config=section, inputs={"benchmark": bench_file},
+    with stage_run(out_dir, stage=spec.stage, variant=spec.variant, config=spec.config, inputs=spec.inputs,
                    seeds={"sampling": cfg.seed}) as run:
         if run is None:
             return read_manifest(out_dir)
+        run.manifest.details.update({"model": model_record, "num_problems": len(rows),
+                                     "variant": cfg.eval.variant, "phase": cfg.eval.phase})
+        if cfg.eval.variant != BASE_VARIANT and not cfg.eval.model_path:
+            run.manifest.details["sft_method"] = asdict(with_method(cfg, cfg.eval.variant).sft.method)
         if not run.resumed:
             samples_path.unlink(missing_ok=True)
         finished = read_finished(samples_path, n)
@@ -274,11 +280,7 @@ def run(cfg: Config, sampler_factory: Callable[..., Sampler] = make_sampler) -> 
         configure_vllm_cpu_environment()  # before the tokenizer below imports torch
     benchmarks = benchmark_names(cfg)
     model_path, upstream = resolve_model(cfg)
-    model_record = {"path": model_path}
-    if upstream is not None:
-        model_record["upstream_manifest_sha256"] = sha256_path(upstream / "manifest.json")
-    elif Path(model_path).is_dir():
-        model_record["sha256"] = sha256_path(model_path)
+    model_record = {"path": model_path, "upstream_run": str(upstream) if upstream is not None else None}
     engine = _Engine(model_path, cfg, sampler_factory)
     summary = Manifest(stage=f"eval_{cfg.eval.phase}", variant=cfg.eval.variant, status="complete")
     try:

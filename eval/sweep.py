@@ -1,23 +1,23 @@
 """Sweep aggregation: finds the points of a Hydra multirun sweep among an experiment's evaluations and lays them out
 like the paper's ratio table (rows = swept values, columns = benchmarks pass@1 / pass@k + Avg) and plot.
 
-Every sweep point writes its own ``eval/<model>/<phase>/<label>/`` folders, its label naming the method fields that
-differ from the schema defaults (``eksft_rho0.1``; ``pipeline.paths.method_label``). The report scans every label
-evaluated for a model and phase, parses it back (``pipeline.paths.parse_method_label``) and groups labels by method:
-a method with two or more labels is a sweep over the fields whose values differ among them (``rho`` for
-``eksft``, ``eksft_rho0``, ``eksft_rho0.1``, …; the defaults' label counts as the point at the default value).
-Labels that are not method labels (``base``, a model evaluated with ``eval.model_path``) are not sweep points.
+Every sweep point writes its own ``eval/<model>/<phase>/<label>-<id>/`` folders (``pipeline.paths``). The report
+reads every complete evaluation manifest of a model and phase, each of which records the variant label and the SFT
+method it evaluated (``details.variant``, ``details.sft_method``), and groups them by method: a method evaluated
+with two or more labels is a sweep over the fields whose values differ among them (``rho`` for ``eksft``,
+``eksft_rho0``, ``eksft_rho0.1``, …; the defaults' label counts as the point at the default value). Evaluations of
+the base model or of ``eval.model_path`` record no method and are not sweep points.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import Mapping
 
 from eval.analyses import pyplot, save_figure
-from eval.run import METRICS_FILE
 from eval.tables import AVERAGE, ResultTable
-from pipeline.config.sft import SFTMethod
-from pipeline.paths import parse_method_label
+from pipeline.config.sft import SFT_METHOD_SCHEMAS, SFTMethod
+from pipeline.manifest import MANIFEST_NAME, StageInputError, read_manifest
 
 
 @dataclass
@@ -35,22 +35,26 @@ class Sweep:
         return f"{self.method}_{'_'.join(self.fields)}"
 
 
-def evaluated_labels(phase_dir: Path) -> list[str]:
-    """Variant folders of ``eval/<model>/<phase>/`` holding at least one benchmark's ``metrics.json``."""
-    if not phase_dir.is_dir():
-        return []
-    return sorted(folder.name for folder in phase_dir.iterdir()
-                  if folder.is_dir() and any(folder.glob(f"*/{METRICS_FILE}")))
-
-
-def find_sweeps(labels: list[str]) -> list[Sweep]:
-    """Groups method labels by method; every method with ≥ 2 labels is a :class:`Sweep` over its differing fields."""
-    by_method: dict[str, list[tuple[str, SFTMethod]]] = {}
-    for label in labels:
+def evaluated_methods(phase_dir: Path) -> dict[str, SFTMethod]:
+    """Label -> SFT method of every complete evaluation manifest under ``eval/<model>/<phase>/`` that records one
+    (manifests of an older pipeline version are passed over)."""
+    methods = {}
+    for path in sorted(phase_dir.glob(f"*/*/{MANIFEST_NAME}")):
         try:
-            method = parse_method_label(label)
-        except ValueError:
+            manifest = read_manifest(path.parent)
+        except StageInputError:
             continue
+        method = manifest.details.get("sft_method") if manifest is not None and manifest.complete else None
+        if method:
+            methods[manifest.details["variant"]] = SFT_METHOD_SCHEMAS[method["name"]](**method)
+    return methods
+
+
+def find_sweeps(methods: Mapping[str, SFTMethod]) -> list[Sweep]:
+    """Groups labelled methods by method name; every method with ≥ 2 labels is a :class:`Sweep` over its differing
+    fields."""
+    by_method: dict[str, list[tuple[str, SFTMethod]]] = {}
+    for label, method in methods.items():
         by_method.setdefault(method.name, []).append((label, method))
     sweeps = []
     for name, members in by_method.items():

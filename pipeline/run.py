@@ -8,18 +8,26 @@ its resolved settings, and runs nothing. Hydra multirun (``-m``) sweeps run one 
 """
 from __future__ import annotations
 
+import contextlib
 import json
+import signal
 import sys
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from fnmatch import fnmatch
 from pathlib import Path
+from typing import Iterator
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from pipeline.config import CONF_DIR, Config, ConfigError, to_config
-from pipeline.launch import StageFailed, is_done, run_command, stop_all
+from pipeline.launch import StageFailed, force_restart, is_done, run_command, stop_all
+from pipeline.locks import DirectoryLock
+from pipeline.manifest import StageInputError, read_manifest
+from pipeline.paths import experiment_dir
+from pipeline.preflight import PreflightError, require_plan
 from pipeline.stages import StageCommand, build_plan
 
 STATUS_EVERY_S = 60
@@ -27,9 +35,11 @@ STATUS_EVERY_S = 60
 PLAN_OWNED_KEYS = {"model": "profile.models=[...]", "sft/method": "experiment.methods=[...]",
                    "eval.phase": None, "eval.variant": None, "rl.init": None}
 """Keys the plan sets per stage; a user override of one would be ambiguous."""
+ORCHESTRATOR_KEYS = ("dry_run", "force")
+"""Keys only the orchestrator reads; stage commands do not receive them."""
 
 
-def stage_overrides(task_overrides: list[str], methods: list[str] | None = None) -> list[str]:
+def stage_overrides(task_overrides: list[str], methods: list[str] | None = None, per_seed: bool = False) -> list[str]:
     """The user's overrides that every stage command receives (orchestrator-only keys removed).
 
     A sweep preset (``+sweep=...``) stays with the orchestrator: a stage given it would start a multirun of its
@@ -43,11 +53,14 @@ def stage_overrides(task_overrides: list[str], methods: list[str] | None = None)
             hint = PLAN_OWNED_KEYS[key]
             raise ConfigError(f"'{override}' cannot be given to the orchestrator: the plan sets {key} per stage"
                               + (f"; use {hint} instead" if hint else ""))
+        if key == "seed" and per_seed:
+            raise ConfigError(f"'{override}' cannot be given with experiment.seeds: the plan sets seed per command; "
+                              "list every seed in experiment.seeds=[...]")
         if key == "sweep":
             if methods is not None:
                 kept.append(f"experiment.methods=[{','.join(methods)}]")
             continue
-        if key == "dry_run" or key.startswith("hydra"):
+        if key in ORCHESTRATOR_KEYS or key.startswith("hydra"):
             continue
         kept.append(override)
     return kept
@@ -73,13 +86,52 @@ def run(cfg: Config, overrides: list[str]) -> list[StageCommand]:
             print(f"{index:3d}. {describe(command)}")
         print("dry run: nothing was started")
         return plan
+    pending = [command for command in plan if cfg.force or not is_done(command)]
+    try:
+        require_plan(cfg, pending)
+    except PreflightError as error:
+        raise SystemExit(str(error)) from None
+    if cfg.preflight:
+        print(f"preflight: ok for the {len(pending)} pending stage commands")
+        return plan
     started = time.time()
-    failure = execute(plan, cfg.experiment.parallel)
+    with DirectoryLock(experiment_dir(cfg), f"orchestrator of experiment {cfg.experiment.name}"), \
+            signals_stop_children():
+        warn_about_old_layout(experiment_dir(cfg))
+        failure = execute(plan, cfg.experiment.parallel, force=cfg.force)
     if failure is not None:
         print(f"FAILED: {failure}", file=sys.stderr)
         raise SystemExit(1) from failure
     print(f"experiment {cfg.experiment.name} complete in {time.time() - started:.0f} s")
     return plan
+
+
+@contextlib.contextmanager
+def signals_stop_children() -> Iterator[None]:
+    """SIGTERM and SIGHUP act like Ctrl-C while the plan runs: every running stage's process group is stopped."""
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
+
+    previous = {signum: signal.signal(signum, interrupt) for signum in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def warn_about_old_layout(root: Path) -> None:
+    """Names run folders written by an older pipeline version (no identity hash): kept, never reused."""
+    old = []
+    for path in root.glob("**/manifest.json"):
+        try:
+            read_manifest(path.parent)
+        except StageInputError:
+            old.append(str(path.parent))
+    if old:
+        print(f"note: {len(old)} run folder(s) under {root} were written by an older pipeline version or are corrupt "
+              f"and are not reused (e.g. {old[0]}); the runs of this version live in folders named "
+              "<label>-<identity hash>. Delete the old ones when you no longer need them.", flush=True)
 
 
 def critical_path_lengths(plan: list[StageCommand]) -> dict[str, int]:
@@ -112,13 +164,15 @@ def status_line(running: list[StageCommand], finished: int, total: int, elapsed_
     return f"[{finished}/{total} done, {elapsed_s / 60:.1f} min] " + " | ".join(parts)
 
 
-def execute(plan: list[StageCommand], parallel: int) -> StageFailed | None:
+def execute(plan: list[StageCommand], parallel: int, force: list[str] | tuple[str, ...] = ()) -> StageFailed | None:
     """Runs the plan with up to ``parallel`` commands at a time; returns the first failure (None on success).
 
     A command starts once every command it needs has succeeded. With one slot the plan runs in its own order
     (Table 1 before RL); with more, the ready command heading the longest chain of dependents goes first
     (list scheduling), so the RL chain starts as soon as its inputs exist and evaluations fill the gaps. After
-    a failure nothing new starts; commands already running finish, so their work is kept.
+    a failure nothing new starts; commands already running finish, so their work is kept. Commands matching a
+    ``force`` pattern (command or stage name) restart from scratch, and so, through their changed inputs, does
+    everything downstream.
     """
     order = {command.name: index for index, command in enumerate(plan)}
     chain = critical_path_lengths(plan)
@@ -146,7 +200,10 @@ def execute(plan: list[StageCommand], parallel: int) -> StageFailed | None:
                     if all(need in succeeded for need in command.needs):
                         pending.remove(command)
                         progressed = True
-                        if is_done(command):
+                        forced = [p for p in force if fnmatch(command.name, p) or fnmatch(command.stage, p)]
+                        if forced:
+                            force_restart(command, f"forced by force={forced}")
+                        if not forced and is_done(command):
                             print(f"{label(command)}: done (manifests unchanged), skipping")
                             succeeded.add(command.name)
                         else:
@@ -185,7 +242,8 @@ def execute(plan: list[StageCommand], parallel: int) -> StageFailed | None:
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base=None)
 def main(dict_cfg: DictConfig) -> None:
     cfg = to_config(dict_cfg)
-    run(cfg, stage_overrides(list(HydraConfig.get().overrides.task), cfg.experiment.methods))
+    run(cfg, stage_overrides(list(HydraConfig.get().overrides.task), cfg.experiment.methods,
+                             per_seed=bool(cfg.experiment.seeds)))
 
 
 if __name__ == "__main__":

@@ -19,17 +19,20 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from pipeline.config import Config, compose
 from pipeline.paths import (
     BASE_VARIANT,
-    data_dir,
-    eval_dir,
+    RunSpec,
+    base_run,
+    data_run,
+    eval_run,
     method_label,
-    report_dir,
-    rl_dir,
-    sft_dir,
-    toy_base_dir,
+    report_run,
+    rl_run,
+    sft_run,
+    tokens_run,
 )
 
 
@@ -40,17 +43,27 @@ class StageCommand:
     stage: str
     """Stage name (data, base, sft, eval_sft, rl, eval_rl, report)."""
     name: str
-    """Human-readable id, e.g. ``sft/qwen3_4b/eksft``."""
+    """Human-readable id, e.g. ``sft/qwen3_4b/eksft`` (``.../seed1`` in a multi-seed experiment)."""
     argv: list[str]
     """The exact command line."""
-    manifest_dirs: list[Path]
-    """Folders whose manifests the command writes; all complete means the command is done."""
+    runs: list[RunSpec]
+    """The runs whose manifests the command writes; all current (``pipeline.manifest.run_state``) means done."""
     config: Config
-    """The config the command composes (for display and for the skip check)."""
+    """The config the command composes (for display and the stage environment)."""
     settings: dict[str, object] = field(default_factory=dict)
     """The resolved settings worth showing in a dry run."""
     needs: list[str] = field(default_factory=list)
     """Names of the plan's commands whose outputs this one reads; it starts only after they succeed."""
+    refresh: Callable[[], list[RunSpec]] | None = None
+    """Rebuilds ``runs`` when their inputs depend on what exists on disk (the report reads every run there is)."""
+
+    def current_runs(self) -> list[RunSpec]:
+        """``runs`` as of now (what the skip check compares)."""
+        return self.refresh() if self.refresh is not None else self.runs
+
+    @property
+    def manifest_dirs(self) -> list[Path]:
+        return [run.directory for run in self.runs]
 
     @property
     def record_dir(self) -> Path:
@@ -96,53 +109,61 @@ def _rl_settings(cfg: Config, variant: str) -> dict[str, object]:
 def build_plan(cfg: Config, overrides: list[str]) -> list[StageCommand]:
     """Expands ``cfg.experiment`` into the ordered list of stage commands (user ``overrides`` go to every stage).
 
-    Each command's ``needs`` names the commands in this plan that produce its inputs; a producer left out of
-    ``experiment.stages`` is not waited for (the stage itself checks that its inputs are complete).
+    SFT, evaluation and RL commands run once per seed of ``cfg.run_seeds()`` (``seed=<s>`` is added when the
+    experiment lists ``experiment.seeds``). Each command's ``needs`` names the commands in this plan that produce its
+    inputs; a producer left out of ``experiment.stages`` is not waited for (the stage itself checks its inputs).
     """
     stages = set(cfg.experiment.stages)
+    seeds = cfg.run_seeds()
+    per_seed = bool(cfg.experiment.seeds)
     plan: list[StageCommand] = []
     if "data" in stages:
-        plan.append(StageCommand("data", "data", _python_module("data.prepare", overrides), [data_dir(cfg)], cfg,
+        plan.append(StageCommand("data", "data", _python_module("data.prepare", overrides), [data_run(cfg)], cfg,
                                  {"source": cfg.data.source, "split_seed": cfg.data.split_seed,
                                   "num_sft_rows": cfg.data.num_sft_rows, "benchmarks": list(cfg.data.benchmarks)}))
     for model in cfg.profile.models:
         model_overrides = [*overrides, f"model={model}"]
         mcfg = compose(model_overrides)
-        base_model = [f"base/{model}"] if mcfg.model.source == "toy" else []
+        base = base_run(mcfg)
+        base_model = [f"base/{model}"] if base is not None else []
         if "base" in stages:
-            if base_model:
+            if base is not None:
                 plan.append(StageCommand("base", f"base/{model}", _python_module("data.toy_base", model_overrides),
-                                         [toy_base_dir(mcfg)], mcfg, {"toy": vars(mcfg.toy)}))
+                                         [base], mcfg, {"toy": vars(mcfg.toy)}))
             plan.append(StageCommand("base", f"tokenize/{model}", _python_module("data.tokenize_sft", model_overrides),
-                                     [data_dir(mcfg) / model], mcfg, {"max_length": mcfg.data.max_length},
+                                     [tokens_run(mcfg)], mcfg, {"max_length": mcfg.data.max_length},
                                      needs=["data", *base_model]))
-        labels = []
-        for method in cfg.experiment.methods:
-            method_overrides = [*model_overrides, f"sft/method={method}"]
-            scfg = compose(method_overrides)
-            label = method_label(scfg.sft.method)
-            labels.append(label)
-            if "sft" in stages:
-                argv = [*torchrun_prefix(scfg), "-m", "sft.train", *method_overrides]
-                plan.append(StageCommand("sft", f"sft/{model}/{label}", argv, [sft_dir(scfg)], scfg,
-                                         _sft_settings(scfg), needs=[f"tokenize/{model}"]))
-        variants = [BASE_VARIANT, *labels]
-        start_model = {variant: ["data", *base_model] if variant == BASE_VARIANT else [f"sft/{model}/{variant}"]
-                       for variant in variants}
-        if "eval_sft" in stages:
-            plan.extend(_eval_commands(mcfg, model_overrides, "sft", variants, start_model))
-        for variant in variants:
-            if "rl" in stages:
-                rl_overrides = [*model_overrides, f"rl.init={variant}"]
-                plan.append(StageCommand("rl", f"rl/{model}/{variant}", _python_module("rl.train", rl_overrides),
-                                         [rl_dir(mcfg, variant)], mcfg, _rl_settings(mcfg, variant),
-                                         needs=start_model[variant]))
-            if "eval_rl" in stages:
-                plan.extend(_eval_commands(mcfg, model_overrides, "rl", [variant],
-                                           {variant: ["data", f"rl/{model}/{variant}"]}))
+        for seed in seeds:
+            suffix = f"/seed{seed}" if per_seed else ""
+            seed_overrides = [*model_overrides, f"seed={seed}"] if per_seed else model_overrides
+            seed_cfg = compose(seed_overrides) if per_seed else mcfg
+            labels = []
+            for method in cfg.experiment.methods:
+                method_overrides = [*seed_overrides, f"sft/method={method}"]
+                scfg = compose(method_overrides)
+                label = method_label(scfg.sft.method)
+                labels.append(label)
+                if "sft" in stages:
+                    argv = [*torchrun_prefix(scfg), "-m", "sft.train", *method_overrides]
+                    plan.append(StageCommand("sft", f"sft/{model}/{label}{suffix}", argv, [sft_run(scfg)], scfg,
+                                             _sft_settings(scfg), needs=[f"tokenize/{model}"]))
+            variants = [BASE_VARIANT, *labels]
+            start_model = {variant: ["data", *base_model] if variant == BASE_VARIANT else
+                           [f"sft/{model}/{variant}{suffix}"] for variant in variants}
+            if "eval_sft" in stages:
+                plan.extend(_eval_commands(seed_cfg, seed_overrides, "sft", variants, start_model, suffix))
+            for variant in variants:
+                if "rl" in stages:
+                    rl_overrides = [*seed_overrides, f"rl.init={variant}"]
+                    plan.append(StageCommand("rl", f"rl/{model}/{variant}{suffix}",
+                                             _python_module("rl.train", rl_overrides), [rl_run(seed_cfg, variant)],
+                                             seed_cfg, _rl_settings(seed_cfg, variant), needs=start_model[variant]))
+                if "eval_rl" in stages:
+                    plan.extend(_eval_commands(seed_cfg, seed_overrides, "rl", [variant],
+                                               {variant: ["data", f"rl/{model}/{variant}{suffix}"]}, suffix))
     if "report" in stages:
-        plan.append(StageCommand("report", "report", _python_module("eval.report", overrides), [report_dir(cfg)], cfg,
-                                 needs=[command.name for command in plan]))
+        plan.append(StageCommand("report", "report", _python_module("eval.report", overrides), [report_run(cfg)], cfg,
+                                 needs=[command.name for command in plan], refresh=lambda: [report_run(cfg)]))
     names = {command.name for command in plan}
     for command in plan:
         command.needs = [need for need in command.needs if need in names]
@@ -150,12 +171,12 @@ def build_plan(cfg: Config, overrides: list[str]) -> list[StageCommand]:
 
 
 def _eval_commands(cfg: Config, overrides: list[str], phase: str, variants: list[str],
-                   needs: dict[str, list[str]]) -> list[StageCommand]:
+                   needs: dict[str, list[str]], suffix: str) -> list[StageCommand]:
     commands = []
     for variant in variants:
         argv = _python_module("eval.run", [*overrides, f"eval.phase={phase}", f"eval.variant={variant}"])
-        dirs = [eval_dir(cfg, phase, variant, bench) for bench in cfg.data.benchmarks]
-        commands.append(StageCommand(f"eval_{phase}", f"eval/{cfg.model.name}/{phase}/{variant}", argv, dirs, cfg,
-                                     {**_eval_settings(cfg), "benchmarks": list(cfg.data.benchmarks)},
+        runs = [eval_run(cfg, phase, variant, bench) for bench in cfg.data.benchmarks]
+        commands.append(StageCommand(f"eval_{phase}", f"eval/{cfg.model.name}/{phase}/{variant}{suffix}", argv, runs,
+                                     cfg, {**_eval_settings(cfg), "benchmarks": list(cfg.data.benchmarks)},
                                      needs=needs[variant]))
     return commands

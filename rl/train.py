@@ -11,7 +11,6 @@ multi-node recipe). On failure or Ctrl-C the verl process group and every proces
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import re
@@ -26,7 +25,7 @@ from typing import Any, Callable
 
 from pipeline.config import Config, stage_main
 from pipeline.manifest import Manifest, read_manifest, require_complete, stage_run
-from pipeline.paths import BASE_VARIANT, data_dir, hf_export_dir, rl_dir, sft_dir, toy_base_dir
+from pipeline.paths import BASE_VARIANT, data_dir, hf_export_dir, rl_run, sft_dir, toy_base_dir
 from pipeline.seeding import derive_seed
 from pipeline.tracking import MetricsLogger, progress, read_metrics
 from rl.export import check_hf_export, latest_checkpoint_step, merge_actor
@@ -51,8 +50,6 @@ REQUIRED_COLUMNS = ("data_source", "prompt", "reward_model")
 STEP_LINE = re.compile(r"(?:^|\s)step:\d+ - ")
 """verl's console logger line of a finished step (Ray prefixes it with the actor name)."""
 KILL_GRACE_S = 10.0
-RUNTIME_ONLY_FIELDS = ("stall_timeout_s",)
-"""rl fields that change how a run is supervised, not what it computes (left out of the manifest's config hash)."""
 
 
 class RLError(RuntimeError):
@@ -282,28 +279,17 @@ def summarize_metrics(records: list[dict[str, Any]]) -> dict[str, Any]:
     return summary
 
 
-def _stage_config(cfg: Config, variant: str) -> dict[str, Any]:
-    """The part of the config that determines this stage's outputs (hashed into the manifest)."""
-    rl = {key: value for key, value in dataclasses.asdict(cfg.rl).items() if key not in RUNTIME_ONLY_FIELDS}
-    return {"variant": variant, "rl": rl, "model": dataclasses.asdict(cfg.model),
-            "profile": dataclasses.asdict(cfg.profile), "seed": cfg.seed, "experiment": cfg.experiment.name}
-
-
 # ------------------------------------------------------------------------------------------------- run
 def run(cfg: Config) -> Manifest:
     """RL from ``rl.init`` (or the configured SFT method) to ``rl/<model>/<variant>/hf``; returns the manifest."""
     variant = resolve_variant(cfg)
-    stage = rl_dir(cfg, variant)
+    spec = rl_run(cfg, variant)
+    stage = spec.directory
     facts = preflight(cfg, variant)
     model_path = init_model_path(cfg, variant)
-    train_file, val_file = data_files(cfg)
-    inputs: dict[str, Path] = {"rl_train": train_file, "rl_val": val_file, "data_manifest": data_dir(cfg)
-                               / "manifest.json"}
-    if model_path.exists():
-        inputs["init_model"] = model_path
     seeds = {purpose: derive_seed(cfg.seed, f"rl/{purpose}") for purpose in ("data", "train", "minibatch", "rollout")}
-    with stage_run(stage, stage="rl", variant=f"{cfg.model.name}/{variant}", config=_stage_config(cfg, variant),
-                   inputs=inputs, seeds=seeds) as current:
+    with stage_run(stage, stage="rl", variant=spec.variant, config=spec.config, inputs=spec.inputs,
+                   seeds=seeds) as current:
         if current is None:
             return read_manifest(stage)
         checkpoint_dir = stage / CHECKPOINT_SUBDIR
@@ -324,9 +310,9 @@ def run(cfg: Config) -> Manifest:
         current.manifest.metrics = summarize_metrics(read_metrics(stage / METRICS_FILE))
         current.manifest.metrics["final_step"] = done
         current.add_output("hf", f"merged final actor (step {done}, {export['dtype']}), for evaluation")
-        current.add_output(CHECKPOINT_SUBDIR, "verl FSDP checkpoints (resume_mode=auto)")
+        current.add_output(CHECKPOINT_SUBDIR, "verl FSDP checkpoints (resume_mode=auto)", verify=False)
         current.add_output(METRICS_FILE, "verl per-step metrics incl. timing_s/{gen,update_actor,testing}")
-        current.add_output(VERL_LOG, "verl console log, every attempt")
+        current.add_output(VERL_LOG, "verl console log, every attempt", verify=False)
     return read_manifest(stage)
 
 

@@ -1,6 +1,6 @@
 """The tokenised SFT split and the trainer's deterministic micro-batches.
 
-Input contract (written by the data stage): ``<data_dir>/<model>/sft_tokens.parquet`` with columns
+Input contract (written by the data stage): ``pipeline.paths.sft_tokens_path(cfg)`` with columns
 ``input_ids`` (list[int]), ``labels`` (list[int], HF convention: unshifted, ``-100`` on prompt tokens,
 ``labels[i] == input_ids[i]`` elsewhere), ``row_id``, ``num_response_tokens``, ``truncated``.
 
@@ -26,8 +26,6 @@ import torch
 
 from pipeline.seeding import derive_seed
 
-SFT_TOKENS_FILE = "sft_tokens.parquet"
-"""File name of the tokenised SFT split inside ``<data_dir>/<model name>/``."""
 REQUIRED_COLUMNS = ("input_ids", "labels", "row_id", "num_response_tokens", "truncated")
 IGNORE_INDEX = -100
 """Label of positions without a training target (prompt and padding)."""

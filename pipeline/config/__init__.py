@@ -9,9 +9,9 @@ Each stage's schema lives in its own module of this package (``data``, ``toy``, 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import hydra
 from hydra.core.config_store import ConfigStore
@@ -81,6 +81,16 @@ class Config:
     """Training seed (model init, data order, sampling). The data split has its own ``data.split_seed``."""
     dry_run: bool = False
     """Print every stage and its exact command without running anything."""
+    preflight: bool = False
+    """Orchestrator only: run the checks of pipeline/preflight.py for the pending stages, then stop (they also run
+    before the first stage of every run)."""
+    force: list[str] = field(default_factory=list)
+    """Orchestrator only: commands to redo from scratch, as glob patterns over command names or stage names
+    (``force=[sft/toy/eksft*]``, ``force=[eval_rl]``); everything that reads their outputs re-runs as a consequence."""
+
+    def run_seeds(self) -> list[int]:
+        """The seeds every SFT, RL and evaluation command runs for: ``experiment.seeds``, else ``[seed]``."""
+        return list(self.experiment.seeds) or [self.seed]
 
     def validate(self) -> "Config":
         check_range("seed", self.seed, 0, 2**31 - 1)
@@ -124,7 +134,26 @@ def to_config(cfg: DictConfig) -> Config:
     if not isinstance(obj, Config):
         raise ConfigError(f"the composed config is not a Config (got {type(obj).__name__}); "
                           "is 'base_config' first in conf/config.yaml's defaults?")
+    unknown = list(unknown_keys(obj))
+    if unknown:
+        raise ConfigError(f"unknown config key{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}: no schema field "
+                          "has that name (a '+key=value' override adds a key that nothing reads); check the spelling")
     return obj.validate()
+
+
+def unknown_keys(obj: Any, prefix: str = "") -> Iterator[str]:
+    """Dotted keys of ``obj`` (a converted config) that its dataclass schemas do not declare: Hydra's ``+`` adds keys
+    to struct configs, and ``OmegaConf.to_object`` sets them as attributes."""
+    if is_dataclass(obj):
+        declared = {f.name for f in fields(obj)}
+        for key in sorted(vars(obj)):
+            if key not in declared:
+                yield f"{prefix}{key}"
+        for name in sorted(declared):
+            yield from unknown_keys(getattr(obj, name), f"{prefix}{name}.")
+    elif isinstance(obj, dict):
+        for key, value in obj.items():
+            yield from unknown_keys(value, f"{prefix}{key}.")
 
 
 def stage_main(run: Callable[[Config], Any]) -> Callable[[], None]:

@@ -1,7 +1,8 @@
 """Schemas shared by every stage: experiment, profile, model, logging; and the validation helpers."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import re
+from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, Iterable, Optional
 
 from omegaconf import MISSING
@@ -10,8 +11,34 @@ STAGES = ("data", "base", "sft", "eval_sft", "rl", "eval_rl", "report")
 """Every stage the orchestrator knows, in execution order."""
 
 
+SUPERVISION = {"supervision": True}
+"""Field metadata of a setting that changes how a run is supervised (timeouts, checkpoint cadence, threads, display),
+not what it computes: :func:`computation_config` leaves it out, so it never changes a run's identity."""
+SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.=+-]*")
+"""Names that become path components: letters, digits and ``_ . = + -``, not starting with a dot."""
+
+
 class ConfigError(ValueError):
     """An invalid configuration value; the message names the key and what is allowed."""
+
+
+def computation_config(section: Any) -> Any:
+    """A config section as plain data without its :data:`SUPERVISION` fields (what identifies a run)."""
+    if is_dataclass(section):
+        return {f.name: computation_config(getattr(section, f.name)) for f in fields(section)
+                if not f.metadata.get("supervision")}
+    if isinstance(section, dict):
+        return {key: computation_config(value) for key, value in section.items()}
+    if isinstance(section, (list, tuple)):
+        return [computation_config(value) for value in section]
+    return section
+
+
+def check_name(key: str, value: Any) -> None:
+    """Raises :class:`ConfigError` naming ``key`` unless ``value`` is a safe path component (:data:`SAFE_NAME`)."""
+    if not isinstance(value, str) or not SAFE_NAME.fullmatch(value) or ".." in value:
+        raise ConfigError(f"{key} becomes a folder name and must match {SAFE_NAME.pattern} without '..'; "
+                          f"got {value!r}")
 
 
 def check_range(key: str, value: Any, low: float | None = None, high: float | None = None,
@@ -48,13 +75,15 @@ class ExperimentConfig:
     """SFT methods (``conf/sft/method/*.yaml`` names) trained, evaluated and handed to RL."""
     run_root: str = "runs"
     """Folder holding every run directory (``<run_root>/<experiment>/<stage>/<variant>``)."""
-    parallel: int = 1
+    seeds: list[int] = field(default_factory=list)
+    """Seeds of a multi-seed experiment: every SFT, RL and evaluation command runs once per seed (``seed=<s>``),
+    each in its own folders, and the report aggregates them. Empty: the single top-level ``seed``."""
+    parallel: int = field(default=1, metadata=SUPERVISION)
     """Stage commands run at the same time. On a 2-core CPU machine 2 overlaps vLLM's one-thread sampling and
     verl's start-up with training; on GPUs keep 1 (every stage uses all of a node's GPUs)."""
 
     def validate(self) -> None:
-        if not self.name or "/" in self.name:
-            raise ConfigError(f"experiment.name must be a non-empty folder name; got {self.name!r}")
+        check_name("experiment.name", self.name)
         check_range("experiment.parallel", self.parallel, 1)
         for stage in self.stages:
             check_choice("experiment.stages[]", stage, STAGES)
@@ -62,6 +91,10 @@ class ExperimentConfig:
             raise ConfigError("experiment.methods must list at least one SFT method")
         if len(set(self.methods)) != len(self.methods):
             raise ConfigError(f"experiment.methods has duplicates: {self.methods}")
+        for seed in self.seeds:
+            check_range("experiment.seeds[]", seed, 0, 2**31 - 1)
+        if len(set(self.seeds)) != len(self.seeds):
+            raise ConfigError(f"experiment.seeds has duplicates: {self.seeds}")
 
 
 @dataclass
@@ -78,7 +111,7 @@ class ProfileConfig:
     """Processes (GPUs) per node for torchrun and verl."""
     nnodes: int = 1
     """Nodes for torchrun's rendezvous and verl's Ray cluster."""
-    num_threads: int = 2
+    num_threads: int = field(default=2, metadata=SUPERVISION)
     """torch CPU threads for single-process stages (CPU profile)."""
 
     def validate(self) -> None:
@@ -103,7 +136,7 @@ class ModelConfig:
     """Hub id or local folder (hub/gguf sources); empty for toy."""
     gguf_file: str = ""
     """File name inside ``path`` for the gguf source (e.g. SmolLM2-135M-Instruct.Q4_1.gguf)."""
-    display_name: str = ""
+    display_name: str = field(default="", metadata=SUPERVISION)
     """Name shown in tables (e.g. Qwen3-4B)."""
     dtype: str = "bfloat16"
     """Weights dtype for generation and exports: bfloat16 or float32."""
@@ -111,6 +144,7 @@ class ModelConfig:
     """transformers attention implementation (sdpa works everywhere; flash_attention_2 on GPUs)."""
 
     def validate(self) -> None:
+        check_name("model.name", self.name)
         check_choice("model.source", self.source, ("hub", "toy", "gguf"))
         if self.source in ("hub", "gguf") and not self.path:
             raise ConfigError(f"model.path must be set for model.source={self.source}")

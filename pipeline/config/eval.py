@@ -3,12 +3,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pipeline.config.common import ConfigError, check_choice, check_range
+from pipeline.config.common import ConfigError, check_choice, check_name, check_range
 
 ANALYSES = ("drift", "iou", "case_study", "sweep")
 """Analyses the report stage can add next to the tables and pass@k curves."""
 PAPER_ROW_LABELS = {"base": "Base", "sft": "SFT", "dft": "DFT", "iwsft": "IW-SFT", "psft": "PSFT",
-                    "eksft": "EKSFT (Ours)"}
+                    "eksft": "EKSFT (paper eq.)", "eksft_compatofficial_code": "EKSFT (official code)",
+                    "asft": "ASFT", "gem": "GEM", "sedsft": "SED-SFT", "eaft": "EAFT",
+                    "highentropy": "CE on top-ρ H (ours)"}
+"""Row titles by method label (``pipeline.paths.method_label``): ``eksft`` is EKSFT as the paper's equations write it,
+``eksft_compatofficial_code`` (``sft/method=eksft_official``) as the public code runs it (docs/methods.md)."""
 
 
 @dataclass
@@ -84,8 +88,7 @@ class EvalConfig:
 
     def validate(self) -> None:
         check_choice("eval.phase", self.phase, ("sft", "rl"))
-        if not self.variant or "/" in self.variant:
-            raise ConfigError(f"eval.variant must be a non-empty folder name; got {self.variant!r}")
+        check_name("eval.variant", self.variant)
         if self.model_path and self.variant == "base":
             raise ConfigError("eval.variant must name the model when eval.model_path is set "
                               "(e.g. eval.variant=my_model); 'base' is the experiment's own base model")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pipeline.config.common import ConfigError, check_choice, check_range
+from pipeline.config.common import SUPERVISION, ConfigError, check_choice, check_range
 
 REWARD_STYLES = {"plus_minus_one": (1.0, -1.0), "zero_one": (1.0, 0.0)}
 """Reward style -> (score of a correct answer, score of a wrong one)."""
@@ -83,15 +83,15 @@ class RLConfig:
     """vLLM tensor-parallel size per rollout replica (GPU profile)."""
     gpu_memory_utilization: float = 0.6
     """Fraction of GPU memory vLLM may take (GPU profile)."""
-    save_freq: int = 20
+    save_freq: int = field(default=20, metadata=SUPERVISION)
     """Save a verl checkpoint every N steps (and always at the last step, which is merged to HF)."""
     test_freq: int = 20
     """Run verl's validation on rl_val.parquet every N steps (0: never)."""
     val_before_train: bool = True
     """Validate once before the first step (a baseline for the curve)."""
-    max_checkpoints_to_keep: int = 2
+    max_checkpoints_to_keep: int = field(default=2, metadata=SUPERVISION)
     """verl actor checkpoints kept on disk (older ones are deleted)."""
-    stall_timeout_s: float = 0.0
+    stall_timeout_s: float = field(default=0.0, metadata=SUPERVISION)
     """Stop the run with an error when verl has logged no new step for this long (start-up included); 0: never.
     verl 0.9.1 waits forever when one of its Ray actors dies (e.g. killed for memory)."""
     verl_overrides: dict[str, str] = field(default_factory=dict)

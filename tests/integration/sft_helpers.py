@@ -17,9 +17,9 @@ from safetensors.torch import load_file
 
 from pipeline.config import Config, compose
 from pipeline.manifest import stage_run
-from pipeline.paths import hf_export_dir, sft_dir
+from pipeline.paths import SFT_TOKENS_FILE, hf_export_dir, sft_dir, tokens_dir
 from pipeline.tiny_model import TRAINING_TEXTS, build_tiny_qwen3
-from sft.data import IGNORE_INDEX, SFT_TOKENS_FILE
+from sft.data import IGNORE_INDEX
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 WORDS = sorted(set(" ".join(TRAINING_TEXTS).split()))
@@ -56,7 +56,7 @@ def write_sft_tokens(cfg: Config, num_rows: int, seed: int = 0) -> Path:
         columns["labels"].append([IGNORE_INDEX] * len(prompt_ids) + response_ids)
         columns["num_response_tokens"].append(len(response_ids))
         columns["truncated"].append(False)
-    folder = Path(cfg.experiment.run_root) / cfg.experiment.name / "data" / cfg.model.name
+    folder = tokens_dir(cfg)
     with stage_run(folder, stage="data", variant=cfg.model.name, config={"rows": num_rows, "seed": seed},
                    announce=lambda message: None) as run:
         pq.write_table(pa.table(columns), folder / SFT_TOKENS_FILE)

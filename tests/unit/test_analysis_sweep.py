@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 
 import pytest
 
@@ -9,6 +10,7 @@ from eval import report
 from eval.sweep import Sweep, find_sweeps
 from pipeline.config import compose
 from pipeline.config.sft import SFT_METHOD_SCHEMAS, EKSFTMethod, GEMMethod, IWSFTMethod
+from pipeline.manifest import Manifest, write_manifest
 from pipeline.paths import eval_dir, method_label, parse_method_label
 
 
@@ -43,14 +45,19 @@ def test_other_labels_are_rejected(label):
         parse_method_label(label)
 
 
+def _parsed(labels):
+    """The label -> method map the report reads from evaluation manifests (non-method labels record none)."""
+    return {label: parse_method_label(label) for label in labels if label not in ("base", "my_model")}
+
+
 def test_find_sweeps_groups_by_method_and_sorts_by_value():
     labels = ["base", "eksft_rho0.4", "eksft", "eksft_rho0", "sft", "my_model"]
-    assert find_sweeps(labels) == [Sweep(method="eksft", fields=["rho"], points=[
+    assert find_sweeps(_parsed(labels)) == [Sweep(method="eksft", fields=["rho"], points=[
         ("eksft_rho0", (0.0,)), ("eksft", (0.2,)), ("eksft_rho0.4", (0.4,))])]
-    grid = find_sweeps(["eksft_lambda_entropy0_lambda_kl0", "eksft_lambda_entropy0", "eksft"])
+    grid = find_sweeps(_parsed(["eksft_lambda_entropy0_lambda_kl0", "eksft_lambda_entropy0", "eksft"]))
     assert grid[0].fields == ["lambda_entropy", "lambda_kl"]
     assert [p[1] for p in grid[0].points] == [(0.0, 0.0), (0.0, 0.05), (0.05, 0.05)]
-    assert find_sweeps(["eksft", "sft", "dft"]) == []
+    assert find_sweeps(_parsed(["eksft", "sft", "dft"])) == []
 
 
 def test_sweep_table_rows_and_columns(tmp_path):
@@ -63,6 +70,8 @@ def test_sweep_table_rows_and_columns(tmp_path):
             folder = eval_dir(cfg, "sft", label, bench)
             folder.mkdir(parents=True)
             (folder / "metrics.json").write_text(json.dumps({"n": 4, "correct_counts": dict(zip("ab", counts))}))
+            details = {"variant": label, **({} if label == "base" else {"sft_method": asdict(parse_method_label(label))})}
+            write_manifest(folder, Manifest(stage="eval_sft", variant=label, status="complete", details=details))
     [(mcfg, phase, sweep, table, files)] = report.sweep_tables(cfg, report.model_configs(cfg))
     assert (phase, sweep.fields, table.row_header) == ("sft", ["rho"], "rho")
     assert table.columns == ["Toy-Add", "Toy-Mixed", "Avg"] and table.metrics == ["pass@1", "pass@4"]

@@ -1,12 +1,17 @@
 """The run contract: atomic manifests, skip / resume / restart decisions, failures recorded."""
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import subprocess
+import sys
+import time
 
 import pytest
 
 from pipeline import manifest as mf
+from pipeline.locks import LockHeld
 
 
 def _body_runs(directory, config, inputs=None):
@@ -36,7 +41,9 @@ def test_complete_manifest_with_same_config_is_skipped(tmp_path):
     first = _body_runs(tmp_path, {"a": 1})
     assert first is not None and not first.resumed
     manifest = mf.read_manifest(tmp_path)
-    assert manifest.status == "complete" and manifest.outputs == {"out.txt": "an output"}
+    assert manifest.status == "complete"
+    assert manifest.outputs == {"out.txt": {"description": "an output", "verify": True, "size": 1, "files": 1,
+                                            "digest": hashlib.sha256(b"x").hexdigest()}}
     assert manifest.packages["python"] and "commit" in manifest.git
     assert _body_runs(tmp_path, {"a": 1}) is None
 
@@ -105,3 +112,97 @@ def test_manifest_is_plain_json(tmp_path):
     mf.write_manifest(tmp_path, mf.Manifest(stage="s", variant="v"))
     data = json.loads((tmp_path / "manifest.json").read_text())
     assert data["schema_version"] == mf.SCHEMA_VERSION and data["status"] == "running"
+
+
+# ------------------------------------------------------------------- issue 10: the run contract
+def _upstream_then_downstream(tmp_path):
+    upstream, downstream = tmp_path / "up", tmp_path / "down"
+    _body_runs(upstream, {"u": 1})
+    assert _body_runs(downstream, {"d": 1}, {"model": upstream}) is not None
+    return upstream, downstream
+
+
+def test_a_rerun_upstream_makes_downstream_stale(tmp_path):
+    # Issue 10.1: SFT re-ran (same config, new outputs) and its evaluation was skipped as "done".
+    upstream, downstream = _upstream_then_downstream(tmp_path)
+    assert mf.is_current(downstream, mf.config_hash({"d": 1}), {"model": upstream})
+    mf.invalidate(upstream, "retrained with changed code")
+    assert _body_runs(upstream, {"u": 1}) is not None  # a fresh run: new run id
+    assert not mf.is_current(downstream, mf.config_hash({"d": 1}), {"model": upstream})
+    messages = []
+    with mf.stage_run(downstream, stage="s", variant="v", config={"d": 1}, inputs={"model": upstream},
+                      announce=messages.append) as run:
+        assert run is not None and not run.resumed
+    assert "inputs changed: model" in messages[0]
+
+
+def test_unchanged_upstream_keeps_downstream_current(tmp_path):
+    upstream, downstream = _upstream_then_downstream(tmp_path)
+    assert _body_runs(upstream, {"u": 1}) is None
+    assert _body_runs(downstream, {"d": 1}, {"model": upstream}) is None
+
+
+def test_deleted_output_is_not_trusted_and_names_the_file(tmp_path):
+    # Issue 10.4: a complete export whose model file was deleted was reported as done.
+    upstream, downstream = _upstream_then_downstream(tmp_path)
+    (upstream / "out.txt").unlink()
+    assert not mf.is_current(upstream, mf.config_hash({"u": 1}), {})
+    with pytest.raises(mf.StageInputError, match=r"out.txt is missing.*re-run that stage"):
+        mf.require_complete(upstream, "SFT export")
+    assert not mf.is_current(downstream, mf.config_hash({"d": 1}), {"model": upstream})
+    with mf.stage_run(upstream, stage="s", variant="v", config={"u": 1}, announce=lambda _: None) as run:
+        assert run is not None and run.resumed  # the stage redoes what is missing
+
+
+def test_changed_output_is_detected(tmp_path):
+    _body_runs(tmp_path, {"a": 1})
+    (tmp_path / "out.txt").write_text("y")
+    assert mf.run_state(tmp_path, mf.config_hash({"a": 1}), {}).action == "resume"
+
+
+def test_outputs_without_verify_are_listed_but_not_checked(tmp_path):
+    with mf.stage_run(tmp_path, stage="s", variant="v", config={}, announce=lambda _: None) as run:
+        (tmp_path / "ckpt").mkdir()
+        run.add_output("ckpt", "checkpoints", verify=False)
+    (tmp_path / "ckpt").rmdir()
+    assert mf.run_state(tmp_path, mf.config_hash({}), {}).action == "skip"
+
+
+def test_large_files_are_fingerprinted_by_samples(tmp_path, monkeypatch):
+    monkeypatch.setattr(mf, "FULL_HASH_MAX_BYTES", 10)
+    monkeypatch.setattr(mf, "SAMPLE_BYTES", 4)
+    path = tmp_path / "shard.bin"
+    path.write_bytes(b"0123456789abcdefghij")
+    first = mf.fingerprint_file(path)
+    path.write_bytes(b"0123456789abcdefghiX")  # the last bytes are sampled
+    assert first.startswith("sampled:") and mf.fingerprint_file(path) != first
+
+
+@pytest.mark.parametrize("name", ["manifest.json", "launch.json"])
+def test_corrupt_json_names_its_path(tmp_path, name):
+    (tmp_path / name).write_text('{"stage": "s", "sta')
+    with pytest.raises(mf.StageInputError, match=f"{tmp_path / name}: corrupt"):
+        mf.read_json(tmp_path / name, "record")
+    if name == "manifest.json":
+        with pytest.raises(mf.StageInputError, match="corrupt manifest"):
+            mf.read_manifest(tmp_path)
+
+
+def test_second_writer_fails_fast_naming_the_holder(tmp_path):
+    # Issue 10.3: two processes "resumed" each other's live stage and wrote every sample twice.
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time; from pipeline.manifest import stage_run\n"
+        f"with stage_run({str(tmp_path)!r}, stage='s', variant='v', config={{}}, announce=print):\n"
+        "    print('holding', flush=True); time.sleep(60)")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "holding"
+        with pytest.raises(LockHeld, match=f"PID {holder.pid} on host"):
+            with mf.stage_run(tmp_path, stage="s", variant="v", config={}, announce=lambda _: None):
+                pass
+    finally:
+        holder.kill()
+        holder.wait()
+    messages = []
+    with mf.stage_run(tmp_path, stage="s", variant="v", config={}, announce=messages.append) as run:
+        assert run is not None and run.resumed
+    assert any(f"PID {holder.pid}" in m and "taking over" in m for m in messages)

@@ -2,12 +2,20 @@
 from __future__ import annotations
 
 import json
+import os
+import pickle
+import signal
+import subprocess
 import sys
+import time
 
 import pytest
 
 from pipeline.config import ConfigError, compose
 from pipeline.launch import StageFailed, is_done, run_command
+from pipeline.locks import DirectoryLock
+from pipeline.manifest import invalidate, read_manifest, write_manifest
+from pipeline.paths import RunSpec, experiment_dir, sft_dir
 from pipeline.run import critical_path_lengths, execute, stage_overrides, status_line
 from pipeline.stages import StageCommand, build_plan
 
@@ -47,10 +55,15 @@ def test_overrides_the_plan_owns_are_refused_with_a_hint():
 
 
 def _fake_stage(tmp_path, body: str, name: str = "stage", needs: tuple[str, ...] = ()) -> StageCommand:
+    """A stage command running ``body`` under the run contract; it reads the folders of the commands it needs."""
+    inputs = {need: tmp_path / need for need in needs}
     script = ("import sys, time; from pipeline.manifest import stage_run\n"
-              f"with stage_run(r'{tmp_path / name}', stage='x', variant='{name}', config={{}}) as run:\n"
-              f"    {body}\n")
-    return StageCommand("x", name, [sys.executable, "-c", script], [tmp_path / name], compose([]), needs=list(needs))
+              f"with stage_run(r'{tmp_path / name}', stage='x', variant='{name}', config={{}}, "
+              f"inputs={{k: r'{tmp_path}/' + k for k in {list(needs)!r}}}) as run:\n"
+              f"    if run is not None:\n"
+              f"        {body}\n")
+    spec = RunSpec("x", name, tmp_path / name, {}, inputs)
+    return StageCommand("x", name, [sys.executable, "-c", script], [spec], compose([]), needs=list(needs))
 
 
 def _timed_stage(tmp_path, name: str, seconds: float, needs: tuple[str, ...] = ()) -> StageCommand:
@@ -102,13 +115,93 @@ def test_failure_lets_running_commands_finish_and_starts_nothing_new(tmp_path):
     assert is_done(slow) and not (tmp_path / "later.json").exists()
 
 
-def test_finished_command_is_skipped_until_its_manifest_changes(tmp_path):
+def test_finished_command_is_skipped_until_its_run_changes(tmp_path):
     command = _fake_stage(tmp_path, "pass")
     assert not is_done(command)
     run_command(command)
     assert is_done(command)
-    (tmp_path / "stage" / "manifest.json").write_text((tmp_path / "stage" / "manifest.json").read_text() + " ")
+    manifest = read_manifest(tmp_path / "stage")
+    manifest.config_hash = "0" * 16  # as if its config had changed
+    write_manifest(tmp_path / "stage", manifest)
     assert not is_done(command)
+
+
+def _runs(tmp_path, name):
+    return len((tmp_path / f"{name}.count").read_text()) if (tmp_path / f"{name}.count").exists() else 0
+
+
+def _counted_stage(tmp_path, name, needs=()):
+    return _fake_stage(tmp_path, f"open(r'{tmp_path / name}.count', 'a').write('x')", name, needs)
+
+
+def test_an_upstream_rerun_reruns_downstream_and_nothing_else(tmp_path):
+    # Issue 10.1: after SFT was retrained, the orchestrator skipped its evaluation and the report.
+    plan = [_counted_stage(tmp_path, "sft"), _counted_stage(tmp_path, "other"),
+            _counted_stage(tmp_path, "eval", needs=("sft",)), _counted_stage(tmp_path, "report", needs=("eval",))]
+    assert execute(plan, parallel=1) is None
+    assert execute(plan, parallel=1) is None  # everything current: nothing runs again
+    assert [_runs(tmp_path, n) for n in ("sft", "other", "eval", "report")] == [1, 1, 1, 1]
+    assert execute(plan, parallel=1, force=["sft"]) is None
+    assert [_runs(tmp_path, n) for n in ("sft", "other", "eval", "report")] == [2, 1, 2, 2]
+
+
+def test_an_upstream_rerun_outside_the_orchestrator_is_seen(tmp_path):
+    plan = [_counted_stage(tmp_path, "sft"), _counted_stage(tmp_path, "eval", needs=("sft",))]
+    assert execute(plan, parallel=1) is None
+    invalidate(tmp_path / "sft", "deleted and retrained by hand")
+    run_command(plan[0])
+    assert not is_done(plan[1])
+    assert execute(plan, parallel=1) is None and _runs(tmp_path, "eval") == 2
+
+
+def test_sigterm_stops_every_child_process_group(tmp_path):
+    # Issue 10.6: SIGTERM to the orchestrator left its children training.
+    child = _fake_stage(tmp_path, f"import os; open(r'{tmp_path}/pid', 'w').write(str(os.getpid())); "
+                                  "time.sleep(600)", "sleeper")
+    script = ("import pickle, sys; from pipeline.run import execute, signals_stop_children\n"
+              f"plan = pickle.load(open(r'{tmp_path}/plan.pkl', 'rb'))\n"
+              "with signals_stop_children():\n    execute(plan, 1)\n")
+    (tmp_path / "plan.pkl").write_bytes(pickle.dumps([child]))
+    orchestrator = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.time() + 60
+    while not (tmp_path / "pid").exists() and time.time() < deadline:
+        time.sleep(0.2)
+    pid = int((tmp_path / "pid").read_text())
+    orchestrator.send_signal(signal.SIGTERM)
+    orchestrator.wait(timeout=60)
+    with pytest.raises(ProcessLookupError):
+        for _ in range(100):  # the child is gone (or a zombie of an exited parent) within seconds
+            os.kill(pid, 0)
+            with open(f"/proc/{pid}/stat") as stat:
+                if stat.read().split()[2] == "Z":
+                    raise ProcessLookupError
+            time.sleep(0.1)
+    assert read_manifest(tmp_path / "sleeper").status == "failed"
+
+
+def test_a_second_orchestrator_on_the_same_experiment_fails_fast(tmp_path):
+    cfg = compose([f"experiment.run_root={tmp_path}", "experiment=demo", "experiment.stages=[data]"])
+    with DirectoryLock(experiment_dir(cfg), "first orchestrator"):
+        holder = subprocess.run([sys.executable, "-m", "pipeline.run", f"experiment.run_root={tmp_path}",
+                                 "experiment=demo", "experiment.stages=[data]"], capture_output=True, text=True,
+                                timeout=120)
+    assert holder.returncode != 0
+    assert f"PID {os.getpid()} on host" in holder.stderr and "first orchestrator" in holder.stderr
+
+
+def test_seeds_and_other_settings_get_their_own_folders():
+    # Issue 10.2: seed=1 (or sft.lr, sft.epochs) wrote into the seed=0 folder and deleted its checkpoints.
+    folders = {sft_dir(compose(overrides)) for overrides in
+               ([], ["seed=1"], ["sft.lr=0.00123"], ["sft.epochs=7"], ["sft.checkpoint_every=5"])}
+    assert len(folders) == 4  # the checkpoint cadence supervises; it does not change the computation
+    plan = build_plan(compose(["experiment=demo", "experiment.seeds=[0,1]"]), [])
+    sft = [c for c in plan if c.name.startswith("sft/toy/eksft/")]
+    assert [c.name for c in sft] == ["sft/toy/eksft/seed0", "sft/toy/eksft/seed1"]
+    assert sft[0].manifest_dirs != sft[1].manifest_dirs and "seed=1" in sft[1].argv
+    evals = {c.manifest_dirs[0] for c in plan if c.stage == "eval_sft"}
+    assert len(evals) == 2 * 7  # base + 6 methods, per seed
+    with pytest.raises(ConfigError, match="experiment.seeds"):
+        stage_overrides(["seed=3"], per_seed=True)
 
 
 def test_failed_stage_reports_its_reason(tmp_path):
