@@ -4,7 +4,7 @@
     python -m data.prepare experiment=table1 profile=paper data=openr1_local data.path=/data/openr1.parquet
 
 Needs no model (the SFT token ids are written afterwards by ``python -m data.tokenize_sft``). Outputs, in
-``pipeline.paths.data_dir(cfg)``:
+``pipeline.paths.data_run(cfg).directory``:
 
 * ``sft.parquet``      LUFFY rows of the SFT split, plus ``row_id`` (the row's index in the source)
 * ``rl.parquet``       verl RLHF rows (no ``target``) of the RL split; ``rl_val.parquet`` the held-out RL rows
@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import random
 from collections import Counter
-from dataclasses import asdict
 from pathlib import Path
 
 
@@ -31,30 +30,10 @@ from data.split import ids_digest, split_rows
 from data.toy import world
 from pipeline.config import Config, ConfigError, stage_main
 from pipeline.manifest import Manifest, read_manifest, sha256_path, sha256_text, stage_run
-from pipeline.paths import data_dir
+from pipeline.paths import data_run
 from pipeline.seeding import derive_seed
 
 TOY_ROWS = "source/toy_rows.jsonl"
-
-
-def stage_config(cfg: Config) -> dict:
-    """The config sections that determine this stage's outputs (what the manifest hashes)."""
-    section = {"data": asdict(cfg.data)}
-    if cfg.data.source == "toy" or cfg.data.benchmark_source == "toy":
-        section["toy"] = asdict(cfg.toy)
-    return section
-
-
-def stage_inputs(cfg: Config) -> dict[str, Path]:
-    inputs: dict[str, Path] = {}
-    if cfg.data.source == "local":
-        inputs["training_set"] = Path(cfg.data.path)
-    if cfg.data.system_prompt_path:
-        inputs["system_prompt"] = Path(cfg.data.system_prompt_path)
-    if cfg.data.benchmark_source == "local":
-        for name, source in cfg.data.benchmarks.items():
-            inputs[f"benchmark_{name}"] = Path(cfg.data.benchmark_dir) / source.file
-    return inputs
 
 
 def write_toy_rows(cfg: Config, path: Path) -> None:
@@ -110,8 +89,9 @@ def write_benchmarks(cfg: Config, out_dir: Path, system: str | None) -> dict:
 
 
 def run(cfg: Config) -> Manifest:
-    out_dir = data_dir(cfg)
-    with stage_run(out_dir, stage="data", variant="", config=stage_config(cfg), inputs=stage_inputs(cfg),
+    spec = data_run(cfg)
+    out_dir = spec.directory
+    with stage_run(out_dir, stage="data", variant=spec.variant, config=spec.config, inputs=spec.inputs,
                    seeds={"split_seed": cfg.data.split_seed}) as stage:
         if stage is None:
             return read_manifest(out_dir)

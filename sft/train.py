@@ -14,7 +14,6 @@ import os
 import shutil
 import time
 from contextlib import nullcontext
-from dataclasses import asdict
 from pathlib import Path
 from typing import Callable
 
@@ -22,15 +21,18 @@ import torch
 import torch.distributed as dist
 from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 
-from pipeline.config import Config, stage_main
-from pipeline.manifest import Manifest, read_manifest, require_complete, stage_run
+from pipeline.config import Config, ConfigError, stage_main
+from pipeline.manifest import Manifest, input_records, read_manifest, stage_run
 from pipeline.models import load_causal_lm, load_tokenizer, local_model_dir
-from pipeline.paths import base_model_path, data_dir, hf_export_dir, method_label, sft_dir, toy_base_dir
+from pipeline.paths import base_model_path, hf_export_dir, sft_run, sft_tokens_path
+from pipeline.manifest import sha256_path
+from pipeline.paths import reference_cache_dir
 from pipeline.seeding import derive_seed, seed_everything
 from pipeline.tracking import MetricsLogger, configure_cpu_threads
-from sft.data import SFT_TOKENS_FILE, DataOrder, TokenisedRow, read_sft_tokens
+from sft.data import DataOrder, TokenisedRow, read_sft_tokens
 from sft.export import export_hf
 from sft.losses import build_loss
+from sft.reference_cache import ReferenceCache, build_reference_cache, cache_identity, identity_key
 from sft.trainer import (
     METRICS_FILE,
     Checkpointer,
@@ -38,6 +40,8 @@ from sft.trainer import (
     PolicyWithTokenLoss,
     broadcast_from_main,
     build_optimizer,
+    frozen_head_copy,
+    sharded_reference_trunk,
     build_scheduler,
     close_distributed,
     fit,
@@ -53,11 +57,6 @@ EXPORT_CHECK_SEQUENCES = 3
 """Training sequences on which the exported model's log-probs are compared with the in-memory model's."""
 EXPORT_CHECK_TOKENS = 64
 """Leading tokens of each of those sequences."""
-
-
-def sft_tokens_path(cfg: Config) -> Path:
-    """The data stage's tokenised SFT split for this model (its manifest sits in the same folder)."""
-    return data_dir(cfg) / cfg.model.name / SFT_TOKENS_FILE
 
 
 def export_dtype(cfg: Config) -> torch.dtype:
@@ -80,21 +79,55 @@ def resolve_model_dir(cfg: Config, env: DistEnv) -> str:
     return local_model_dir(path)
 
 
-def build_root(cfg: Config, model_dir: str, env: DistEnv) -> tuple[PolicyWithTokenLoss, GenerationConfig]:
-    """The FSDP2-sharded policy plus the frozen models its loss needs, and the base generation config."""
+def load_base_model(cfg: Config, model_dir: str) -> PreTrainedModel:
+    """The base model in float32 (every trainer copy starts from it)."""
+    return load_causal_lm(model_dir, gguf_file=cfg.model.gguf_file,
+                          attn_implementation=cfg.model.attn_implementation, dtype=torch.float32)
+
+
+def prepare_reference_cache(cfg: Config, model_dir: str, tokens_path: Path, rows: list[TokenisedRow],
+                            env: DistEnv, announce: Callable[[str], None]) -> ReferenceCache | None:
+    """Collective: with ``sft.reference_cache`` and a loss that needs the reference, the complete cache of the
+    reference's final hidden states for ``rows`` (built now by the sharded reference if it is missing or partial);
+    else None. Its folder is keyed by the base model's and the split's content hashes and the precision."""
+    if not cfg.sft.reference_cache or not build_loss(cfg.sft.method).needs_reference:
+        return None
+    base_input = Path(model_dir) / cfg.model.gguf_file if cfg.model.gguf_file else Path(model_dir)
+    identity = broadcast_from_main(cache_identity(
+        base_model_sha256=sha256_path(base_input), sft_tokens_sha256=sha256_path(tokens_path),
+        attn_implementation=cfg.model.attn_implementation, gguf_file=cfg.model.gguf_file,
+        device_type=env.device.type, mixed_precision=cfg.sft.mixed_precision) if env.is_main else None)
+    folder = reference_cache_dir(cfg, identity_key(identity))
+    manifest = read_manifest(folder) if env.is_main else None
+    if not broadcast_from_main(manifest is not None and manifest.complete):
+        reference = load_base_model(cfg, model_dir)
+        build_reference_cache(folder, identity, input_ids=[row.input_ids for row in rows],
+                              hidden_size=reference.config.hidden_size,
+                              hidden_states=sharded_reference_trunk(reference, env, cfg.sft.mixed_precision),
+                              rank=env.rank, world_size=env.world_size, announce=announce)
+        del reference
+    announce(f"[sft] reference hidden states from {folder} (the reference trunk does not run)")
+    return ReferenceCache(folder, identity)
+
+
+def build_root(cfg: Config, model_dir: str, env: DistEnv,
+               cached_reference: bool = False) -> tuple[PolicyWithTokenLoss, GenerationConfig]:
+    """The FSDP2-sharded policy plus the frozen models its loss needs (only the reference's LM head when
+    ``cached_reference``), and the base generation config."""
     token_loss = build_loss(cfg.sft.method)
 
     def load() -> PreTrainedModel:
-        return load_causal_lm(model_dir, gguf_file=cfg.model.gguf_file,
-                              attn_implementation=cfg.model.attn_implementation, dtype=torch.float32)
+        return load_base_model(cfg, model_dir)
 
     policy = load()
     generation_config = copy.deepcopy(policy.generation_config)
     if cfg.sft.gradient_checkpointing:
         policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    live_reference = token_loss.needs_reference and not cached_reference
     root = PolicyWithTokenLoss(policy, token_loss, cfg.sft.chunk_size,
-                               reference=freeze(load()) if token_loss.needs_reference else None,
-                               old_policy=freeze(load()) if token_loss.needs_old_policy else None)
+                               reference=freeze(load()) if live_reference else None,
+                               old_policy=freeze(load()) if token_loss.needs_old_policy else None,
+                               reference_head=frozen_head_copy(load()) if cached_reference else None)
     shard_models(root, env, cfg.sft.mixed_precision)
     return root, generation_config
 
@@ -133,21 +166,20 @@ def run(cfg: Config) -> Manifest:
 def _run(cfg: Config, env: DistEnv) -> Manifest:
     started = time.perf_counter()
     announce = print if env.is_main else (lambda message: None)
-    out_dir = sft_dir(cfg)
-    variant = f"{cfg.model.name}/{method_label(cfg.sft.method)}"
+    spec = sft_run(cfg)
+    out_dir, variant = spec.directory, spec.variant
+    world_size = spec.config["world_size"]
+    if env.world_size != world_size:
+        raise ConfigError(f"sft.train runs on {env.world_size} processes but profile.nproc_per_node x profile.nnodes "
+                          f"is {world_size}; launch it with that many (the world size is part of the run's identity)")
+    input_records(spec.inputs)  # every rank fails alike, before any collective, when an input is missing
     tokens_path = sft_tokens_path(cfg)
-    require_complete(tokens_path.parent, "tokenised SFT split (data stage)")
-    if cfg.model.source == "toy":
-        require_complete(toy_base_dir(cfg), "toy base model (base stage)")
     model_dir = resolve_model_dir(cfg, env)
-    base_input = Path(model_dir) / cfg.model.gguf_file if cfg.model.gguf_file else Path(model_dir)
     order_seed = derive_seed(cfg.seed, "sft/data_order")
     train_seed = derive_seed(cfg.seed, f"sft/train/rank{env.rank}")
-    config_record = {"sft": asdict(cfg.sft), "model": asdict(cfg.model), "data": asdict(cfg.data),
-                     "seed": cfg.seed, "world_size": env.world_size}
+    config_record = spec.config
 
-    stage_context = stage_run(out_dir, stage="sft", variant=variant, config=config_record,
-                              inputs={"sft_tokens": tokens_path, "base_model": base_input},
+    stage_context = stage_run(out_dir, stage="sft", variant=variant, config=config_record, inputs=spec.inputs,
                               seeds={"seed": cfg.seed, "data_order": order_seed,
                                      "train_rank0": derive_seed(cfg.seed, "sft/train/rank0")},
                               announce=announce) if env.is_main else nullcontext()
@@ -160,7 +192,8 @@ def _run(cfg: Config, env: DistEnv) -> Manifest:
                               grad_accum=cfg.sft.grad_accum, world_size=env.world_size, order_seed=order_seed)
             tokenizer = load_tokenizer(model_dir, gguf_file=cfg.model.gguf_file)
 
-            root, generation_config = build_root(cfg, model_dir, env)
+            reference_cache = prepare_reference_cache(cfg, model_dir, tokens_path, rows, env, announce)
+            root, generation_config = build_root(cfg, model_dir, env, cached_reference=reference_cache is not None)
             optimizer = build_optimizer(root, cfg.sft)
             total_steps = total_optimizer_steps(cfg.sft, order.steps_per_epoch)
             scheduler = build_scheduler(optimizer, cfg.sft, total_steps)
@@ -175,7 +208,8 @@ def _run(cfg: Config, env: DistEnv) -> Manifest:
                                run_name=cfg.logging.run_name or f"{cfg.experiment.name}/sft/{variant}") as logger:
                 summary = fit(root, optimizer, scheduler, checkpointer, state, rows=rows, order=order,
                               pad_token_id=tokenizer.pad_token_id, sft=cfg.sft, env=env, logger=logger,
-                              show_progress=env.is_main and cfg.logging.progress, log_every=cfg.logging.log_every)
+                              show_progress=env.is_main and cfg.logging.progress, log_every=cfg.logging.log_every,
+                              reference_cache=reference_cache)
             if summary.steps == 0 or summary.steps != summary.total_steps:
                 raise RuntimeError(f"training stopped after {summary.steps} of {summary.total_steps} optimiser "
                                    "steps; the run is not complete")
@@ -198,7 +232,7 @@ def _run(cfg: Config, env: DistEnv) -> Manifest:
                     "export": export_record})
                 stage.add_output("hf", "HF safetensors + tokenizer + generation config (eos = chat end-of-turn)")
                 stage.add_output(METRICS_FILE, "one JSON line per logged optimiser step")
-                stage.add_output("checkpoints", "resumable DCP checkpoints (latest kept)")
+                stage.add_output("checkpoints", "resumable DCP checkpoints (latest kept)", verify=False)
     dist.barrier()
     if env.is_main and stage is not None:
         return stage.manifest

@@ -60,6 +60,22 @@ def test_invalid_value_names_the_key(override, key):
         compose([override])
 
 
+@pytest.mark.parametrize("override, key", [("+sft.lr_rate=0.1", "sft.lr_rate"), ("+sft.method.rhoo=0.1", "sft.method.rhoo"),
+                                           ("+unknown.key=1", "unknown")])
+def test_unknown_keys_added_with_plus_are_refused(override, key):
+    # Issue 10.5: '+' added keys to the struct config that nothing read.
+    with pytest.raises(ConfigError, match=f"unknown config key {key.replace('.', '[.]')}"):
+        compose([override])
+
+
+@pytest.mark.parametrize("override", ["experiment.name=..", "experiment.name=a/b", "experiment.name=.hidden",
+                                      "model.name=../x", "eval.variant=a..b"])
+def test_names_that_become_folders_are_restricted(override):
+    # Issue 10.6: experiment.name=.. wrote data files into the repository's data/ package.
+    with pytest.raises(ConfigError, match=override.split("=")[0].replace(".", "[.]")):
+        compose([override])
+
+
 def test_misspelled_key_fails_at_composition():
     with pytest.raises(Exception, match="sft.method.rhoo"):
         compose(["sft.method.rhoo=0.1"])
