@@ -3,6 +3,8 @@
 The trainer never branches on a method name, only on the capability flags of the loss built by
 ``sft.losses.build_loss``: ``needs_reference`` (a frozen copy of the base model, never refreshed) and
 ``needs_old_policy`` (a frozen copy of the policy, refreshed every ``old_policy_refresh_every`` optimiser steps).
+With ``sft.reference_cache`` the reference trunk never runs during training: its final hidden states are read per
+micro-batch from ``sft.reference_cache`` and only the reference's LM head (``reference_head``) stays in the root.
 
 FSDP2 layout: every decoder layer of every model (policy, reference, old policy) is its own ``fully_shard`` unit;
 the root unit is :class:`PolicyWithTokenLoss`, whose ``forward`` runs the trunks *and* the chunked loss head, so the
@@ -52,6 +54,7 @@ from transformers import PreTrainedModel
 from pipeline.config import SFTConfig
 from pipeline.tracking import MetricsLogger, progress
 from sft.data import DataOrder, TokenisedRow, collate, supervised_token_count
+from sft.reference_cache import ReferenceCache
 from sft.token_stats import LossResult, chunked_loss
 
 CHECKPOINTS_DIR = "checkpoints"
@@ -171,14 +174,20 @@ def final_hidden_states(model: PreTrainedModel, input_ids: torch.Tensor,
 class PolicyWithTokenLoss(nn.Module):
     """FSDP2 root: the policy plus the frozen models its loss needs; ``forward`` returns the micro-batch loss.
 
-    Called with ``labels=None`` it returns the policy's logits instead (only for the export check).
+    Called with ``labels=None`` it returns the policy's logits instead (only for the export check). With
+    ``reference_head`` instead of ``reference`` (the reference cache), ``forward`` takes the reference's final hidden
+    states as ``ref_hidden [B, L, d]`` and applies only that head.
     """
 
     def __init__(self, policy: PreTrainedModel, token_loss: Any, chunk_size: int,
-                 reference: PreTrainedModel | None = None, old_policy: PreTrainedModel | None = None):
+                 reference: PreTrainedModel | None = None, old_policy: PreTrainedModel | None = None,
+                 reference_head: nn.Module | None = None):
         super().__init__()
+        if reference is not None and reference_head is not None:
+            raise ValueError("give the reference model or its cached head, not both")
         self.policy = policy
         self.reference = reference
+        self.reference_head = reference_head
         self.old_policy = old_policy
         self.token_loss = token_loss
         self.chunk_size = chunk_size
@@ -188,13 +197,13 @@ class PolicyWithTokenLoss(nn.Module):
 
     def train(self, mode: bool = True) -> "PolicyWithTokenLoss":
         super().train(mode)
-        for frozen in (self.reference, self.old_policy):
+        for frozen in (self.reference, self.reference_head, self.old_policy):
             if frozen is not None:
                 frozen.eval()
         return self
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                labels: torch.Tensor | None = None) -> LossResult | torch.Tensor:
+                labels: torch.Tensor | None = None, ref_hidden: torch.Tensor | None = None) -> LossResult | torch.Tensor:
         if labels is None:
             return self.policy(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
         frozen: dict[str, torch.Tensor] = {}
@@ -202,6 +211,11 @@ class PolicyWithTokenLoss(nn.Module):
             if self.reference is not None:
                 frozen["ref_hidden"] = final_hidden_states(self.reference, input_ids, attention_mask)
                 frozen["ref_head_weight"] = self.reference.get_output_embeddings().weight
+            elif self.reference_head is not None:
+                if ref_hidden is None:
+                    raise ValueError("the reference comes from sft.reference_cache: pass its rows as ref_hidden")
+                frozen["ref_hidden"] = ref_hidden
+                frozen["ref_head_weight"] = self.reference_head.weight
             if self.old_policy is not None:
                 frozen["old_hidden"] = final_hidden_states(self.old_policy, input_ids, attention_mask)
                 frozen["old_head_weight"] = self.old_policy.get_output_embeddings().weight
@@ -213,15 +227,48 @@ class PolicyWithTokenLoss(nn.Module):
 def shard_models(root: PolicyWithTokenLoss, env: DistEnv, mixed_precision: str) -> None:
     """``fully_shard`` each decoder layer of each model, then the root (embeddings, final norms, heads)."""
     mesh = init_device_mesh(env.device.type, (env.world_size,))
-    # On GPU FSDP2 casts parameters to bf16 for compute and reduces gradients in fp32; on CPU bf16 autocast does
-    # the casting instead (see autocast_context), which this CPU runs 4-5x faster than fp32 matmuls.
-    use_bf16_params = env.device.type == "cuda" and mixed_precision == "bf16"
-    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if use_bf16_params \
-        else MixedPrecisionPolicy()
+    policy = mixed_precision_policy(env, mixed_precision)
     for model in root.models():
         for layer in model.get_decoder().layers:
             fully_shard(layer, mesh=mesh, mp_policy=policy)
     fully_shard(root, mesh=mesh, mp_policy=policy)
+
+
+def mixed_precision_policy(env: DistEnv, mixed_precision: str) -> MixedPrecisionPolicy:
+    # On GPU FSDP2 casts parameters to bf16 for compute and reduces gradients in fp32; on CPU bf16 autocast does
+    # the casting instead (see autocast_context), which this CPU runs 4-5x faster than fp32 matmuls.
+    if env.device.type == "cuda" and mixed_precision == "bf16":
+        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    return MixedPrecisionPolicy()
+
+
+def sharded_reference_trunk(reference: PreTrainedModel, env: DistEnv,
+                            mixed_precision: str) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The frozen reference's trunk sharded on its own (each decoder layer, then the trunk) as a no-grad function
+    ``input_ids [B, L] → final hidden states``, under the training autocast and parameter dtype: the live
+    reference's forward inside :class:`PolicyWithTokenLoss`, for building ``sft.reference_cache``."""
+    trunk = freeze(reference).get_decoder()
+    mesh = init_device_mesh(env.device.type, (env.world_size,))
+    policy = mixed_precision_policy(env, mixed_precision)
+    for layer in trunk.layers:
+        fully_shard(layer, mesh=mesh, mp_policy=policy)
+    fully_shard(trunk, mesh=mesh, mp_policy=policy)
+
+    @torch.no_grad()
+    def hidden_states(input_ids: torch.Tensor) -> torch.Tensor:
+        with autocast_context(env, mixed_precision):
+            return trunk(input_ids=input_ids.to(env.device), use_cache=False).last_hidden_state
+
+    return hidden_states
+
+
+def frozen_head_copy(model: PreTrainedModel) -> nn.Linear:
+    """A frozen ``nn.Linear`` holding a copy of ``model``'s LM-head weight (tied or not)."""
+    weight = model.get_output_embeddings().weight
+    head = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device=weight.device, dtype=weight.dtype)
+    with torch.no_grad():
+        head.weight.copy_(weight)
+    return head.requires_grad_(False).eval()
 
 
 def autocast_context(env: DistEnv, mixed_precision: str):
@@ -471,8 +518,10 @@ def restore_or_start(checkpointer: Checkpointer, root: PolicyWithTokenLoss, opti
 def fit(root: PolicyWithTokenLoss, optimizer: torch.optim.Optimizer,
         scheduler: torch.optim.lr_scheduler.LRScheduler, checkpointer: Checkpointer, state: dict[str, Any], *,
         rows: list[TokenisedRow], order: DataOrder, pad_token_id: int, sft: SFTConfig, env: DistEnv,
-        logger: MetricsLogger, show_progress: bool, log_every: int) -> TrainSummary:
-    """Trains from ``state`` (see :func:`restore_or_start`) until ``total_optimizer_steps``."""
+        logger: MetricsLogger, show_progress: bool, log_every: int,
+        reference_cache: ReferenceCache | None = None) -> TrainSummary:
+    """Trains from ``state`` (see :func:`restore_or_start`) until ``total_optimizer_steps``; with
+    ``reference_cache`` each micro-batch carries its rows' cached reference hidden states (``ref_hidden``)."""
     total_steps = total_optimizer_steps(sft, order.steps_per_epoch)
     resumed_from = state["resumed_from_step"]
     needs_old_policy = root.old_policy is not None
@@ -487,9 +536,15 @@ def fit(root: PolicyWithTokenLoss, optimizer: torch.optim.Optimizer,
             started = time.perf_counter()
             refresh_old_policy(root)
             phase_times["time/old_policy_refresh_s"] = time.perf_counter() - started
-        micro_batches = [{k: (v.to(env.device) if v is not None else None)
-                          for k, v in collate([rows[i] for i in mb], pad_token_id).items()}
-                         for mb in order.rank_micro_batches(step, env.rank)]
+        started = time.perf_counter()
+        micro_batches = []
+        for mb in order.rank_micro_batches(step, env.rank):
+            batch = collate([rows[i] for i in mb], pad_token_id)
+            if reference_cache is not None:
+                batch["ref_hidden"] = reference_cache.batch(mb, batch["input_ids"].shape[1])
+            micro_batches.append({k: (v.to(env.device) if v is not None else None) for k, v in batch.items()})
+        if reference_cache is not None:
+            phase_times["time/reference_cache_read_s"] = time.perf_counter() - started
         lr = scheduler.get_last_lr()[0]
         started = time.perf_counter()
         result = train_step(root, optimizer, micro_batches, sft=sft, env=env)

@@ -227,6 +227,10 @@ class SFTConfig:
     """bf16 (autocast on CPU, FSDP2 MixedPrecisionPolicy on GPU) or fp32."""
     gradient_checkpointing: bool = False
     """Recompute decoder activations in backward."""
+    reference_cache: bool = False
+    """Losses that need the frozen reference read its final hidden states from a cache written once per (base model,
+    tokenised split, precision) instead of running its trunk every step (``sft/reference_cache.py``; disk: tokens ×
+    hidden × 2 bytes in bf16). Ignored by losses without a reference."""
     checkpoint_every: int = 0
     """Save a resumable checkpoint every N optimiser steps; one is also saved at every epoch end and after the last step (0: only those)."""
     keep_checkpoints: int = 2
@@ -257,5 +261,6 @@ class SFTConfig:
         check_choice("sft.loss_norm", self.loss_norm, ("micro_batch_mean", "global_token_mean", "micro_batch_sum"))
         check_range("sft.chunk_size", self.chunk_size, 1)
         check_choice("sft.mixed_precision", self.mixed_precision, ("bf16", "fp32"))
+        check_choice("sft.reference_cache", self.reference_cache, (False, True))
         check_range("sft.checkpoint_every", self.checkpoint_every, 0)
         check_range("sft.keep_checkpoints", self.keep_checkpoints, 1)
