@@ -77,6 +77,17 @@ def per_problem_values(counts: Sequence[int], n: int, k: int) -> np.ndarray:
     return np.array([pass_at_k(n, c, k) for c in counts], dtype=float)
 
 
+def common_problems(by_seed: dict[int, dict], seeds: Sequence[int]) -> list[str]:
+    """Problem ids every one of ``seeds`` evaluated (``by_seed``: seed → ``metrics.json``), sorted."""
+    return sorted(set.intersection(*(set(by_seed[s]["correct_counts"]) for s in seeds)))
+
+
+def value_matrix(by_seed: dict[int, dict], seeds: Sequence[int], problems: Sequence[str], k: int) -> np.ndarray:
+    """[seeds, problems] per-problem estimates (:func:`per_problem_values`) from each seed's ``metrics.json``."""
+    return np.stack([per_problem_values([by_seed[s]["correct_counts"][p] for p in problems], by_seed[s]["n"], k)
+                     for s in seeds])
+
+
 def _check(groups: Sequence[np.ndarray], draws: Draws) -> None:
     if len(groups) != len(draws.problem_index):
         raise ValueError(f"{len(groups)} benchmarks but draws for {len(draws.problem_index)}")

@@ -20,74 +20,65 @@ Missing evaluations show as "–" and are listed; a phase without any evaluation
 from __future__ import annotations
 
 import json
+import math
 import os
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 
 
 from eval.analyses.case_study import read_case_study_row, token_probabilities, token_texts, write_case_study
 from eval.analyses.drift import compare_checkpoints, fraction_above, plot_drift, write_drift
 from eval.analyses.iou import iou_markdown, iou_series, plot_iou
-from eval.plots import plot_pass_at_k
+from eval.analyses.curves import RL_PANELS, SFT_PANELS, logged_panels, plot_curves, read_runs
+from eval.intervals import per_problem_values, spearman
+from eval.plots import plot_heatmap, plot_pass_at_k
 from eval.run import METRICS_FILE
-from eval.sweep import Sweep, evaluated_labels, find_sweeps, format_values, plot_sweep
+from eval.sweep import Sweep, evaluated_methods, find_sweeps, format_values, plot_sweep
 from eval.tables import (
     AVERAGE,
     Block,
     ResultTable,
     Row,
-    add_averages,
     attach_paper_values,
-    cell_values,
+    delta_label,
+    fill_estimates,
     load_paper_tables,
     to_csv,
     to_latex,
     to_markdown,
 )
-from pipeline.config import Config, compose, stage_main
+from pipeline.config import Config, ConfigError, stage_main
 from pipeline.manifest import Manifest, StageInputError, read_manifest, stage_run
 from pipeline.models import local_model_dir
 from pipeline.paths import (
     BASE_VARIANT,
     base_model_path,
-    data_dir,
     eval_dir,
     hf_export_dir,
-    method_label,
+    model_configs,
     report_dir,
+    report_run,
     rl_dir,
     sft_dir,
+    sft_tokens_path,
     toy_base_dir,
+    variants,
 )
 from pipeline.tracking import progress
 
 PHASES = {"sft": ("table1", "Method", "Table 1 (stage 1: without RL)"),
           "rl": ("table2", "Method(+DAPO)", "Table 2 (stage 2: after RL)")}
-SFT_TOKENS_FILE = "sft_tokens.parquet"
-"""The data stage's tokenised SFT split, ``data/<model>/sft_tokens.parquet``."""
-
-
-def model_configs(cfg: Config) -> list[Config]:
-    """``cfg`` once per model of ``profile.models`` (the command line's model keeps its overrides)."""
-    configs = []
-    for name in cfg.profile.models:
-        model = cfg.model if name == cfg.model.name else \
-            compose([f"profile={cfg.profile.name}", f"model={name}"]).model
-        configs.append(replace(cfg, model=model))
-    return configs
-
-
-def variants(cfg: Config) -> list[str]:
-    """``base`` then the label of each ``experiment.methods`` entry (the selected method keeps its overrides)."""
-    labels = []
-    for name in cfg.experiment.methods:
-        method = cfg.sft.method if name == cfg.sft.method.name else compose([f"sft/method={name}"]).sft.method
-        labels.append(method_label(method))
-    return [BASE_VARIANT, *labels]
+TABLE_NOTE = ("Each cell: mean over seeds and problems [95% bootstrap interval: seeds, then problems, resampled "
+              "2000 times with a fixed seed; docs/evaluation.md]. **Bold** / <u>underline</u>: best / second best "
+              "whose interval lies above the other rows' (the second: above the rows below it); n.s.: the top value's "
+              "interval overlaps another row's, so no rank is marked from there on. <sub>{delta}</sub>: the paired "
+              "difference (same seeds, same problems, same resamples) in points.")
+TRAINING_METRICS_FILE = "metrics.jsonl"
+"""The per-step log of an SFT run (``sft/trainer.py``) and of an RL run (``rl/train.py``)."""
 
 
 def row_label(cfg: Config, variant: str) -> str:
-    """``eval.row_labels`` title of a variant; a sweep label ``eksft_rho0.1`` becomes ``EKSFT (Ours) (rho0.1)``."""
+    """``eval.row_labels`` title of a variant; a sweep label ``eksft_rho0.1`` becomes ``EKSFT (paper eq.) (rho0.1)``."""
     titles = cfg.eval.row_labels
     if variant in titles:
         return titles[variant]
@@ -99,61 +90,104 @@ def benchmarks(cfg: Config) -> list[str]:
     return list(cfg.eval.benchmarks) or list(cfg.data.benchmarks)
 
 
+def seed_configs(mcfg: Config) -> dict[int, Config]:
+    """``mcfg`` once per seed of ``cfg.run_seeds()`` (``experiment.seeds``, else ``seed``)."""
+    return {seed: replace(mcfg, seed=seed) for seed in mcfg.run_seeds()}
+
+
 def collect(cfg: Config, phase: str, models: list[Config], labels: list[str]
             ) -> tuple[ResultTable, dict[str, Path], dict[tuple[str, str], dict]]:
-    """The phase's table over ``models`` x ``labels``, the metrics files it read (by ``model/phase/variant/benchmark``),
-    and pass@k curves.
+    """The phase's table over ``models`` x ``labels`` x seeds (``cfg.run_seeds()``) with intervals and paired
+    differences, the metrics files it read (by ``model/phase/variant/benchmark/seed<s>``), and pass@k curves.
 
-    Curves map (model title, benchmark) to {row label: (correct counts, n)}.
+    Curves map (model title, benchmark) to {row label: {seed: metrics.json}}.
     """
     name, header, stage = PHASES[phase]
     names = benchmarks(cfg)
     columns = [cfg.eval.benchmark_labels.get(b, b) for b in names]
-    docs: dict[tuple[int, str, str], dict] = {}
+    docs: dict[tuple[int, str, str], dict[int, dict]] = {}
     inputs: dict[str, Path] = {}
     for m, mcfg in enumerate(models):
-        for variant in labels:
-            for bench in names:
-                path = eval_dir(mcfg, phase, variant, bench) / METRICS_FILE
-                if path.exists():
-                    docs[(m, variant, bench)] = json.loads(path.read_text(encoding="utf-8"))
-                    inputs[f"{mcfg.model.name}/{phase}/{variant}/{bench}"] = path
+        for seed, scfg in seed_configs(mcfg).items():
+            for variant in labels:
+                for bench in names:
+                    path = eval_dir(scfg, phase, variant, bench) / METRICS_FILE
+                    if path.exists():
+                        docs.setdefault((m, variant, bench), {})[seed] = json.loads(path.read_text(encoding="utf-8"))
+                        inputs[f"{mcfg.model.name}/{phase}/{variant}/{bench}/seed{seed}"] = path
     # The second column is pass@table_k unless some evaluation drew fewer samples than that.
-    k = min([cfg.eval.table_k, *(doc["n"] for doc in docs.values())])
-    metrics = ["pass@1", f"pass@{k}"]
-    table = ResultTable(caption=f"{stage}: pass@1 (avg@n) and pass@{k} in percent",
-                        row_header=header, columns=[*columns, AVERAGE], metrics=metrics, blocks=[])
+    k = min([cfg.eval.table_k, *(doc["n"] for by_seed in docs.values() for doc in by_seed.values())])
+    table = ResultTable(caption=f"{stage}: pass@1 (avg@n) and pass@{k} in percent, mean [95% interval] over "
+                                f"{_seeds_text(cfg)} and problems",
+                        row_header=header, columns=[*columns, AVERAGE], metrics=["pass@1", f"pass@{k}"], blocks=[])
     curves: dict[tuple[str, str], dict] = {}
     for m, mcfg in enumerate(models):
         title = model_title(mcfg)
-        rows = []
-        for variant in labels:
-            row = Row(label=row_label(cfg, variant), variant=variant)
+        rows = [Row(label=row_label(cfg, variant), variant=variant,
+                    evaluations={column: docs[(m, variant, bench)] for bench, column in zip(names, columns)
+                                 if (m, variant, bench) in docs})
+                for variant in labels]
+        for row in rows:
             for bench, column in zip(names, columns):
-                doc = docs.get((m, variant, bench))
-                values = cell_values(doc, k) if doc else dict.fromkeys(metrics)
-                row.ours.update({(column, metric): value for metric, value in values.items()})
-                if doc:
-                    curves.setdefault((title, bench), {})[row.label] = (list(doc["correct_counts"].values()), doc["n"])
-            add_averages(row, columns, table.metrics)
-            rows.append(row)
+                if column in row.evaluations:
+                    curves.setdefault((title, bench), {})[row.label] = row.evaluations[column]
         table.blocks.append(Block(title=title, rows=rows))
+    fill_estimates(table)
     attach_paper_values(table, phase, load_paper_tables())
     return table, inputs, curves
 
 
+def _seeds_text(cfg: Config) -> str:
+    seeds = cfg.run_seeds()
+    return f"seed {seeds[0]}" if len(seeds) == 1 else f"seeds {', '.join(map(str, seeds))}"
+
+
+def missing_seeds(cfg: Config, table: ResultTable) -> list[str]:
+    """``model / method / benchmark: seeds …`` for every evaluation some but not all seeds have."""
+    expected = set(cfg.run_seeds())
+    return [f"{block.title} / {row.label} / {column}: seed {', '.join(map(str, sorted(expected - set(by_seed))))}"
+            for block in table.blocks for row in block.rows for column, by_seed in row.evaluations.items()
+            if expected - set(by_seed)]
+
+
 # ------------------------------------------------------------------------------------------------ analyses
-def trained_exports(cfg: Config, phase: str, labels: list[str]) -> dict[str, Path]:
-    """Variant → stage folder of every complete SFT (phase sft) or RL (phase rl) run of ``cfg.model`` with an HF
-    export: ``labels`` first (in order), then any other run of the experiment (sweep points), sorted."""
-    stage_of = (lambda variant: sft_dir(cfg, variant)) if phase == "sft" else (lambda variant: rl_dir(cfg, variant))
-    root = stage_of(BASE_VARIANT).parent
-    found = sorted(folder.name for folder in root.iterdir() if folder.is_dir()) if root.is_dir() else []
-    exports = {}
+def run_folder_label(name: str) -> str:
+    """The label of a run folder: ``eksft_rho0.1-1a2b3c4d`` → ``eksft_rho0.1`` (a bare label stays as it is)."""
+    label, _, suffix = name.rpartition("-")
+    return label if label and len(suffix) == 8 and all(ch in "0123456789abcdef" for ch in suffix) else name
+
+
+def stage_folder(cfg: Config, phase: str, variant: str) -> Path | None:
+    """The SFT (phase sft) or RL (phase rl) run folder of ``variant`` under ``cfg`` (model and seed), None for a
+    label that names no such run (``base`` in phase sft, a folder that is not a method label)."""
+    try:
+        return sft_dir(cfg, variant) if phase == "sft" else rl_dir(cfg, variant)
+    except (ValueError, ConfigError):
+        return None
+
+
+def trained_runs(cfg: Config, phase: str, labels: list[str]) -> dict[str, Path]:
+    """Variant → run folder of every SFT (phase sft) or RL (phase rl) run of ``cfg.model`` at ``cfg.seed`` that
+    exists: ``labels`` first (in order), then any other run of the experiment (sweep points), sorted."""
+    folders = [folder for folder in (stage_folder(cfg, phase, v) for v in labels) if folder is not None]
+    roots = {folder.parent for folder in folders}
+    found = sorted({run_folder_label(child.name) for root in roots if root.is_dir() for child in root.iterdir()
+                    if child.is_dir()})
+    runs = {}
     for variant in [v for v in labels if v in found] + [v for v in found if v not in labels]:
-        manifest = read_manifest(stage_of(variant))
-        if manifest is not None and manifest.complete and hf_export_dir(stage_of(variant)).is_dir():
-            exports[variant] = stage_of(variant)
+        folder = stage_folder(cfg, phase, variant)
+        if folder is not None and folder.is_dir():
+            runs[variant] = folder
+    return runs
+
+
+def trained_exports(cfg: Config, phase: str, labels: list[str]) -> dict[str, Path]:
+    """The runs of :func:`trained_runs` that are complete and have an HF export."""
+    exports = {}
+    for variant, folder in trained_runs(cfg, phase, labels).items():
+        manifest = read_manifest(folder)
+        if manifest is not None and manifest.complete and hf_export_dir(folder).is_dir():
+            exports[variant] = folder
     return exports
 
 
@@ -168,30 +202,6 @@ def base_model_folder(cfg: Config) -> tuple[Path | None, Path | None]:
         return Path(local_model_dir(cfg.model.path)), None
     except Exception:  # neither a folder nor in the hub cache (offline machines): the analyses that need it skip
         return None, None
-
-
-def analysis_inputs(cfg: Config, models: list[Config], labels: list[str]) -> dict[str, Path]:
-    """Every file the analyses read that decides their outputs (manifests of the compared models, SFT metrics logs,
-    the case-study split), so a changed upstream run re-renders the report."""
-    analyses = cfg.eval.analysis.run
-    inputs: dict[str, Path] = {}
-    for mcfg in models:
-        name = mcfg.model.name
-        _, base_stage = base_model_folder(mcfg)
-        if base_stage is not None and {"drift", "case_study"} & set(analyses):
-            inputs[f"{name}/base_model"] = base_stage / "manifest.json"
-        for phase in PHASES:
-            if "drift" in analyses or ("case_study" in analyses and phase == "sft"):
-                for variant, stage in trained_exports(mcfg, phase, labels).items():
-                    inputs[f"{name}/{phase}_run/{variant}"] = stage / "manifest.json"
-        if "iou" in analyses:
-            for variant, stage in trained_exports(mcfg, "sft", labels).items():
-                if (stage / "metrics.jsonl").exists():
-                    inputs[f"{name}/sft_metrics/{variant}"] = stage / "metrics.jsonl"
-        tokens = data_dir(mcfg) / name / SFT_TOKENS_FILE
-        if "case_study" in analyses and tokens.exists():
-            inputs[f"{name}/sft_tokens"] = tokens
-    return inputs
 
 
 def drift_section(cfg: Config, mcfg: Config, labels: list[str], out_dir: Path, run_) -> tuple[list[str], dict]:
@@ -236,8 +246,8 @@ def iou_section(cfg: Config, mcfg: Config, labels: list[str], out_dir: Path, run
     lines = [f"### IoU(M_H, M_KL) over SFT steps: {title}", ""]
     series = {}
     for variant, stage in trained_exports(mcfg, "sft", labels).items():
-        if (stage / "metrics.jsonl").exists():
-            found = iou_series(stage / "metrics.jsonl")
+        if (stage / TRAINING_METRICS_FILE).exists():
+            found = iou_series(stage / TRAINING_METRICS_FILE)
             if found is not None and found.iou:
                 series[row_label(cfg, variant)] = found
     if not series:
@@ -271,7 +281,7 @@ def case_study_section(cfg: Config, mcfg: Config, labels: list[str], out_dir: Pa
     lines = [f"### Token-probability case study: {title}", ""]
     base, _ = base_model_folder(mcfg)
     exports = trained_exports(mcfg, "sft", labels)
-    tokens_path = data_dir(mcfg) / mcfg.model.name / SFT_TOKENS_FILE
+    tokens_path = sft_tokens_path(mcfg)
     if base is None or not exports or not tokens_path.exists():
         missing = [what for what, ok in (("the base model", base is not None), ("an SFT export", bool(exports)),
                                          (str(tokens_path), tokens_path.exists())) if not ok]
@@ -298,13 +308,113 @@ def case_study_section(cfg: Config, mcfg: Config, labels: list[str], out_dir: Pa
                     f"Interactive: [{stem}.html]({stem}.html); numbers: [{stem}.json]({stem}.json)", ""]
 
 
+def curves_section(cfg: Config, mcfg: Config, labels: list[str], out_dir: Path, run_) -> list[str]:
+    """Training curves of the experiment's SFT runs and RL runs (every seed), from their ``metrics.jsonl``."""
+    title = model_title(mcfg)
+    lines = [f"### {title}", ""]
+    for phase, panels, what in (("sft", SFT_PANELS, "SFT"), ("rl", RL_PANELS, "RL (DAPO)")):
+        paths = {}
+        for variant in labels:
+            by_seed = {}
+            for seed, scfg in seed_configs(mcfg).items():
+                folder = stage_folder(scfg, phase, variant)
+                if folder is not None and (folder / TRAINING_METRICS_FILE).exists():
+                    by_seed[seed] = folder / TRAINING_METRICS_FILE
+            if by_seed:
+                paths[row_label(cfg, variant)] = by_seed
+        runs = read_runs(paths)
+        shown = logged_panels(runs, panels)
+        if not shown:
+            lines += [f"{what}: skipped, no {what} run of this model has a `{TRAINING_METRICS_FILE}` with these "
+                      "quantities yet.", ""]
+            continue
+        relative = f"plots/curves_{_slug(title)}_{phase}.png"
+        plot_curves(runs, shown, f"{title} · {what} training", out_dir / relative)
+        run_.add_output(relative, f"{what} training curves, {title}")
+        left_out = [panel.title for panel in panels if panel not in shown]
+        lines += [f"{what}: " + ", ".join(panel.title for panel in shown) + " over optimiser steps; one line per run "
+                  f"and seed ({sum(len(s) for s in runs.values())} runs)."
+                  + (f" Not logged by any run: {', '.join(left_out)}." if left_out else ""), "",
+                  f"![{what} training curves]({relative})", ""]
+    return lines
+
+
+def headroom_section(collected: dict) -> tuple[list[str], dict]:
+    """Spearman correlation, across RL arms and seeds, of pre-RL diagnostics with the RL gain in Avg pass@1."""
+    if "sft" not in collected or "rl" not in collected:
+        return ["Skipped: needs both Table 1 (before RL) and Table 2 (after RL) evaluations.", ""], {}
+    before, after = collected["sft"][0], collected["rl"][0]
+    points = []
+    for block_before, block_after in zip(before.blocks, after.blocks):
+        for row_before, row_after in zip(block_before.rows, block_after.rows):
+            pass1 = row_before.per_seed.get((AVERAGE, "pass@1"), {})
+            after_rl = row_after.per_seed.get((AVERAGE, "pass@1"), {})
+            pass_n = pass_at_n_per_seed(row_before, [c for c in before.columns if c != AVERAGE])
+            for seed in sorted(set(pass1) & set(after_rl) & set(pass_n)):
+                points.append((block_before.title, row_before.label, seed, pass1[seed], *pass_n[seed],
+                               after_rl[seed] - pass1[seed]))
+    if not points:
+        return ["Skipped: no arm and seed has both its Table 1 and Table 2 evaluations on every benchmark.", ""], {}
+    gain = [p[6] for p in points]
+    rho = {"pass1": spearman([p[3] for p in points], gain), "pass_n": spearman([p[4] for p in points], gain)}
+
+    def show(value: float) -> str:
+        return "n/a (fewer than 3 points, or a constant side)" if math.isnan(value) else f"{value:+.2f}"
+
+    lines = [f"{len(points)} (arm, seed) pairs, every RL arm (Base included). RL gain = Table 2 Avg pass@1 − Table 1 "
+             "Avg pass@1 of the same arm and seed (points); Spearman's ρ of each pre-RL diagnostic with it:", "",
+             "| pre-RL diagnostic | Spearman ρ with the RL gain |", "|---|:---:|",
+             f"| Avg pass@1 | {show(rho['pass1'])} |",
+             f"| Avg pass@n (k = n, all samples) | {show(rho['pass_n'])} |",
+             "| mean token entropy of the samples | not computed (samples.jsonl holds no per-token entropy) |",
+             "| held-out NLL on a held-out slice of the SFT set | not computed (no held-out evaluation stage) |", "",
+             "| model | arm | seed | pre-RL pass@1 | pre-RL pass@n (n) | RL gain |",
+             "|---|---|:---:|:---:|:---:|:---:|",
+             *(f"| {model} | {label} | {seed} | {p1:.1f} | {pn:.1f} ({n}) | {g:+.1f} |"
+               for model, label, seed, p1, pn, n, g in points), ""]
+    return lines, {"points": len(points), **{f"spearman_{key}": None if math.isnan(value) else value
+                                              for key, value in rho.items()}}
+
+
+def pass_at_n_per_seed(row: Row, columns: list[str]) -> dict[int, tuple[float, int]]:
+    """seed → (mean over benchmarks of pass@n in percent, the smallest n) for the seeds evaluated on every column."""
+    if any(column not in row.evaluations for column in columns):
+        return {}
+    seeds = set.intersection(*(set(row.evaluations[column]) for column in columns))
+    result = {}
+    for seed in sorted(seeds):
+        docs = [row.evaluations[column][seed] for column in columns]
+        values = [per_problem_values(list(doc["correct_counts"].values()), doc["n"], doc["n"]).mean() for doc in docs]
+        result[seed] = (100 * sum(values) / len(values), min(doc["n"] for doc in docs))
+    return result
+
+
+def sweep_heatmaps(sweep: Sweep, table: ResultTable, title: str, stem: str, out_dir: Path, run_) -> list[str]:
+    """For a sweep over two numeric fields (the (λ_H, λ_KL) grid): one heatmap of the Avg per metric."""
+    numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for _, values in sweep.points for v in values)
+    if len(sweep.fields) != 2 or not numeric:
+        return []
+    xs = sorted({values[0] for _, values in sweep.points})
+    ys = sorted({values[1] for _, values in sweep.points})
+    links = []
+    for metric in table.metrics:
+        relative = f"plots/{stem}_heatmap_{metric.replace('@', '')}.png"
+        cells = {values: row.ours.get((AVERAGE, metric))
+                 for row, (_, values) in zip(table.blocks[0].rows, sweep.points)}
+        plot_heatmap(xs, ys, cells, sweep.fields[0], sweep.fields[1], f"{AVERAGE} {metric} (%)",
+                     f"{title} · {AVERAGE} {metric}", out_dir / relative)
+        run_.add_output(relative, f"{AVERAGE} {metric} over {sweep.fields[0]} x {sweep.fields[1]}, {title}")
+        links.append(f"![{metric} heatmap]({relative})")
+    return [" ".join(links), ""]
+
+
 def sweep_tables(cfg: Config, models: list[Config]) -> list[tuple[Config, str, Sweep, ResultTable, dict[str, Path]]]:
     """(model config, phase, sweep, table, metrics files) for every method evaluated with ≥ 2 labels."""
     found = []
     for mcfg in models:
         for phase in PHASES:
             phase_dir = eval_dir(mcfg, phase, BASE_VARIANT, "_").parents[1]
-            for sweep in find_sweeps(evaluated_labels(phase_dir)):
+            for sweep in find_sweeps(evaluated_methods(phase_dir)):
                 table, files, _ = collect(cfg, phase, [mcfg], [label for label, _ in sweep.points])
                 for row, (_, values) in zip(table.blocks[0].rows, sweep.points):
                     row.label = format_values(values)
@@ -330,6 +440,8 @@ def sweep_section(cfg: Config, sweeps: list, out_dir: Path, run_) -> list[str]:
                    out_dir / f"plots/{stem}.png")
         run_.add_output(f"plots/{stem}.png", f"metrics vs {table.row_header}, {title}, phase {phase}")
         lines += [f"#### {table.caption}", "", to_markdown(table), f"![sweep](plots/{stem}.png)", "",
+                  *sweep_heatmaps(sweep, table, f"{title} · {row_label(cfg, sweep.method)} · {PHASES[phase][2]}",
+                                  stem, out_dir, run_),
                   f"Files: [{stem}.md]({stem}.md), [{stem}.csv]({stem}.csv), [{stem}.tex]({stem}.tex); labels "
                   + ", ".join(f"`{label}`" for label, _ in sweep.points), ""]
     return lines
@@ -346,13 +458,9 @@ def run(cfg: Config) -> Manifest:
         raise StageInputError(f"no eval metrics found for experiment '{cfg.experiment.name}' "
                               f"(models {cfg.profile.models}, variants {labels}); run the eval stages first")
     sweeps = sweep_tables(cfg, models) if "sweep" in analyses else []
-    inputs = {key: path for _, files, _ in collected.values() for key, path in files.items()}
-    inputs.update({key: path for *_, files in sweeps for key, path in files.items()})
-    inputs.update(analysis_inputs(cfg, models, labels))
-    section = {"models": cfg.profile.models, "variants": labels, "benchmarks": benchmarks(cfg),
-               "table_k": cfg.eval.table_k, "benchmark_labels": cfg.eval.benchmark_labels,
-               "row_labels": cfg.eval.row_labels, "analysis": asdict(cfg.eval.analysis)}
-    with stage_run(out_dir, stage="report", variant="", config=section, inputs=inputs) as run_:
+    spec = report_run(cfg)
+    with stage_run(out_dir, stage="report", variant="", config=spec.config, inputs=spec.inputs,
+                   optional_inputs=True) as run_:
         if run_ is None:
             return read_manifest(out_dir)
         lines = [f"# Report: experiment `{cfg.experiment.name}` (profile {cfg.profile.name})", ""]
@@ -361,14 +469,19 @@ def run(cfg: Config) -> Manifest:
             for suffix, render in (("md", to_markdown), ("csv", to_csv), ("tex", to_latex)):
                 (out_dir / f"{name}.{suffix}").write_text(render(table), encoding="utf-8")
                 run_.add_output(f"{name}.{suffix}", f"{stage} ({suffix})")
-            lines += [f"## {stage}", "", to_markdown(table)]
+            lines += [f"## {stage}", "", f"{table.caption}.", "", to_markdown(table),
+                      TABLE_NOTE.format(delta=delta_label(table))]
             lines.append("Numbers in parentheses are the paper's for the same cell." if table.has_paper_values else
                          "The paper has no numbers for these models and benchmarks, so only ours are shown.")
-            lines += ["", f"Files: [{name}.md]({name}.md), [{name}.csv]({name}.csv), [{name}.tex]({name}.tex)", ""]
+            lines += ["", f"Files: [{name}.md]({name}.md), [{name}.csv]({name}.csv) (with each seed's value), "
+                          f"[{name}.tex]({name}.tex)", ""]
             missing = [f"{block.title} / {row.label}" for block in table.blocks for row in block.rows
                        if any(value is None for value in row.ours.values())]
             if missing:
                 lines += [f"Missing evaluations (shown as –): {', '.join(missing)}", ""]
+            partial = missing_seeds(cfg, table)
+            if partial:
+                lines += [f"Seeds missing (cells use the seeds present): {'; '.join(partial)}", ""]
             lines += ["### pass@k curves", ""]
             for (title, bench), by_method in curves.items():
                 relative = f"plots/passk_{_slug(title)}_{phase}_{bench}.png"
@@ -396,6 +509,11 @@ def run(cfg: Config) -> Manifest:
                 lines += case_study_section(cfg, mcfg, labels, out_dir, run_)
         if "sweep" in analyses:
             lines += sweep_section(cfg, sweeps, out_dir, run_)
+        lines += ["## Training curves", ""]
+        for mcfg in models:
+            lines += curves_section(cfg, mcfg, labels, out_dir, run_)
+        more, analysis_metrics["headroom"] = headroom_section(collected)
+        lines += ["## RL headroom: what predicts the RL gain", "", *more]
         (out_dir / "report.md").write_text("\n".join(lines), encoding="utf-8")
         run_.add_output("report.md", "tables, plots and links to every eval manifest")
         run_.manifest.metrics = {phase: {f"{block.title}/{row.label}": {f"{c} {m}": v for (c, m), v in row.ours.items()

@@ -2,12 +2,17 @@
 
 One block per model; rows Base, then the SFT methods (``experiment.methods``) as labelled by ``eval.row_labels``;
 columns per benchmark pass@1 (= avg@n) and pass@k (k = ``eval.table_k``, or the smallest n evaluated if that is
-less; the unbiased estimator from each problem's correct count), then their mean over benchmarks ("Avg"). Values are percentages with one decimal.
-Within a block, the best value of a column is bold and the second best underlined, ranked on the printed values
-(ties share a mark; the second best is the next distinct value). The paper itself is not consistent about
-underlining below a tie (Table 1, Qwen3-4B AIME pass@32 leaves 70.0 plain; HMMT25 on Qwen3-8B underlines 40.0).
+less; the unbiased estimator from each problem's correct count), then their mean over benchmarks ("Avg").
+
+Every cell is the mean over seeds and problems with its 95% bootstrap interval (:mod:`eval.intervals`), in percent
+with one decimal: ``62.5 [50.0, 75.0]``. Under each row of a block that has a reference row (SFT: variant ``sft``)
+a ``Δ vs SFT`` line gives the paired difference to it with its interval (same seeds, same problems, same resampled
+indices). Marks, per block and column: the best value is bold and the second best underlined only where the
+intervals separate (the best's interval lies above every other row's; the second's above every row below it);
+where they do not, the cell says "n.s." instead. The paper's own marks (no intervals) follow :func:`rank_marks`.
 Where the paper has a number for the same model, row, benchmark and metric (``eval/paper_tables.json``), it is
-shown in parentheses next to ours.
+shown in parentheses next to ours. The CSV is long: one line per (model, method, column, metric) with the mean,
+interval, paired difference, the paper's value and one column per seed.
 """
 from __future__ import annotations
 
@@ -18,11 +23,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from eval.metrics import pass_at_k
+import numpy as np
+
+from eval.intervals import Estimate, common_problems, estimate, paired_difference, value_matrix
 
 PAPER_TABLES = Path(__file__).with_name("paper_tables.json")
 AVERAGE = "Avg"
 MISSING = "–"
+NOT_SEPARATED = "n.s."
+PAPER_ROWS = {"base": "Base", "sft": "SFT", "dft": "DFT", "iwsft": "IW-SFT", "psft": "PSFT",
+              "eksft": "EKSFT (Ours)", "eksft_compatofficial_code": "EKSFT (Ours)"}
+"""The paper's row (``paper_tables.json``) for each of our variants. The paper has one EKSFT row; its numbers came
+from the official code, and both of our EKSFT arms (paper equations, official code) are shown against it."""
+REFERENCE_VARIANT = "sft"
+"""The variant every other row's paired difference is taken against."""
 
 
 @dataclass
@@ -34,7 +48,16 @@ class Row:
     variant: str
     """Eval folder name (``base``, ``eksft``, ``eksft_rho0.1``)."""
     ours: dict[tuple[str, str], float | None] = field(default_factory=dict)
+    """Mean in percent per (column, metric); None where an evaluation is missing."""
     paper: dict[tuple[str, str], float] = field(default_factory=dict)
+    evaluations: dict[str, dict[int, dict]] = field(default_factory=dict)
+    """Benchmark column → seed → that seed's ``metrics.json`` (``n``, ``correct_counts``)."""
+    intervals: dict[tuple[str, str], Estimate] = field(default_factory=dict)
+    """The 95% interval of each cell with a value, in percent."""
+    delta: dict[tuple[str, str], Estimate] = field(default_factory=dict)
+    """Paired difference to the block's reference row, in percent (empty for the reference row itself)."""
+    per_seed: dict[tuple[str, str], dict[int, float]] = field(default_factory=dict)
+    """Each seed's own mean over problems, in percent."""
 
 
 @dataclass
@@ -57,6 +80,8 @@ class ResultTable:
     metrics: list[str]
     """``pass@1`` and ``pass@<table_k>``."""
     blocks: list[Block]
+    reference: str = "SFT"
+    """Title of the reference row in the ``Δ vs …`` lines."""
 
     @property
     def cells(self) -> list[tuple[str, str]]:
@@ -67,18 +92,53 @@ class ResultTable:
         return any(row.paper for block in self.blocks for row in block.rows)
 
 
-def cell_values(metrics_doc: dict, k: int) -> dict[str, float]:
-    """``pass@1`` (avg@n) and ``pass@<k>`` in percent from one ``metrics.json`` (unbiased, from the correct counts)."""
-    n, counts = metrics_doc["n"], list(metrics_doc["correct_counts"].values())
-    return {"pass@1": 100 * sum(c / n for c in counts) / len(counts),
-            f"pass@{k}": 100 * sum(pass_at_k(n, c, k) for c in counts) / len(counts)}
+def _metric_k(metric: str) -> int:
+    return int(metric.split("@")[1])
 
 
-def add_averages(row: Row, benchmark_columns: Sequence[str], metrics: Sequence[str]) -> None:
-    """``Avg`` = mean over benchmarks of each metric; missing if any benchmark is missing."""
-    for metric in metrics:
-        values = [row.ours.get((column, metric)) for column in benchmark_columns]
-        row.ours[(AVERAGE, metric)] = None if None in values else sum(values) / len(values)
+def _groups(rows: Sequence[Row], columns: Sequence[str], k: int) -> tuple[list[int], list[list[np.ndarray]]] | None:
+    """The seeds all ``rows`` share in every column and, per row, one [seeds, problems] matrix per column on those
+    seeds and the problems all rows share in that column; None when a row lacks a column or nothing is shared."""
+    if any(not row.evaluations.get(column) for row in rows for column in columns):
+        return None
+    seeds = sorted(set.intersection(*(set(row.evaluations[column]) for row in rows for column in columns)))
+    if not seeds:
+        return None
+    groups: list[list[np.ndarray]] = [[] for _ in rows]
+    for column in columns:
+        problems = sorted(set.intersection(*(set(common_problems(row.evaluations[column], seeds)) for row in rows)))
+        if not problems:
+            return None
+        for group, row in zip(groups, rows):
+            group.append(value_matrix(row.evaluations[column], seeds, problems, k))
+    return seeds, groups
+
+
+def fill_estimates(table: ResultTable, reference_variant: str = REFERENCE_VARIANT) -> None:
+    """Fills each row's ``ours`` (means), ``intervals``, ``per_seed`` and, where the block has a row of
+    ``reference_variant``, ``delta`` from its ``evaluations``; ``Avg`` over the benchmark columns."""
+    benchmark_columns = [column for column in table.columns if column != AVERAGE]
+    for block in table.blocks:
+        reference = next((row for row in block.rows if row.variant == reference_variant), None)
+        if reference is not None:
+            table.reference = reference.label
+        for row in block.rows:
+            for column, metric in table.cells:
+                columns = benchmark_columns if column == AVERAGE else [column]
+                k = _metric_k(metric)
+                found = _groups([row], columns, k)
+                if found is None:
+                    row.ours[(column, metric)] = None
+                    continue
+                seeds, (groups,) = found
+                cell = estimate(groups).scaled(100)
+                row.ours[(column, metric)], row.intervals[(column, metric)] = cell.mean, cell
+                row.per_seed[(column, metric)] = {seed: 100 * float(np.mean([g[i].mean() for g in groups]))
+                                                  for i, seed in enumerate(seeds)}
+                if reference is not None and row is not reference:
+                    paired = _groups([row, reference], columns, k)
+                    if paired is not None:
+                        row.delta[(column, metric)] = paired_difference(*paired[1]).scaled(100)
 
 
 def load_paper_tables(path: Path = PAPER_TABLES) -> dict:
@@ -86,10 +146,11 @@ def load_paper_tables(path: Path = PAPER_TABLES) -> dict:
 
 
 def attach_paper_values(table: ResultTable, phase: str, paper_tables: dict) -> None:
-    """Fills ``Row.paper`` for every cell the paper reports under the same model, row, column and metric titles."""
+    """Fills ``Row.paper`` for every cell the paper reports under the same model, row (:data:`PAPER_ROWS` of the
+    row's variant), column and metric titles."""
     for block in table.blocks:
         for row in block.rows:
-            paper_row = paper_tables.get(phase, {}).get(block.title, {}).get(row.label, {})
+            paper_row = paper_tables.get(phase, {}).get(block.title, {}).get(PAPER_ROWS.get(row.variant), {})
             for column, metric in table.cells:
                 value = paper_row.get(column, {}).get(metric)
                 if value is not None:
@@ -104,11 +165,36 @@ def rank_marks(values: Sequence[float | None]) -> list[str]:
     return [marks.get(v, "") if v is not None else "" for v in rounded]
 
 
+def interval_marks(estimates: Sequence[Estimate | None]) -> list[str]:
+    """``best`` / ``second`` / ``n.s.`` / ``""`` per cell of one column.
+
+    The top printed value (:func:`rank_marks`) is ``best`` when it is one row whose interval lies above every
+    other row's, else ``n.s.``. After a ``best``, the next value is ``second`` when it is one row whose interval
+    lies above every row below it, else ``n.s.``; after an ``n.s.`` nothing else is marked.
+    """
+    ranks = rank_marks([None if e is None else e.mean for e in estimates])
+    marks = [""] * len(estimates)
+    present = {i for i, e in enumerate(estimates) if e is not None}
+    outranked: set[int] = set()
+    for level in ("best", "second"):
+        leaders = [i for i, rank in enumerate(ranks) if rank == level]
+        if not leaders:
+            break
+        outranked |= set(leaders)
+        below = present - outranked
+        separated = len(leaders) == 1 and all(estimates[leaders[0]].separated_from(estimates[j]) for j in below)
+        for i in leaders:
+            marks[i] = level if separated else NOT_SEPARATED
+        if not separated:
+            break
+    return marks
+
+
 def _marks(table: ResultTable) -> dict[tuple[int, int, tuple[str, str]], str]:
     marks = {}
     for b, block in enumerate(table.blocks):
         for cell in table.cells:
-            for r, mark in enumerate(rank_marks([row.ours.get(cell) for row in block.rows])):
+            for r, mark in enumerate(interval_marks([row.intervals.get(cell) for row in block.rows])):
                 marks[(b, r, cell)] = mark
     return marks
 
@@ -117,8 +203,24 @@ def _number(value: float | None) -> str:
     return MISSING if value is None else f"{value:.1f}"
 
 
+def _signed(value: float) -> str:
+    """``+1.5`` / ``−1.5`` (a true minus sign); a value that rounds to zero is ``+0.0``."""
+    text = f"{value:+.1f}"
+    return "+0.0" if text == "-0.0" else text.replace("-", "−")
+
+
+def _interval(estimate_: Estimate, signed: bool = False) -> str:
+    show = _signed if signed else _number
+    return f"[{show(estimate_.low)}, {show(estimate_.high)}]"
+
+
+def delta_label(table: ResultTable) -> str:
+    return f"Δ vs {table.reference}"
+
+
 def to_markdown(table: ResultTable) -> str:
-    """GitHub Markdown: bold best, ``<u>`` second; the paper's value in parentheses."""
+    """GitHub Markdown: mean [95% interval]; bold best, ``<u>`` second, ``n.s.`` where the intervals overlap; the
+    paper's value in parentheses; a ``Δ vs SFT`` line under each row with a paired difference."""
     marks = _marks(table)
     header = [table.row_header] + [f"{column} {metric}" for column, metric in table.cells]
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] + [":---:"] * len(table.cells)) + "|"]
@@ -130,33 +232,49 @@ def to_markdown(table: ResultTable) -> str:
                 text = _number(row.ours.get(cell))
                 mark = marks[(b, r, cell)]
                 text = f"**{text}**" if mark == "best" else f"<u>{text}</u>" if mark == "second" else text
+                if cell in row.intervals:
+                    text += f" {_interval(row.intervals[cell])}"
+                if mark == NOT_SEPARATED:
+                    text += f" {NOT_SEPARATED}"
                 if cell in row.paper:
                     text += f" ({row.paper[cell]:.1f})"
                 cells.append(text)
             lines.append("| " + " | ".join([row.label, *cells]) + " |")
+            if row.delta:
+                deltas = [f"{_signed(row.delta[cell].mean)} {_interval(row.delta[cell], signed=True)}"
+                          if cell in row.delta else MISSING for cell in table.cells]
+                lines.append("| " + " | ".join([f"<sub>{delta_label(table)}</sub>",
+                                                *(f"<sub>{d}</sub>" for d in deltas)]) + " |")
     return "\n".join(lines) + "\n"
 
 
 def to_csv(table: ResultTable) -> str:
-    """One line per (model, method); a ``(paper)`` column after each cell the paper reports."""
-    paper_cells = {cell for block in table.blocks for row in block.rows for cell in row.paper}
-    header = ["model", "method", "variant"]
-    for cell in table.cells:
-        header.append(f"{cell[0]} {cell[1]}")
-        if cell in paper_cells:
-            header.append(f"{cell[0]} {cell[1]} (paper)")
+    """Long format: one line per (model, method, column, metric): mean, 95% interval, mark, the paired difference
+    to the reference row and its interval, the paper's value, the number of seeds, and one column per seed."""
+    seeds = sorted({seed for block in table.blocks for row in block.rows for values in row.per_seed.values()
+                    for seed in values})
+    header = ["model", "method", "variant", "column", "metric", "mean", "ci_low", "ci_high", "mark",
+              "delta_reference", "delta", "delta_low", "delta_high", "paper", "num_seeds",
+              *(f"seed {seed}" for seed in seeds)]
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     writer.writerow(header)
-    for block in table.blocks:
-        for row in block.rows:
-            line = [block.title, row.label, row.variant]
+    marks = _marks(table)
+
+    def number(value: float | None) -> str:
+        return "" if value is None else f"{value:.4f}"
+
+    for b, block in enumerate(table.blocks):
+        for r, row in enumerate(block.rows):
             for cell in table.cells:
-                value = row.ours.get(cell)
-                line.append("" if value is None else f"{value:.1f}")
-                if cell in paper_cells:
-                    line.append("" if cell not in row.paper else f"{row.paper[cell]:.1f}")
-            writer.writerow(line)
+                interval, delta = row.intervals.get(cell), row.delta.get(cell)
+                per_seed = row.per_seed.get(cell, {})
+                writer.writerow([block.title, row.label, row.variant, *cell, number(row.ours.get(cell)),
+                                 number(interval and interval.low), number(interval and interval.high),
+                                 marks[(b, r, cell)], table.reference if delta else "",
+                                 number(delta and delta.mean), number(delta and delta.low),
+                                 number(delta and delta.high), number(row.paper.get(cell)), len(per_seed),
+                                 *(number(per_seed.get(seed)) for seed in seeds)])
     return buffer.getvalue()
 
 
@@ -166,7 +284,9 @@ def _latex_escape(text: str) -> str:
 
 
 def to_latex(table: ResultTable) -> str:
-    """The paper's tabular: grouped pass@1 / pass@k columns, a block title per model, \\textbf and \\underline."""
+    """The paper's tabular: grouped pass@1 / pass@k columns, a block title per model, \\textbf and \\underline
+    where the intervals separate (``n.s.`` superscript where not), the interval in \\scriptsize, and a
+    ``Δ vs SFT`` line per row."""
     marks = _marks(table)
     width = 1 + len(table.cells)
     per_column = len(table.metrics)
@@ -188,10 +308,19 @@ def to_latex(table: ResultTable) -> str:
                 mark = marks[(b, r, cell)]
                 text = f"\\textbf{{{text}}}" if mark == "best" else f"\\underline{{{text}}}" if mark == "second" \
                     else text
+                if mark == NOT_SEPARATED:
+                    text += f"\\textsuperscript{{{NOT_SEPARATED}}}"
+                if cell in row.intervals:
+                    text += f" {{\\scriptsize {_interval(row.intervals[cell])}}}"
                 if cell in row.paper:
                     text += f" {{\\scriptsize({row.paper[cell]:.1f})}}"
                 cells.append(text)
             lines.append(" & ".join([_latex_escape(row.label), *cells]) + " \\\\")
+            if row.delta:
+                deltas = [f"{{\\scriptsize {_signed(row.delta[cell].mean)} {_interval(row.delta[cell], signed=True)}}}"
+                          .replace("−", "$-$") if cell in row.delta else MISSING for cell in table.cells]
+                lines.append(" & ".join([f"{{\\scriptsize\\quad $\\Delta$ vs {_latex_escape(table.reference)}}}",
+                                         *deltas]) + " \\\\")
         lines.append("\\hline")
     lines += ["\\end{tabular}%", "}", f"\\caption{{{_latex_escape(table.caption)}}}", "\\end{table*}"]
     return "\n".join(lines) + "\n"

@@ -5,10 +5,12 @@ import json
 
 import pytest
 
+from dataclasses import replace
+
 from eval import report
 from pipeline.config import compose
 from pipeline.manifest import read_manifest
-from pipeline.paths import eval_dir, report_dir
+from pipeline.paths import eval_dir, report_dir, rl_dir, sft_dir
 
 pytestmark = pytest.mark.integration
 
@@ -30,16 +32,50 @@ def test_report_stage_on_the_toy_world(tmp_path):
     # Columns named by the config; the second metric is pass@4 because only 4 samples were drawn (table_k is 32).
     assert table.splitlines()[0] == ("| Method | Toy-Add pass@1 | Toy-Add pass@4 | Toy-Mixed pass@1 | "
                                      "Toy-Mixed pass@4 | Avg pass@1 | Avg pass@4 |")
-    # pass@1: base 50.0, sft 62.5, eksft 62.5; pass@4: base 50, sft 100, eksft 100.
-    assert "| SFT | **62.5** | **100.0** | **62.5** | **100.0** | **62.5** | **100.0** |" in table
-    assert "| Base | <u>50.0</u> | <u>50.0</u> |" in table
+    # pass@1 per problem: base (0, 1), sft (1/4, 1), eksft (1/2, 3/4). A resample of two problems averages two
+    # draws, so the 2.5th/97.5th percentiles are the smaller / larger value: base [0, 100], sft [25, 100],
+    # eksft [50, 75]. SFT and EKSFT tie at 62.5 (pass@4 at 100): not separated, so "n.s." and no mark below.
+    assert ("| SFT | 62.5 [25.0, 100.0] n.s. | 100.0 [100.0, 100.0] n.s. | 62.5 [25.0, 100.0] n.s. |") in table
+    assert "| Base | 50.0 [0.0, 100.0] | 50.0 [0.0, 100.0] |" in table
+    # Paired differences to SFT on the same resampled problems: eksft − sft = (+1/4, −1/4) -> [−25, +25];
+    # base − sft = (−1/4, 0) -> mean −12.5, [−25, 0]; pass@4: (−1, 0) -> −50 [−100, 0].
+    lines = table.splitlines()
+    eksft = lines.index(next(line for line in lines if line.startswith("| EKSFT (paper eq.) |")))
+    assert lines[eksft + 1].startswith("| <sub>Δ vs SFT</sub> | <sub>+0.0 [−25.0, +25.0]</sub> | "
+                                       "<sub>+0.0 [+0.0, +0.0]</sub> |")
+    assert "| <sub>Δ vs SFT</sub> | <sub>−12.5 [−25.0, +0.0]</sub> | <sub>−50.0 [−100.0, +0.0]</sub> |" in table
+    assert sum(line.startswith("| <sub>Δ vs SFT") for line in lines) == 2  # base and eksft, not sft itself
     assert not (out / "table2.md").exists()
     text = (out / "report.md").read_text()
     assert "only ours are shown" in text and "plots/passk_Toy-Qwen3-0.8M_sft_toy_add.png" in text
     assert (out / "plots" / "passk_Toy-Qwen3-0.8M_sft_toy_add.png").stat().st_size > 1000
-    assert manifest.complete and len(manifest.inputs) == 6
+    assert manifest.complete
     assert read_manifest(out).complete
     assert report.run(cfg).started_at == manifest.started_at  # unchanged inputs: skipped
+
+
+def test_report_aggregates_seeds(tmp_path):
+    cfg = compose([f"experiment.run_root={tmp_path}", "experiment.methods=[sft,eksft]",
+                   "experiment.seeds=[3,7]", "eval.analysis.run=[]"])
+    # One problem per benchmark, n = 4; per seed (3, 7) the correct count.
+    counts = {"base": (0, 0), "sft": (1, 3), "eksft": (2, 4)}
+    for variant, (first, second) in counts.items():
+        for seed, count in ((3, first), (7, second)):
+            for bench in ("toy_add", "toy_mixed"):
+                _write_metrics(replace(cfg, seed=seed), "sft", variant, bench, {"p": count})
+    report.run(cfg)
+    out = report_dir(cfg)
+    table = (out / "table1.md").read_text()
+    # Resampling two seeds gives (a, a), (a, b), (b, a) or (b, b): the interval spans the two seeds' values.
+    # sft: 25 and 75 -> 50 [25, 75]; eksft: 50 and 100 -> 75 [50, 100]; they overlap: n.s.
+    assert "| SFT | 50.0 [25.0, 75.0] |" in table
+    assert "| EKSFT (paper eq.) | 75.0 [50.0, 100.0] n.s. |" in table
+    # Paired per seed: eksft − sft = +25 for both seeds -> +25 [+25, +25] (unpaired intervals overlap).
+    assert "| <sub>Δ vs SFT</sub> | <sub>+25.0 [+25.0, +25.0]</sub> |" in table
+    rows = (out / "table1.csv").read_text().splitlines()
+    assert rows[0].endswith(",num_seeds,seed 3,seed 7")
+    assert "Toy-Qwen3-0.8M,SFT,sft,Toy-Add,pass@1,50.0000,25.0000,75.0000,,,,,,,2,25.0000,75.0000" in rows
+    assert "mean [95% interval] over seeds 3, 7 and problems" in (out / "report.md").read_text()
 
 
 def test_report_shows_the_papers_numbers_next_to_ours(tmp_path):
@@ -47,6 +83,52 @@ def test_report_shows_the_papers_numbers_next_to_ours(tmp_path):
     _write_metrics(cfg, "sft", "eksft", "aime24", {"p": 16}, n=32)
     report.run(cfg)
     table = (report_dir(cfg) / "table1.md").read_text()
-    assert "| EKSFT (Ours) | **50.0** (45.7) | **100.0** (73.3) | – (33.4) |" in table
+    # One row with values: nothing to be separated from, so it is the best of its column.
+    assert "| EKSFT (paper eq.) | **50.0** [50.0, 50.0] (45.7) | **100.0** [100.0, 100.0] (73.3) | – (33.4) |" in table
     assert "***Qwen3-8B***" in table
     assert "Missing evaluations" in (report_dir(cfg) / "report.md").read_text()
+
+
+def test_report_training_curves_and_rl_headroom(tmp_path):
+    cfg = compose([f"experiment.run_root={tmp_path}", "experiment.methods=[sft,eksft]", "experiment.seeds=[0,1]",
+                   "eval.analysis.run=[]"])
+    # One problem per benchmark (both benchmarks alike), n = 4: correct counts per (arm, seed) before / after RL.
+    before = {"base": (0, 1), "sft": (2, 3), "eksft": (1, 2)}
+    after = {"base": (2, 2), "sft": (3, 3), "eksft": (4, 3)}
+    for phase, counts in (("sft", before), ("rl", after)):
+        for variant, per_seed in counts.items():
+            for seed, count in zip((0, 1), per_seed):
+                for bench in ("toy_add", "toy_mixed"):
+                    _write_metrics(replace(cfg, seed=seed), phase, variant, bench, {"p": count})
+    for seed in (0, 1):
+        scfg = replace(cfg, seed=seed)
+        sft_log = [{"step": step, "loss": 2.0 / step, "stats/ce": 1.0 / step, "stats/entropy_mean_M": 1.0,
+                    "stats/entropy_mean_rest": 0.5, "stats/kl_mean_M": 0.1 * step, "stats/kl_mean_rest": 0.01,
+                    "stats/num_M": 10, "stats/num_T": 40} for step in (1, 2, 3)]
+        folder = sft_dir(scfg, "eksft")
+        folder.mkdir(parents=True)
+        (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in sft_log))
+        rl_log = [{"step": step, "critic/score/mean": 0.1 * step, "response_length/mean": 30.0, "actor/entropy": 0.9,
+                   "timing_s/step": 5.0} for step in (1, 2)]
+        folder = rl_dir(scfg, "sft")
+        folder.mkdir(parents=True)
+        (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rl_log))
+    manifest = report.run(cfg)
+    out = report_dir(cfg)
+    text = (out / "report.md").read_text()
+    assert "![SFT training curves](plots/curves_Toy-Qwen3-0.8M_sft.png)" in text
+    assert "![RL (DAPO) training curves](plots/curves_Toy-Qwen3-0.8M_rl.png)" in text
+    assert "one line per run and seed (2 runs)" in text  # eksft, seeds 0 and 1 (the sft run logged nothing)
+    assert "Not logged by any run: validation accuracy" in text
+    for phase in ("sft", "rl"):
+        assert (out / f"plots/curves_Toy-Qwen3-0.8M_{phase}.png").stat().st_size > 1000
+    # pre-RL pass@1 (base, sft, eksft; seeds 0, 1) = 0, 25 | 50, 75 | 25, 50; gain = 50, 25 | 25, 0 | 75, 25;
+    # pass@4 = 0 for base seed 0, else 100. Average ranks: pass@1 (1, 2.5, 4.5, 6, 2.5, 4.5), gain (5, 3, 3, 1, 6, 3):
+    # ρ = −13 / sqrt(16.5 · 15.5); pass@4 ranks (1, 4, 4, 4, 4, 4): ρ = −4.5 / sqrt(7.5 · 15.5).
+    headroom = manifest.metrics["headroom"]
+    assert headroom["points"] == 6
+    assert headroom["spearman_pass1"] == pytest.approx(-13 / (16.5 * 15.5) ** 0.5)
+    assert headroom["spearman_pass_n"] == pytest.approx(-4.5 / (7.5 * 15.5) ** 0.5)
+    assert "| Avg pass@1 | -0.81 |" in text and "| Avg pass@n (k = n, all samples) | -0.42 |" in text
+    assert "| Toy-Qwen3-0.8M | EKSFT (paper eq.) | 0 | 25.0 | 100.0 (4) | +75.0 |" in text
+    assert "held-out NLL on a held-out slice of the SFT set | not computed" in text

@@ -5,13 +5,14 @@ import re
 
 import pytest
 
+from eval.intervals import Estimate
 from eval.tables import (
     Block,
     ResultTable,
     Row,
-    add_averages,
     attach_paper_values,
-    cell_values,
+    fill_estimates,
+    interval_marks,
     load_paper_tables,
     rank_marks,
     to_csv,
@@ -80,27 +81,77 @@ def test_rank_marks_dense_with_ties_and_missing():
     assert rank_marks([None, None]) == ["", ""]
 
 
+def test_interval_marks_only_where_intervals_separate():
+    def e(mean, low, high):
+        return Estimate(mean, low, high)
+
+    # best above everyone, second above the rest: bold and underline
+    assert interval_marks([e(10, 8, 12), e(30, 28, 32), e(20, 18, 22)]) == ["", "best", "second"]
+    # best separated, second overlaps the third: the second says n.s.
+    assert interval_marks([e(10, 8, 19), e(30, 28, 32), e(20, 18, 22)]) == ["", "best", "n.s."]
+    # best overlaps the second: n.s. and nothing marked below it
+    assert interval_marks([e(10, 8, 12), e(30, 19, 32), e(20, 18, 22)]) == ["", "n.s.", ""]
+    # a tie on the printed value is never separated; missing cells are skipped
+    assert interval_marks([e(30, 30, 30), None, e(30.04, 30.04, 30.04)]) == ["n.s.", "", "n.s."]
+    assert interval_marks([None, e(5, 5, 5)]) == ["", "best"]
+
+
+def _doc(*counts: int, n: int = 32) -> dict:
+    return {"n": n, "correct_counts": {f"p{i}": c for i, c in enumerate(counts)}}
+
+
 def _constructed_table() -> ResultTable:
+    """One benchmark (AIME), n = 32, two problems, one seed; DFT not evaluated."""
     table = ResultTable(caption="t", row_header="Method", columns=["AIME", "Avg"], metrics=["pass@1", "pass@32"],
                         blocks=[])
-    rows = [Row("Base", "base", {("AIME", "pass@1"): 10.0, ("AIME", "pass@32"): 50.0}),
-            Row("SFT", "sft", {("AIME", "pass@1"): 30.0, ("AIME", "pass@32"): 60.0}),
-            Row("EKSFT (Ours)", "eksft", {("AIME", "pass@1"): 20.0, ("AIME", "pass@32"): None})]
-    for row in rows:
-        add_averages(row, ["AIME"], table.metrics)
+    rows = [Row("Base", "base", evaluations={"AIME": {0: _doc(0, 8)}}),
+            Row("SFT", "sft", evaluations={"AIME": {0: _doc(32, 24)}}),
+            Row("EKSFT (paper eq.)", "eksft", evaluations={"AIME": {0: _doc(16, 16)}}),
+            Row("DFT", "dft")]
     table.blocks.append(Block("Qwen3-4B", rows))
+    fill_estimates(table)
     return table
 
 
-def test_markdown_marks_best_bold_and_second_underlined_per_column():
+def test_estimates_of_the_constructed_table():
+    rows = {row.label: row for row in _constructed_table().blocks[0].rows}
+    # pass@1 per problem: SFT (1, 3/4); two problems resampled: the interval runs from the smaller to the larger.
+    assert rows["SFT"].intervals[("AIME", "pass@1")] == Estimate(87.5, 75.0, 100.0)
+    # pass@32 with n = 32 is 1 for any correct sample: Base (0, 1).
+    assert rows["Base"].intervals[("AIME", "pass@32")] == Estimate(50.0, 0.0, 100.0)
+    assert rows["Base"].ours[("Avg", "pass@1")] == 12.5 and rows["Base"].per_seed[("AIME", "pass@1")] == {0: 12.5}
+    # Paired: EKSFT − SFT per problem = (1/2 − 1, 1/2 − 3/4) = (−50, −25) points.
+    assert rows["EKSFT (paper eq.)"].delta[("AIME", "pass@1")] == Estimate(-37.5, -50.0, -25.0)
+    assert not rows["SFT"].delta and not rows["DFT"].delta and rows["DFT"].ours[("AIME", "pass@1")] is None
+
+
+def test_fill_estimates_uses_the_unbiased_pass_at_k():
+    table = ResultTable(caption="t", row_header="Method", columns=["A", "Avg"], metrics=["pass@1", "pass@2"],
+                        blocks=[Block("m", [Row("x", "x", evaluations={"A": {0: _doc(1, 0, n=4)}})])])
+    fill_estimates(table)
+    row = table.blocks[0].rows[0]
+    assert row.ours[("A", "pass@1")] == pytest.approx(12.5)
+    assert row.ours[("A", "pass@2")] == pytest.approx(25.0)  # (1 - C(3,2)/C(4,2)) / 2
+
+
+def test_markdown_marks_and_intervals():
     table = _constructed_table()
     attach_paper_values(table, "sft", load_paper_tables())
     lines = to_markdown(table).splitlines()
     assert lines[0] == "| Method | AIME pass@1 | AIME pass@32 | Avg pass@1 | Avg pass@32 |"
     assert lines[2].startswith("| ***Qwen3-4B***")
-    assert lines[3] == "| Base | 10.0 (25.6) | <u>50.0</u> (60.0) | 10.0 (29.7) | <u>50.0</u> (55.8) |"
-    assert lines[4] == "| SFT | **30.0** (46.3) | **60.0** (73.3) | **30.0** (41.0) | **60.0** (63.3) |"
-    assert lines[5] == "| EKSFT (Ours) | <u>20.0</u> (45.7) | – (73.3) | <u>20.0</u> (41.7) | – (68.4) |"
+    assert lines[3] == ("| Base | 12.5 [0.0, 25.0] (25.6) | 50.0 [0.0, 100.0] (60.0) | 12.5 [0.0, 25.0] (29.7) "
+                        "| 50.0 [0.0, 100.0] (55.8) |")
+    assert lines[4] == ("| <sub>Δ vs SFT</sub> | <sub>−75.0 [−100.0, −50.0]</sub> | <sub>−50.0 [−100.0, +0.0]</sub> "
+                        "| <sub>−75.0 [−100.0, −50.0]</sub> | <sub>−50.0 [−100.0, +0.0]</sub> |")
+    # pass@1: SFT's [75, 100] lies above EKSFT's [50, 50], which lies above Base's [0, 25]: bold, underline.
+    # pass@32: SFT and EKSFT tie at 100: n.s.
+    assert lines[5] == ("| SFT | **87.5** [75.0, 100.0] (46.3) | 100.0 [100.0, 100.0] n.s. (73.3) "
+                        "| **87.5** [75.0, 100.0] (41.0) | 100.0 [100.0, 100.0] n.s. (63.3) |")
+    assert lines[6] == ("| EKSFT (paper eq.) | <u>50.0</u> [50.0, 50.0] (45.7) | 100.0 [100.0, 100.0] n.s. (73.3) "
+                        "| <u>50.0</u> [50.0, 50.0] (41.7) | 100.0 [100.0, 100.0] n.s. (68.4) |")
+    assert lines[7].startswith("| <sub>Δ vs SFT</sub> | <sub>−37.5 [−50.0, −25.0]</sub> | <sub>+0.0 [+0.0, +0.0]</sub>")
+    assert lines[8] == "| DFT | – (36.5) | – (70.0) | – (35.5) | – (59.7) |" and len(lines) == 9
 
 
 def test_latex_and_csv_layout():
@@ -108,16 +159,25 @@ def test_latex_and_csv_layout():
     attach_paper_values(table, "sft", load_paper_tables())
     latex = to_latex(table)
     assert "\\begin{tabular}{l|cc | cc}" in latex
-    assert "SFT & \\textbf{30.0} {\\scriptsize(46.3)} & \\textbf{60.0} {\\scriptsize(73.3)}" in latex
-    assert "EKSFT (Ours) & \\underline{20.0} {\\scriptsize(45.7)} & – {\\scriptsize(73.3)}" in latex
+    assert ("SFT & \\textbf{87.5} {\\scriptsize [75.0, 100.0]} {\\scriptsize(46.3)} & "
+            "100.0\\textsuperscript{n.s.} {\\scriptsize [100.0, 100.0]} {\\scriptsize(73.3)}") in latex
+    assert "EKSFT (paper eq.) & \\underline{50.0} {\\scriptsize [50.0, 50.0]} {\\scriptsize(45.7)}" in latex
+    assert "{\\scriptsize\\quad $\\Delta$ vs SFT} & {\\scriptsize $-$37.5 [$-$50.0, $-$25.0]}" in latex
     rows = to_csv(table).splitlines()
-    assert rows[0] == ("model,method,variant,AIME pass@1,AIME pass@1 (paper),AIME pass@32,AIME pass@32 (paper),"
-                       "Avg pass@1,Avg pass@1 (paper),Avg pass@32,Avg pass@32 (paper)")
-    assert rows[3] == "Qwen3-4B,EKSFT (Ours),eksft,20.0,45.7,,73.3,20.0,41.7,,68.4"
+    assert rows[0] == ("model,method,variant,column,metric,mean,ci_low,ci_high,mark,delta_reference,delta,delta_low,"
+                       "delta_high,paper,num_seeds,seed 0")
+    assert rows[1] == ("Qwen3-4B,Base,base,AIME,pass@1,12.5000,0.0000,25.0000,,SFT,-75.0000,-100.0000,-50.0000,"
+                       "25.6000,1,12.5000")
+    assert "Qwen3-4B,SFT,sft,AIME,pass@32,100.0000,100.0000,100.0000,n.s.,,,,,73.3000,1,100.0000" in rows
+    assert "Qwen3-4B,DFT,dft,Avg,pass@32,,,,,,,,,59.7000,0," in rows
+    assert len(rows) == 1 + 4 * 4
 
 
-def test_cell_values_use_the_unbiased_estimator():
-    values = cell_values({"n": 4, "correct_counts": {"a": 1, "b": 0}}, k=4)
-    assert values == {"pass@1": pytest.approx(12.5), "pass@4": pytest.approx(50.0)}
-    values = cell_values({"n": 4, "correct_counts": {"a": 1, "b": 0}}, k=2)
-    assert values["pass@2"] == pytest.approx(25.0)  # (1 - C(3,2)/C(4,2)) / 2
+def test_paper_values_attach_by_variant_to_both_eksft_arms():
+    table = ResultTable(caption="t", row_header="Method", columns=["AIME", "Avg"], metrics=["pass@1", "pass@32"],
+                        blocks=[Block("Qwen3-4B", [Row("any title", "eksft"), Row("other", "eksft_compatofficial_code"),
+                                                   Row("EKSFT (Ours)", "eksft_rho0.1")])])
+    attach_paper_values(table, "sft", load_paper_tables())
+    paper_eq, official, sweep_point = table.blocks[0].rows
+    assert paper_eq.paper[("AIME", "pass@1")] == official.paper[("AIME", "pass@1")] == 45.7
+    assert not sweep_point.paper  # a sweep point is not the paper's configuration
