@@ -301,7 +301,8 @@ def run_state(directory: str | Path, config_hash_: str, inputs: Mapping[str, Map
     if previous.config_hash != config_hash_:
         return RunState("restart", "config changed", previous)
     changed = sorted(set(previous.inputs) ^ set(inputs) |
-                     {name for name in set(previous.inputs) & set(inputs) if previous.inputs[name] != inputs[name]})
+                     {name for name in set(previous.inputs) & set(inputs)
+                      if _identity(previous.inputs[name]) != _identity(inputs[name])})
     if changed:
         return RunState("restart", f"inputs changed: {', '.join(changed)}", previous)
     if previous.status == "invalidated":
@@ -312,6 +313,11 @@ def run_state(directory: str | Path, config_hash_: str, inputs: Mapping[str, Map
     if problems:
         return RunState("resume", "outputs damaged: " + "; ".join(problems), previous)
     return RunState("skip", "complete and unchanged", previous)
+
+
+def _identity(record: Mapping[str, Any]) -> dict[str, Any]:
+    """An input record without its path: a run root moved or copied elsewhere keeps its identity."""
+    return {key: value for key, value in record.items() if key != "path"}
 
 
 def is_current(directory: str | Path, config_hash_: str, inputs: Mapping[str, str | Path], *,

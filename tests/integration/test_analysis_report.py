@@ -3,6 +3,7 @@ exports" (the base with perturbed weights), an EKSFT metrics log, a tokenised SF
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -12,8 +13,17 @@ import torch
 from eval import report
 from pipeline.tiny_model import build_tiny_qwen3
 from pipeline.config import compose
-from pipeline.manifest import stage_run
-from pipeline.paths import base_model_path, data_dir, eval_dir, hf_export_dir, report_dir, sft_dir, toy_base_dir
+from pipeline.manifest import Manifest, stage_run, write_manifest
+from pipeline.paths import (
+    base_model_path,
+    eval_dir,
+    hf_export_dir,
+    parse_method_label,
+    report_dir,
+    sft_dir,
+    sft_tokens_path,
+    toy_base_dir,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -58,7 +68,7 @@ def _build_tree(tmp_path):
     prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
     response_ids = tokenizer("4 * 5 = 20. 3 + 20 = 23. The answer is \\boxed{23}.<|im_end|>",
                              add_special_tokens=False)["input_ids"]
-    tokens = data_dir(cfg) / "toy" / "sft_tokens.parquet"
+    tokens = sft_tokens_path(cfg)
     tokens.parent.mkdir(parents=True)
     pq.write_table(pa.table({"row_id": ["row-0"], "input_ids": [prompt_ids + response_ids],
                              "labels": [[-100] * len(prompt_ids) + response_ids]}), tokens)
@@ -70,6 +80,10 @@ def _build_tree(tmp_path):
             folder.mkdir(parents=True)
             (folder / "metrics.json").write_text(json.dumps({"n": 4, "correct_counts": {"p1": counts[0],
                                                                                       "p2": counts[1]}}))
+            # the evaluation manifest records the evaluated SFT method: how the report finds sweep points
+            details = {"variant": variant,
+                       **({} if variant == "base" else {"sft_method": asdict(parse_method_label(variant))})}
+            write_manifest(folder, Manifest(stage="eval_sft", variant=variant, status="complete", details=details))
     return cfg
 
 
@@ -90,15 +104,15 @@ def test_report_renders_every_analysis(tmp_path):
     drift = json.loads((out / "drift_Toy-Qwen3-0.8M_sft.json").read_text())["methods"]
     # Weights moved by 5% vs 0.5% of their size: the SFT export drifts ~10x more, and nearly every weight of both
     # moved by more than 0.1% of itself (|N(0,1)|·scale > 1e-3 fails only for |N| < 0.02 resp. 0.2).
-    assert drift["SFT"]["relative_change"] == pytest.approx(10 * drift["EKSFT (Ours)"]["relative_change"], rel=0.1)
-    assert drift["SFT"]["fraction_above_threshold"] > 0.95 > drift["EKSFT (Ours)"]["fraction_above_threshold"] > 0.8
+    assert drift["SFT"]["relative_change"] == pytest.approx(10 * drift["EKSFT (paper eq.)"]["relative_change"], rel=0.1)
+    assert drift["SFT"]["fraction_above_threshold"] > 0.95 > drift["EKSFT (paper eq.)"]["fraction_above_threshold"] > 0.8
 
     # Step 1 (empty M_KL) is left out: min 0.2, avg 0.4, max 0.6 over steps 2-3; the plain SFT run has no IoU.
-    assert "| EKSFT (Ours) | 2 | 0.20 | 0.40 | 0.60 |" in (out / "iou_Toy-Qwen3-0.8M.md").read_text()
+    assert "| EKSFT (paper eq.) | 2 | 0.20 | 0.40 | 0.60 |" in (out / "iou_Toy-Qwen3-0.8M.md").read_text()
     assert "| SFT |" not in (out / "iou_Toy-Qwen3-0.8M.md").read_text()
 
     case = json.loads((out / "case_study_Toy-Qwen3-0.8M.json").read_text())
-    assert list(case["probabilities"]) == ["Base", "SFT", "EKSFT (Ours)"] and len(case["tokens"]) == 12
+    assert list(case["probabilities"]) == ["Base", "SFT", "EKSFT (paper eq.)"] and len(case["tokens"]) == 12
     assert all(0 < p < 1 for values in case["probabilities"].values() for p in values)
     assert "".join(case["tokens"]) == "4 * 5 = 20. 3 +"
 

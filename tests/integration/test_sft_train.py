@@ -71,8 +71,10 @@ def test_two_ranks_match_one_rank(tmp_path, model_dir, reference):
     """Same global batch (2 ranks x 1 micro-batch of 2 vs 1 rank x 2 micro-batches): same micro-batches, same losses."""
     _, _, _, ref_weights, ref_losses = reference
     cfg, overrides = prepare_run(tmp_path, model_dir, NUM_ROWS, **{**RUN, "grad_accum": 1})
-    result = run_torchrun([*overrides, "profile.nproc_per_node=2"], nproc=2)
+    overrides = [*overrides, "profile.nproc_per_node=2"]
+    result = run_torchrun(overrides, nproc=2)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    cfg = compose(overrides)  # the world size is part of the run's identity: its own folder
     assert read_manifest(sft_dir(cfg)).details["world_size"] == 2
     assert losses(cfg) == pytest.approx(ref_losses, abs=1e-4)
     assert_same_weights(final_weights(cfg), ref_weights, atol=1e-4)

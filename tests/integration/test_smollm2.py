@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.config import compose
-from pipeline.paths import data_dir, eval_dir, hf_export_dir, sft_dir
+from pipeline.paths import eval_dir, hf_export_dir, sft_dir, sft_tokens_path
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm]
 
@@ -55,7 +55,7 @@ def test_smollm2_tokenise_train_export_generate(cfg, tmp_path, monkeypatch):
     # the GGUF tokenizer says eos = <|im_start|> (id 1); the chat template ends a turn with <|im_end|> (id 2)
     assert tokens.details["tokenizer"]["eos_token"] == "<|im_end|>"
     assert tokens.details["tokenizer"]["eos_token_id"] == 2 and tokens.details["tokenizer"]["vocab_size"] == 49152
-    rows = pq.read_table(data_dir(cfg) / cfg.model.name / tokenize_sft.TOKENS_FILE).to_pylist()
+    rows = pq.read_table(sft_tokens_path(cfg)).to_pylist()
     complete = [row for row in rows if not row["truncated"]]
     assert complete and all(row["labels"][-1] == 2 for row in complete)
 

@@ -9,6 +9,7 @@ import pytest
 
 from pipeline.config import compose
 from pipeline.models import end_of_turn_token
+from pipeline.paths import rl_run
 from rl import train
 from rl.export import latest_checkpoint_step
 
@@ -87,5 +88,5 @@ def test_stall_watchdog_fires_only_without_progress():
 
 def test_stall_timeout_is_not_part_of_the_run_identity():
     quick, patient = compose(["rl.stall_timeout_s=60"]), compose(["rl.stall_timeout_s=6000"])
-    assert train._stage_config(quick, "sft") == train._stage_config(patient, "sft")
-    assert train._stage_config(quick, "sft") != train._stage_config(compose(["rl.lr=1e-5"]), "sft")
+    assert rl_run(quick, "sft") == rl_run(patient, "sft")
+    assert rl_run(quick, "sft").directory != rl_run(compose(["rl.lr=1e-5"]), "sft").directory
