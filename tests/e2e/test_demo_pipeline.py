@@ -1,10 +1,12 @@
 """The toy experiment through every stage with tiny budgets: real torchrun FSDP2, vLLM-CPU, verl DAPO on Ray.
 
 Run with ``make test-e2e`` (about 10-15 minutes on 2 cores). Checks that every stage command finishes with a
-complete manifest, the tables and plots exist, and a second run skips every stage without starting a process.
+complete manifest, the tables and plots exist, a second run skips every stage without starting a process, and forcing
+one SFT run re-runs exactly what depends on it.
 """
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import time
@@ -54,3 +56,10 @@ def test_toy_experiment_runs_every_stage_and_skips_on_rerun(tmp_path):
     rerun = subprocess.run(command, check=True, timeout=600, capture_output=True, text=True)
     assert rerun.stdout.count("skipping") == len(plan), rerun.stdout
     assert time.time() - started < 120
+
+    # A re-run upstream re-runs what depends on it, and nothing else (issue 10.1).
+    forced = subprocess.run([*command, "force=[sft/toy/eksft]"], check=True, timeout=1800, capture_output=True,
+                            text=True)
+    started_commands = set(re.findall(r"\] (\S+): starting", forced.stdout))
+    assert started_commands == {"sft/toy/eksft", "eval/toy/sft/eksft", "rl/toy/eksft", "eval/toy/rl/eksft",
+                                "report"}, forced.stdout
