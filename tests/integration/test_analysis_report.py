@@ -95,7 +95,8 @@ def test_report_renders_every_analysis(tmp_path):
     for relative in ("plots/drift_Toy-Qwen3-0.8M_sft_layers.png", "plots/drift_Toy-Qwen3-0.8M_sft_fraction.png",
                      "plots/iou_Toy-Qwen3-0.8M.png", "plots/iou_Toy-Qwen3-0.8M_mask_fractions.png",
                      "plots/case_study_Toy-Qwen3-0.8M.png", "case_study_Toy-Qwen3-0.8M.html",
-                     "plots/sweep_Toy-Qwen3-0.8M_sft_eksft_rho.png", "sweep_Toy-Qwen3-0.8M_sft_eksft_rho.md"):
+                     "plots/sweep_Toy-Qwen3-0.8M_sft_eksft_rho.png", "sweep_Toy-Qwen3-0.8M_sft_eksft_rho.md",
+                     "plots/curves_Toy-Qwen3-0.8M_sft.png"):
         assert f"({relative})" in text, relative
         assert (out / relative).stat().st_size > 300, relative
         assert relative in manifest.outputs
@@ -120,5 +121,8 @@ def test_report_renders_every_analysis(tmp_path):
     sweep = (out / "sweep_Toy-Qwen3-0.8M_sft_eksft_rho.md").read_text()
     assert sweep.splitlines()[0].startswith("| rho | Toy-Add pass@1 | Toy-Add pass@4 |")
     assert [line.split(" | ")[0] for line in sweep.splitlines()[3:]] == ["| 0.1", "| 0.2", "| 0.4"]
-    assert "| 0.4 | 12.5 | <u>50.0</u> | 12.5 |" in sweep
+    # rho 0.2 (counts 2, 3 of 4) leads pass@1 with 62.5 [50, 75] but overlaps rho 0.1's [25, 75]: n.s., no marks;
+    # rho 0.4 (0, 1 of 4): 12.5 [0, 25] and pass@4 50 [0, 100]. A sweep has no SFT row, so no Δ lines.
+    assert "| 0.2 | 62.5 [50.0, 75.0] n.s. | 100.0 [100.0, 100.0] n.s. |" in sweep
+    assert "| 0.4 | 12.5 [0.0, 25.0] | 50.0 [0.0, 100.0] | 12.5 [0.0, 25.0] |" in sweep and "Δ" not in sweep
     assert report.run(cfg).started_at == manifest.started_at  # unchanged inputs: skipped
