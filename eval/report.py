@@ -1,18 +1,24 @@
 """The report stage: ``python -m eval.report experiment=<name> [profile=…]`` (the orchestrator's last stage).
 
 Collects every ``metrics.json`` the eval stages wrote for the experiment's models (``profile.models``), variants
-(``base`` and each of ``experiment.methods``) and benchmarks, and writes into ``report_dir(cfg)``:
+(``base`` and each of ``experiment.methods``), seeds (``cfg.run_seeds()``) and benchmarks, and writes into
+``report_dir(cfg)``:
 
 * ``table1.{md,csv,tex}`` (phase sft) and ``table2.{md,csv,tex}`` (phase rl) in the paper's layout
-  (:mod:`eval.tables`), the paper's own numbers in parentheses where the cell exists in the paper;
-* ``plots/passk_<model>_<phase>_<benchmark>.png``: pass@k curves, one line per method (:mod:`eval.plots`);
+  (:mod:`eval.tables`): each cell the mean over seeds and problems with its 95% bootstrap interval
+  (:mod:`eval.intervals`), a paired ``Δ vs SFT`` line per row, marks only where intervals separate, the paper's own
+  numbers in parentheses where the cell exists in the paper, each seed's value in the CSV;
+* ``plots/passk_<model>_<phase>_<benchmark>.png``: pass@k curves with 95% bands, one line per method
+  (:mod:`eval.plots`);
+* ``plots/curves_<model>_{sft,rl}.png``: training curves of the SFT and RL runs (:mod:`eval.analyses.curves`), and
+  the RL-headroom table (Spearman ρ of pre-RL pass@1 / pass@n with the RL gain, across arms and seeds);
 * the analyses of ``eval.analysis.run`` (:mod:`eval.analyses`, :mod:`eval.sweep`), each skipped with a note in
   ``report.md`` when its inputs are missing: ``drift_<model>_<phase>.{json,csv}`` and ``plots/drift_*.png``
   (parameter drift of every SFT / RL export vs the base model), ``iou_<model>.{md,json}`` and ``plots/iou_*.png``
   (IoU(M_H, M_KL) and mask sizes over the SFT steps of each EKSFT run), ``case_study_<model>.{html,json}`` and
   ``plots/case_study_*.png`` (per-token probabilities of one SFT solution under each model), and
   ``sweep_<model>_<phase>_<method>_<fields>.{md,csv,tex}`` with ``plots/sweep_*.png`` (one per method evaluated
-  with ≥ 2 labels);
+  with ≥ 2 labels; a two-field sweep also gets ``plots/sweep_*_heatmap_*.png``);
 * ``report.md`` linking the tables, plots and every eval manifest used; ``manifest.json``.
 
 Missing evaluations show as "–" and are listed; a phase without any evaluation is left out.

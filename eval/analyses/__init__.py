@@ -3,6 +3,7 @@
 * :mod:`eval.analyses.drift`: relative parameter change of each trained model vs the base model;
 * :mod:`eval.analyses.iou`: IoU(M_H, M_KL) and the mask sizes over the SFT steps of each EKSFT run;
 * :mod:`eval.analyses.case_study`: the probability each model gives every ground-truth token of one solution.
+* :mod:`eval.analyses.curves`: training curves of the SFT and RL runs from their ``metrics.jsonl``.
 
 Each reads other stages' files only (safetensors exports, ``metrics.jsonl``, the tokenised SFT split).
 """
