@@ -78,7 +78,8 @@ TABLE_NOTE = ("Each cell: mean over seeds and problems [95% bootstrap interval: 
               "2000 times with a fixed seed; docs/evaluation.md]. **Bold** / <u>underline</u>: best / second best "
               "whose interval lies above the other rows' (the second: above the rows below it); n.s.: the top value's "
               "interval overlaps another row's, so no rank is marked from there on. <sub>{delta}</sub>: the paired "
-              "difference (same seeds, same problems, same resamples) in points.")
+              "difference (same seeds, same problems, same resamples) in points; pairing removes the problems' shared "
+              "difficulty, so a Δ interval can exclude 0 where the two cells' intervals overlap.")
 TRAINING_METRICS_FILE = "metrics.jsonl"
 """The per-step log of an SFT run (``sft/trainer.py``) and of an RL run (``rl/train.py``)."""
 
@@ -522,12 +523,28 @@ def run(cfg: Config) -> Manifest:
         lines += ["## RL headroom: what predicts the RL gain", "", *more]
         (out_dir / "report.md").write_text("\n".join(lines), encoding="utf-8")
         run_.add_output("report.md", "tables, plots and links to every eval manifest")
-        run_.manifest.metrics = {phase: {f"{block.title}/{row.label}": {f"{c} {m}": v for (c, m), v in row.ours.items()
-                                                                         if c == AVERAGE}
+        run_.manifest.metrics = {phase: {f"{block.title}/{row.label}": average_metrics(row)
                                          for block in table.blocks for row in block.rows}
                                  for phase, (table, _, _) in collected.items()}
         run_.manifest.metrics.update({key: value for key, value in analysis_metrics.items() if value})
         return run_.manifest
+
+
+def average_metrics(row: Row) -> dict[str, float | list[float] | None]:
+    """The row's Avg cells for the manifest: ``Avg pass@1`` (mean), ``Avg pass@1 95%`` ([low, high]) and
+    ``Avg pass@1 Δ vs reference`` ([mean, low, high]) where they exist."""
+    metrics: dict[str, float | list[float] | None] = {}
+    for (column, metric), value in row.ours.items():
+        if column != AVERAGE:
+            continue
+        metrics[f"{column} {metric}"] = value
+        if (column, metric) in row.intervals:
+            interval = row.intervals[(column, metric)]
+            metrics[f"{column} {metric} 95%"] = [interval.low, interval.high]
+        if (column, metric) in row.delta:
+            delta = row.delta[(column, metric)]
+            metrics[f"{column} {metric} Δ vs reference"] = [delta.mean, delta.low, delta.high]
+    return metrics
 
 
 def model_title(mcfg: Config) -> str:

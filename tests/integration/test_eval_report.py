@@ -63,7 +63,7 @@ def test_report_aggregates_seeds(tmp_path):
         for seed, count in ((3, first), (7, second)):
             for bench in ("toy_add", "toy_mixed"):
                 _write_metrics(replace(cfg, seed=seed), "sft", variant, bench, {"p": count})
-    report.run(cfg)
+    manifest = report.run(cfg)
     out = report_dir(cfg)
     table = (out / "table1.md").read_text()
     # Resampling two seeds gives (a, a), (a, b), (b, a) or (b, b): the interval spans the two seeds' values.
@@ -76,6 +76,9 @@ def test_report_aggregates_seeds(tmp_path):
     assert rows[0].endswith(",num_seeds,seed 3,seed 7")
     assert "Toy-Qwen3-0.8M,SFT,sft,Toy-Add,pass@1,50.0000,25.0000,75.0000,,,,,,,2,25.0000,75.0000" in rows
     assert "mean [95% interval] over seeds 3, 7 and problems" in (out / "report.md").read_text()
+    eksft = manifest.metrics["sft"]["Toy-Qwen3-0.8M/EKSFT (paper eq.)"]
+    assert eksft["Avg pass@1"] == 75.0 and eksft["Avg pass@1 95%"] == [50.0, 100.0]
+    assert eksft["Avg pass@1 Δ vs reference"] == [25.0, 25.0, 25.0]
 
 
 def test_report_shows_the_papers_numbers_next_to_ours(tmp_path):
