@@ -24,7 +24,8 @@ The draws depend only on the shape (S, P_1, …) and the fixed seed, so a report
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
@@ -58,16 +59,32 @@ class Draws:
 
     seed_index: np.ndarray
     problem_index: tuple[np.ndarray, ...]
+    problem_weights: tuple[np.ndarray, ...] = field(init=False, repr=False, compare=False)
+    """Per benchmark [B, P_g]: how often replicate b drew problem p, over P_g (so ``weights @ values.T`` is the mean
+    over the drawn problems)."""
+
+    def __post_init__(self):
+        weights = []
+        for index in self.problem_index:
+            replicates, problems = index.shape
+            flat = (np.arange(replicates)[:, None] * problems + index).ravel()
+            weights.append(np.bincount(flat, minlength=replicates * problems).reshape(replicates, problems) / problems)
+        object.__setattr__(self, "problem_weights", tuple(weights))
 
     @classmethod
     def generate(cls, num_seeds: int, problems: Sequence[int], replicates: int = REPLICATES,
                  seed: int = BOOTSTRAP_SEED) -> "Draws":
         """The module docstring's draws: seeds first, then each benchmark's problems, from one fixed-seed stream."""
-        if num_seeds < 1 or any(p < 1 for p in problems):
-            raise ValueError(f"need at least one seed and one problem per benchmark; got {num_seeds}, {list(problems)}")
-        rng = np.random.default_rng(seed)
-        seed_index = rng.integers(0, num_seeds, size=(replicates, num_seeds))
-        return cls(seed_index, tuple(rng.integers(0, p, size=(replicates, p)) for p in problems))
+        return _generate(num_seeds, tuple(problems), replicates, seed)
+
+
+@functools.lru_cache(maxsize=256)
+def _generate(num_seeds: int, problems: tuple[int, ...], replicates: int, seed: int) -> Draws:
+    if num_seeds < 1 or any(p < 1 for p in problems):
+        raise ValueError(f"need at least one seed and one problem per benchmark; got {num_seeds}, {list(problems)}")
+    rng = np.random.default_rng(seed)
+    seed_index = rng.integers(0, num_seeds, size=(replicates, num_seeds))
+    return Draws(seed_index, tuple(rng.integers(0, p, size=(replicates, p)) for p in problems))
 
 
 def per_problem_values(counts: Sequence[int], n: int, k: int) -> np.ndarray:
@@ -101,10 +118,9 @@ def replicates(groups: Sequence[np.ndarray], draws: Draws) -> np.ndarray:
     """[B] bootstrap replicates of ``mean_g mean_{s, p} groups[g][s, p]`` under ``draws``."""
     _check(groups, draws)
     total = np.zeros(draws.seed_index.shape[0])
-    for values, index in zip(groups, draws.problem_index):
-        # mean over the drawn problems for every seed, then over the drawn seeds
-        by_seed = values[:, index].mean(axis=2).T  # [B, S]
-        total += np.take_along_axis(by_seed, draws.seed_index, axis=1).mean(axis=1)
+    for values, weights in zip(groups, draws.problem_weights):
+        by_seed = weights @ values.T  # [B, S]: mean over the drawn problems, for every seed
+        total += np.take_along_axis(by_seed, draws.seed_index, axis=1).mean(axis=1)  # then over the drawn seeds
     return total / len(groups)
 
 
