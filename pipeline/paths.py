@@ -161,6 +161,11 @@ def experiment_dir(cfg: Config) -> Path:
     return Path(cfg.experiment.run_root) / cfg.experiment.name
 
 
+def training_dir(cfg: Config) -> Path:
+    """The experiment folder holding the data, tokens and SFT runs (``experiment.train_in``, default this one)."""
+    return Path(cfg.experiment.run_root) / (cfg.experiment.train_in or cfg.experiment.name)
+
+
 def with_method(cfg: Config, label: str) -> Config:
     """``cfg`` with the SFT method whose label is ``label`` (the configured one when it already has that label)."""
     if method_label(cfg.sft.method) == label:
@@ -207,7 +212,7 @@ def data_run(cfg: Config) -> RunSpec:
         for name, source in cfg.data.benchmarks.items():
             inputs[f"benchmark_{name}"] = Path(cfg.data.benchmark_dir) / source.file
     folder = run_folder(cfg.data.source, config)
-    return RunSpec("data", folder, experiment_dir(cfg) / "data" / folder, config, inputs)
+    return RunSpec("data", folder, training_dir(cfg) / "data" / folder, config, inputs)
 
 
 def base_run(cfg: Config) -> RunSpec | None:
@@ -248,7 +253,7 @@ def tokens_run(cfg: Config) -> RunSpec:
     config = {"model": computation_config(cfg.model), "base": base, "data": data.directory.name,
               **{key: getattr(cfg.data, key) for key in TOKENISATION_FIELDS}}
     folder = run_folder(cfg.model.name, config)
-    return RunSpec("tokens", f"{cfg.model.name}/{folder}", experiment_dir(cfg) / "tokens" / folder, config,
+    return RunSpec("tokens", f"{cfg.model.name}/{folder}", training_dir(cfg) / "tokens" / folder, config,
                    {"sft_rows": data.directory, **base_input})
 
 
@@ -261,7 +266,7 @@ def sft_run(cfg: Config, label: str | None = None) -> RunSpec:
               "tokens": tokens.directory.name, "seed": cfg.seed,
               "world_size": cfg.profile.nproc_per_node * cfg.profile.nnodes}
     folder = run_folder(method_label(cfg.sft.method), config)
-    return RunSpec("sft", f"{cfg.model.name}/{folder}", experiment_dir(cfg) / "sft" / cfg.model.name / folder,
+    return RunSpec("sft", f"{cfg.model.name}/{folder}", training_dir(cfg) / "sft" / cfg.model.name / folder,
                    config, {"sft_tokens": tokens.directory, **base_input})
 
 
@@ -317,16 +322,16 @@ def eval_run(cfg: Config, phase: str, variant: str, benchmark: str) -> RunSpec:
 def report_run(cfg: Config) -> RunSpec:
     """The experiment's report. It reads whatever the experiment has evaluated (its sweeps included), so its inputs
     are every run folder of the experiment with a manifest, and the base models' runs."""
-    root = experiment_dir(cfg)
-    folders = [path.parent for pattern in ("tokens/*", "sft/*/*", "rl/*/*", "eval/*/*/*/*")
-               for path in sorted(root.glob(f"{pattern}/{MANIFEST_NAME}"))]
+    root, training = experiment_dir(cfg), training_dir(cfg)
+    folders = [path.parent for top, pattern in ((training, "tokens/*"), (training, "sft/*/*"), (root, "rl/*/*"),
+                                                (root, "eval/*/*/*/*"))
+               for path in sorted(top.glob(f"{pattern}/{MANIFEST_NAME}"))]
     folders += [base.directory for mcfg in model_configs(cfg) if (base := base_run(mcfg)) is not None]
     config = {"eval": {k: v for k, v in asdict(cfg.eval).items() if k not in ("phase", "variant", "model_path")},
               "experiment": {"methods": method_labels(cfg), "seeds": cfg.run_seeds(),
                              "stages": list(cfg.experiment.stages)},
               "models": list(cfg.profile.models), "data": data_run(cfg).directory.name}
-    inputs = {str(folder.relative_to(root) if folder.is_relative_to(root) else folder.name): folder
-              for folder in folders}
+    inputs = {str(folder.relative_to(cfg.experiment.run_root)): folder for folder in folders}
     return RunSpec("report", "", root / "report", config, inputs, optional_inputs=True)
 
 

@@ -84,7 +84,8 @@ def run(cfg: Config, overrides: list[str]) -> list[StageCommand]:
     print(header)
     if cfg.dry_run:
         for index, command in enumerate(plan, 1):
-            print(f"{index:3d}. {describe(command)}")
+            state = "done, would be skipped" if is_done(command) else "would run"
+            print(f"{index:3d}. ({state}) {describe(command)}")
         print("dry run: nothing was started")
         return plan
     pending = [command for command in plan if cfg.force or not is_done(command)]

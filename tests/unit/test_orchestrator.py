@@ -14,9 +14,9 @@ import pytest
 from pipeline.config import ConfigError, compose
 from pipeline.launch import StageFailed, is_done, run_command
 from pipeline.locks import DirectoryLock
-from pipeline.manifest import invalidate, read_manifest, write_manifest
+from pipeline.manifest import invalidate, read_manifest, stage_run, write_manifest
 from pipeline.paths import RunSpec, experiment_dir, sft_dir
-from pipeline.run import critical_path_lengths, execute, stage_overrides, status_line
+from pipeline.run import critical_path_lengths, execute, run, stage_overrides, status_line
 from pipeline.stages import StageCommand, build_plan
 
 
@@ -224,3 +224,27 @@ def test_status_shows_the_latest_progress_bar_of_each_running_command(tmp_path):
                                                     "rl/sft:  25%| 2/8 [00:52<02:36]\r")
     line = status_line([command], finished=3, total=27, elapsed_s=600)
     assert line == "[3/27 done, 10.0 min] rl: rl/sft:  25%| 2/8 [00:52<02:36]"
+
+
+def test_table2_trains_in_table1_so_its_sft_runs_are_reused():
+    # Issue 13: Table 2 retrained every SFT model into runs/table2/sft.
+    sft_runs = {}
+    for experiment in ("table1", "table2"):
+        overrides = [f"experiment={experiment}", "profile=paper"]
+        plan = build_plan(compose(overrides), overrides)
+        sft_runs[experiment] = {c.name: c.manifest_dirs for c in plan if c.stage in ("data", "base", "sft")}
+    assert sft_runs["table2"] == sft_runs["table1"] and len(sft_runs["table1"]) == 1 + 2 + 2 * 6
+    assert all("/table1/" in str(d) for dirs in sft_runs["table2"].values() for d in dirs)
+
+
+def test_dry_run_says_which_commands_are_done(tmp_path, capsys):
+    overrides = [f"experiment.run_root={tmp_path}", "experiment.stages=[data]", "dry_run=true"]
+    cfg = compose(overrides)
+    run(cfg, [])
+    assert "(would run) [data] data" in capsys.readouterr().out
+    spec = build_plan(cfg, [])[0].runs[0]
+    with stage_run(spec.directory, stage="data", variant=spec.variant, config=spec.config, inputs=spec.inputs,
+                   announce=lambda _: None):
+        pass
+    run(cfg, [])
+    assert "(done, would be skipped) [data] data" in capsys.readouterr().out
