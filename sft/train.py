@@ -25,6 +25,7 @@ from pipeline.config import Config, ConfigError, stage_main
 from pipeline.manifest import Manifest, input_records, read_manifest, stage_run
 from pipeline.models import load_causal_lm, load_tokenizer, local_model_dir
 from pipeline.paths import base_model_path, hf_export_dir, sft_run, sft_tokens_path
+from pipeline.preflight import require_stage
 from pipeline.manifest import sha256_path
 from pipeline.paths import reference_cache_dir
 from pipeline.seeding import derive_seed, seed_everything
@@ -60,8 +61,8 @@ EXPORT_CHECK_TOKENS = 64
 
 
 def export_dtype(cfg: Config) -> torch.dtype:
-    """float32 for the toy profile (tiny models, exact checks), ``model.dtype`` otherwise."""
-    return torch.float32 if cfg.profile.name == "toy" else getattr(torch, cfg.model.dtype)
+    """``model.export_dtype``, else ``model.dtype``."""
+    return getattr(torch, cfg.model.export_dtype or cfg.model.dtype)
 
 
 def forward_dtype(cfg: Config, env: DistEnv) -> torch.dtype:
@@ -154,6 +155,7 @@ def export_policy(cfg: Config, root: PolicyWithTokenLoss, tokenizer: PreTrainedT
 
 def run(cfg: Config) -> Manifest:
     """Trains, exports and records one SFT method on one base model; returns the stage manifest."""
+    require_stage(cfg, "sft")  # pipeline/preflight.py: no CUDA/GPUs, flash-attn, model path, before any rank starts
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     configure_cpu_threads(max(1, cfg.profile.num_threads // local_world))
     env = init_distributed(cfg.profile.device)

@@ -145,6 +145,9 @@ class ModelConfig:
     """Name shown in tables (e.g. Qwen3-4B)."""
     dtype: str = "bfloat16"
     """Weights dtype for generation and exports: bfloat16 or float32."""
+    export_dtype: str = ""
+    """Weights dtype of the SFT export when it differs from ``dtype`` (the toy model exports float32 so the exported
+    log-probs match the trained model's exactly)."""
     attn_implementation: str = "sdpa"
     """transformers attention implementation (sdpa works everywhere; flash_attention_2 on GPUs)."""
 
@@ -158,6 +161,7 @@ class ModelConfig:
         if self.source != "gguf" and self.gguf_file:
             raise ConfigError(f"model.gguf_file is only read for model.source=gguf; got model.source={self.source}")
         check_choice("model.dtype", self.dtype, ("bfloat16", "float32"))
+        check_choice("model.export_dtype", self.export_dtype, ("", "bfloat16", "float32"))
         check_choice("model.attn_implementation", self.attn_implementation,
                      ("sdpa", "eager", "flash_attention_2"))
 
