@@ -58,6 +58,7 @@ from pipeline.manifest import Manifest, StageInputError, read_manifest, stage_ru
 from pipeline.models import local_model_dir
 from pipeline.paths import (
     BASE_VARIANT,
+    TRAINING_METRICS_FILE,
     base_model_path,
     eval_dir,
     hf_export_dir,
@@ -80,7 +81,6 @@ TABLE_NOTE = ("Each cell: mean over seeds and problems [95% bootstrap interval: 
               "interval overlaps another row's, so no rank is marked from there on. <sub>{delta}</sub>: the paired "
               "difference (same seeds, same problems, same resamples) in points; pairing removes the problems' shared "
               "difficulty, so a Δ interval can exclude 0 where the two cells' intervals overlap.")
-TRAINING_METRICS_FILE = "metrics.jsonl"
 """The per-step log of an SFT run (``sft/trainer.py``) and of an RL run (``rl/train.py``)."""
 
 

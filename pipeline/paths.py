@@ -127,6 +127,8 @@ TOKENISATION_FIELDS = ("max_length", "strip_leading_think")
 """data fields read only by tokenisation: part of the tokens' identity, not the data stage's."""
 SFT_TOKENS_FILE = "sft_tokens.parquet"
 """The tokenised SFT split in a tokens run folder."""
+TRAINING_METRICS_FILE = "metrics.jsonl"
+"""One JSON line per logged step, written by every training stage (base pretraining, SFT, RL) and read by the report."""
 HF_EXPORT = "hf"
 """The HF folder (safetensors + tokenizer + generation config) a training stage hands downstream."""
 

@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 from pipeline.config import Config, stage_main
 from pipeline.manifest import Manifest, read_manifest, require_complete, stage_run
-from pipeline.paths import BASE_VARIANT, data_dir, hf_export_dir, rl_run, sft_dir, toy_base_dir
+from pipeline.paths import BASE_VARIANT, TRAINING_METRICS_FILE, data_dir, hf_export_dir, rl_run, sft_dir, toy_base_dir
 from pipeline.seeding import derive_seed
 from pipeline.tracking import MetricsLogger, progress, read_metrics
 from rl.export import check_hf_export, latest_checkpoint_step, merge_actor
@@ -39,7 +39,6 @@ from rl.verl_args import (
 )
 
 VERL_LOG = "verl.log"
-METRICS_FILE = "metrics.jsonl"
 VERL_METRICS_SUBDIR = "verl_metrics"
 """One JSONL per launch from verl's file logger (it truncates its file, so each resume gets a new one)."""
 PHASE_TIMINGS = {"generation": "timing_s/gen", "reward": "timing_s/reward", "old_log_prob": "timing_s/old_log_prob",
@@ -221,7 +220,7 @@ def run_verl(cfg: Config, variant: str, stage: Path, already_done: int) -> int:
     env["VERL_FILE_LOGGER_PATH"] = str((metrics_dir / f"attempt_{attempt}.jsonl").resolve())
     log_path = stage / VERL_LOG
     with open(log_path, "a", encoding="utf-8") as log, \
-            MetricsLogger(stage / METRICS_FILE, wandb_mode="disabled") as metrics, \
+            MetricsLogger(stage / TRAINING_METRICS_FILE, wandb_mode="disabled") as metrics, \
             progress(total=cfg.rl.total_steps, initial=already_done, desc=f"rl/{variant}", unit="step",
                      enabled=cfg.logging.progress) as bar:
         log.write(f"\n# attempt {attempt} at {time.strftime('%Y-%m-%d %H:%M:%S')}\n$ {' '.join(command)}\n")
@@ -307,11 +306,11 @@ def run(cfg: Config) -> Manifest:
         merge_actor(checkpoint_dir, done, hf_dir, {**os.environ, **verl_env(cfg)}, stage / VERL_LOG)
         export = check_hf_export(hf_dir)
         current.manifest.details["export"] = export
-        current.manifest.metrics = summarize_metrics(read_metrics(stage / METRICS_FILE))
+        current.manifest.metrics = summarize_metrics(read_metrics(stage / TRAINING_METRICS_FILE))
         current.manifest.metrics["final_step"] = done
         current.add_output("hf", f"merged final actor (step {done}, {export['dtype']}), for evaluation")
         current.add_output(CHECKPOINT_SUBDIR, "verl FSDP checkpoints (resume_mode=auto)", verify=False)
-        current.add_output(METRICS_FILE, "verl per-step metrics incl. timing_s/{gen,update_actor,testing}")
+        current.add_output(TRAINING_METRICS_FILE, "verl per-step metrics incl. timing_s/{gen,update_actor,testing}")
         current.add_output(VERL_LOG, "verl console log, every attempt", verify=False)
     return read_manifest(stage)
 

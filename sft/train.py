@@ -24,10 +24,16 @@ from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerB
 from pipeline.config import Config, ConfigError, stage_main
 from pipeline.manifest import Manifest, input_records, read_manifest, stage_run
 from pipeline.models import load_causal_lm, load_tokenizer, local_model_dir
-from pipeline.paths import base_model_path, hf_export_dir, sft_run, sft_tokens_path
+from pipeline.paths import (
+    TRAINING_METRICS_FILE,
+    base_model_path,
+    hf_export_dir,
+    reference_cache_dir,
+    sft_run,
+    sft_tokens_path,
+)
 from pipeline.preflight import require_stage
 from pipeline.manifest import sha256_path
-from pipeline.paths import reference_cache_dir
 from pipeline.seeding import derive_seed, seed_everything
 from pipeline.tracking import MetricsLogger, configure_cpu_threads
 from sft.data import DataOrder, TokenisedRow, read_sft_tokens
@@ -35,7 +41,6 @@ from sft.export import export_hf
 from sft.losses import build_loss
 from sft.reference_cache import ReferenceCache, build_reference_cache, cache_identity, identity_key
 from sft.trainer import (
-    METRICS_FILE,
     Checkpointer,
     DistEnv,
     PolicyWithTokenLoss,
@@ -203,9 +208,9 @@ def _run(cfg: Config, env: DistEnv) -> Manifest:
             state = restore_or_start(checkpointer, root, optimizer, scheduler, order=order, total_steps=total_steps,
                                      resume=decision == "resume", announce=announce)
             if env.is_main:  # metric lines after the restored step get redone; the export is rewritten at the end
-                keep_metrics_up_to(out_dir / METRICS_FILE, state["global_step"])
+                keep_metrics_up_to(out_dir / TRAINING_METRICS_FILE, state["global_step"])
                 shutil.rmtree(hf_export_dir(out_dir), ignore_errors=True)
-            with MetricsLogger(out_dir / METRICS_FILE, enabled=env.is_main, wandb_mode=cfg.logging.wandb_mode,
+            with MetricsLogger(out_dir / TRAINING_METRICS_FILE, enabled=env.is_main, wandb_mode=cfg.logging.wandb_mode,
                                wandb_project=cfg.logging.wandb_project, config=config_record,
                                run_name=cfg.logging.run_name or f"{cfg.experiment.name}/sft/{variant}") as logger:
                 summary = fit(root, optimizer, scheduler, checkpointer, state, rows=rows, order=order,
@@ -233,7 +238,7 @@ def _run(cfg: Config, env: DistEnv) -> Manifest:
                     "rows_unused_per_epoch": len(rows) - order.steps_per_epoch * order.global_batch,
                     "export": export_record})
                 stage.add_output("hf", "HF safetensors + tokenizer + generation config (eos = chat end-of-turn)")
-                stage.add_output(METRICS_FILE, "one JSON line per logged optimiser step")
+                stage.add_output(TRAINING_METRICS_FILE, "one JSON line per logged optimiser step")
                 stage.add_output("checkpoints", "resumable DCP checkpoints (latest kept)", verify=False)
     dist.barrier()
     if env.is_main and stage is not None:

@@ -12,12 +12,12 @@ from torch.distributed.tensor import DTensor
 from pipeline.config import compose
 from pipeline.config.sft import SFT_METHOD_SCHEMAS
 from pipeline.manifest import read_manifest
-from pipeline.paths import sft_dir
+from pipeline.paths import TRAINING_METRICS_FILE, sft_dir
 from pipeline.tracking import read_metrics
 from sft import train
 from sft.data import DataOrder, collate, read_sft_tokens
 from sft.losses import build_loss
-from sft.trainer import METRICS_FILE, autocast_context, close_distributed, init_distributed
+from sft.trainer import autocast_context, close_distributed, init_distributed
 from sft_helpers import build_tiny_model, prepare_run, run_torchrun
 
 pytestmark = pytest.mark.integration
@@ -127,8 +127,8 @@ def test_two_ranks_with_the_cache_match_one_rank_with_the_live_reference(tmp_pat
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     cached_cfg = compose(overrides)
     assert "reference hidden states from" in result.stdout
-    live = read_metrics(sft_dir(live_cfg) / METRICS_FILE)
-    cached = read_metrics(sft_dir(cached_cfg) / METRICS_FILE)
+    live = read_metrics(sft_dir(live_cfg) / TRAINING_METRICS_FILE)
+    cached = read_metrics(sft_dir(cached_cfg) / TRAINING_METRICS_FILE)
     assert [r["loss"] for r in cached] == pytest.approx([r["loss"] for r in live], abs=1e-5)
     assert [r["stats/kl_reg"] for r in cached] == pytest.approx([r["stats/kl_reg"] for r in live], abs=1e-6)
     assert all("time/reference_cache_read_s" in r for r in cached)

@@ -9,11 +9,10 @@ import pytest
 from safetensors.torch import load_file
 from transformers import AutoTokenizer, GenerationConfig
 
-from pipeline.paths import hf_export_dir, sft_dir
+from pipeline.paths import TRAINING_METRICS_FILE, hf_export_dir, sft_dir
 from pipeline.tracking import read_metrics
 from sft.losses import TOKEN_LOSSES
 from sft.train import run
-from sft.trainer import METRICS_FILE
 from sft_helpers import build_tiny_model, final_weights, prepare_run
 
 pytestmark = pytest.mark.integration
@@ -31,7 +30,7 @@ def test_method_trains_and_exports(tmp_path, model_dir, method):
     manifest = run(cfg)
 
     assert manifest.complete and manifest.metrics["steps"] == 2
-    records = read_metrics(sft_dir(cfg) / METRICS_FILE)
+    records = read_metrics(sft_dir(cfg) / TRAINING_METRICS_FILE)
     assert len(records) == 2 and all(math.isfinite(r["loss"]) and math.isfinite(r["grad_norm"]) for r in records)
     assert any(key.startswith("stats/") for key in records[0])
 

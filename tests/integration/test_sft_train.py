@@ -16,11 +16,11 @@ import torch
 
 from pipeline.config import compose
 from pipeline.manifest import read_manifest, write_manifest
-from pipeline.paths import hf_export_dir, sft_dir
+from pipeline.paths import TRAINING_METRICS_FILE, hf_export_dir, sft_dir
 from pipeline.tracking import read_metrics
 import sft.train
 from sft.train import run
-from sft.trainer import CHECKPOINTS_DIR, METRICS_FILE, TRAINER_STATE_FILE, ResumeError, TrainSummary
+from sft.trainer import CHECKPOINTS_DIR, TRAINER_STATE_FILE, ResumeError, TrainSummary
 from sft_helpers import build_tiny_model, final_weights, kill_after_checkpoint, prepare_run, run_torchrun
 
 pytestmark = pytest.mark.integration
@@ -45,7 +45,7 @@ def reference(tmp_path_factory, model_dir):
 
 
 def losses(cfg) -> list[float]:
-    return [record["loss"] for record in read_metrics(sft_dir(cfg) / METRICS_FILE)]
+    return [record["loss"] for record in read_metrics(sft_dir(cfg) / TRAINING_METRICS_FILE)]
 
 
 def assert_same_weights(actual: dict, expected: dict, atol: float) -> None:
@@ -60,7 +60,7 @@ def test_reference_run_trains_every_step_and_checkpoints_epoch_ends(reference):
     assert manifest.details["steps_per_epoch"] == 4 and manifest.details["export"]["max_abs_logprob_diff"] < 1e-4
     checkpoints = sorted(p.name for p in (sft_dir(cfg) / CHECKPOINTS_DIR).iterdir())
     assert checkpoints == ["step_000003", "step_000004", "step_000006", "step_000008"]
-    records = read_metrics(sft_dir(cfg) / METRICS_FILE)
+    records = read_metrics(sft_dir(cfg) / TRAINING_METRICS_FILE)
     assert [r["step"] for r in records] == list(range(1, 9))
     # PSFT logs its clip statistics; the refresh is timed apart from the step (steps 1, 4, 7 refresh)
     assert [r["step"] for r in records if "time/old_policy_refresh_s" in r] == [1, 4, 7]
@@ -121,7 +121,7 @@ def test_resume_exactly_at_epoch_boundary_trains_the_remaining_epoch(tmp_path, r
     manifest = run(compose([*overrides, f"experiment.run_root={tmp_path / 'runs'}"]))
     assert manifest.complete
     assert manifest.details["resumed_from_step"] == 4 and manifest.details["steps_this_launch"] == 4
-    assert [r["loss"] for r in read_metrics(out_dir / METRICS_FILE)] == pytest.approx(ref_losses, abs=1e-6)
+    assert [r["loss"] for r in read_metrics(out_dir / TRAINING_METRICS_FILE)] == pytest.approx(ref_losses, abs=1e-6)
     assert_same_weights(final_weights(compose([*overrides, f"experiment.run_root={tmp_path / 'runs'}"])),
                         ref_weights, atol=1e-6)
 
