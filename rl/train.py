@@ -24,8 +24,8 @@ from typing import Any, Callable
 
 
 from pipeline.config import Config, stage_main
-from pipeline.manifest import Manifest, read_manifest, require_complete, stage_run
-from pipeline.paths import BASE_VARIANT, TRAINING_METRICS_FILE, data_dir, hf_export_dir, rl_run, sft_dir, toy_base_dir
+from pipeline.manifest import Manifest, input_records, read_manifest, stage_run
+from pipeline.paths import BASE_VARIANT, TRAINING_METRICS_FILE, hf_export_dir, rl_run
 from pipeline.seeding import derive_seed
 from pipeline.tracking import MetricsLogger, progress, read_metrics
 from rl.export import check_hf_export, latest_checkpoint_step, merge_actor
@@ -104,17 +104,13 @@ def preflight(cfg: Config, variant: str) -> dict[str, Any]:
     """Fails fast, before Ray starts, with what to fix: upstream manifests, model, parquet files, devices."""
     facts: dict[str, Any] = {}
     model_path = init_model_path(cfg, variant)
-    if variant != BASE_VARIANT:
-        require_complete(sft_dir(cfg, variant), f"SFT export of '{variant}' (rl.init={variant})")
-    elif cfg.model.source == "toy":
-        require_complete(toy_base_dir(cfg), "toy base model")
+    input_records(rl_run(cfg, variant).inputs)  # the data and start-model runs: complete, outputs intact
     is_hub_id = variant == BASE_VARIANT and cfg.model.source == "hub" and not model_path.exists()
     if not is_hub_id:
         if cfg.model.source == "gguf" and variant == BASE_VARIANT:
             raise RLError("rl.init=base with a gguf model: verl needs safetensors; RL from an SFT export instead")
         if not (model_path / "config.json").is_file():
             raise RLError(f"start model {model_path} has no config.json (rl.init={variant})")
-    require_complete(data_dir(cfg), "data stage")
     train_file, val_file = data_files(cfg)
     facts["rl_rows"] = _check_parquet(train_file, cfg.rl.train_batch_size)
     facts["rl_val_rows"] = _check_parquet(val_file, 1)
