@@ -1,4 +1,5 @@
-"""Judge process for ``eval.scoring``: reads ``{"answer", "gold", "timeout"}`` JSON lines, writes ``1`` or ``0`` lines.
+"""Judge process for ``eval.scoring``: writes ``ready`` once math-verify is imported, then reads
+``{"answer", "gold", "timeout"}`` JSON lines and writes a ``1`` or ``0`` line for each.
 
 Runs math-verify on this process's main thread, so its ``signal.alarm`` timeouts work; the parent enforces a wall
 limit on top and kills this process if it overruns. Address space is capped so a huge integer raises MemoryError
@@ -12,6 +13,10 @@ import resource
 import signal
 import sys
 
+READY = "ready"
+"""The line written once math-verify is imported and has judged once (the parent counts no time limit before it)."""
+STARTUP_JUDGE_TIMEOUT = 60
+"""math-verify's timeout for that first judgement."""
 ADDRESS_SPACE_BYTES = 4 << 30
 """Virtual memory cap of a judge process."""
 
@@ -36,8 +41,10 @@ def main() -> None:
     cap = ADDRESS_SPACE_BYTES if hard == resource.RLIM_INFINITY else min(ADDRESS_SPACE_BYTES, hard)
     resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
     logging.disable(logging.CRITICAL)
-    import math_verify  # noqa: F401  (import before the first request, not during its time limit)
-
+    if not judge("1", "1", STARTUP_JUDGE_TIMEOUT):  # imports and first-use set-up, so no request pays for them
+        sys.exit("math-verify does not judge 1 = 1: is it installed?")
+    sys.stdout.write(READY + "\n")
+    sys.stdout.flush()
     for line in sys.stdin:
         request = json.loads(line)
         verdict = judge(request["answer"], request["gold"], request["timeout"])

@@ -4,16 +4,20 @@ Rule (LUFFY's reward, methods_spec §7, data_notes §3):
 
 1. The answer region is the text after the last ``</think>``; a ``<think>`` that is never closed scores 0
    (the model ran out of tokens while thinking), and an answer only inside ``<think>…</think>`` does not count.
-2. The answer is the content of the last complete ``\\boxed{…}`` (braces balanced) in that region; no box, 0.
+2. The answer is the content of the last complete ``\\boxed{…}`` (braces balanced) in the last
+   :data:`MAX_REGION_CHARS` characters of that region; no box, 0.
 3. math-verify decides: ``verify(parse("$" + gold + "$"), parse("\\boxed{" + answer + "}"))``.
 
-Time limit. math-verify's own timeouts use ``signal.alarm``, which only works on a process's main thread, and a
-C-level big-integer operation is not interruptible by a signal at all. So :func:`verify` never calls math-verify
-in the caller's process: a cheap bounded pre-filter rejects answers that are too long, too deeply nested or
-exponent towers, and the rest is judged in a small pool of long-lived worker processes (``eval/_judge_worker.py``,
-started on first use, one per concurrent caller up to :data:`MAX_WORKERS`). Inside a worker math-verify runs on
-the worker's main thread with its own timeouts; the caller additionally waits at most ``timeout_s`` seconds
-and kills and replaces a worker that overruns (or dies), scoring the sample 0. This works the same from the main
+Time limit. ``timeout_s`` counts from the call to :func:`verify`: extraction (one pass over a capped region), waiting
+for a judge process, and judging. math-verify's own timeouts use ``signal.alarm``, which only works on a process's
+main thread, and a C-level big-integer operation is not interruptible by a signal at all. So :func:`verify` never
+calls math-verify in the caller's process: a cheap bounded pre-filter rejects answers that are too long, too deeply
+nested or exponent towers, and the rest is judged in a pool of long-lived worker processes
+(``eval/_judge_worker.py``). A caller that finds every judge busy starts another (up to :data:`MAX_JUDGES`), so a slow
+answer never holds up another; starting one (its math-verify import, once per process) is the only time not counted.
+Inside a worker math-verify runs on the worker's main thread with its own timeouts; the caller waits at most until
+its deadline and kills and replaces a worker that overruns (or dies), scoring the sample 0. Past ``MAX_JUDGES``
+concurrent callers, a caller that gets no judge before its deadline scores 0. This works the same from the main
 thread, from worker threads (verl's reward loop) and from daemon processes. Nothing in a model's output is ever
 executed: the only interpretation is math-verify's LaTeX parser.
 """
@@ -22,7 +26,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
-import queue
+import re
 import select
 import subprocess
 import sys
@@ -30,8 +34,14 @@ import threading
 import time
 from pathlib import Path
 
+from eval._judge_worker import READY
+
 TIMEOUT_S = 5.0
-"""Wall-clock limit per sample (parse + verify) before the sample scores 0."""
+"""Wall-clock limit per sample, from the call to :func:`verify` to its verdict (queueing included), then it scores 0."""
+MAX_REGION_CHARS = 100_000
+"""Only the last this many characters of the answer region are searched for the box (the paper's 8,192-token
+responses are ~30k characters; the answer must end within it anyway, being the last box and at most
+:data:`MAX_ANSWER_CHARS` long)."""
 MAX_ANSWER_CHARS = 1000
 """Longer boxed answers score 0 without parsing (every benchmark gold is under 60 characters)."""
 MAX_NESTING = 24
@@ -39,9 +49,15 @@ MAX_NESTING = 24
 MAX_EXPONENT_DEPTH = 2
 """Exponent towers deeper than ``a^{b^{c}}`` score 0 without parsing."""
 MAX_WORKERS = min(4, os.cpu_count() or 1)
-"""Judge processes at most (callers beyond that wait for a free one)."""
+"""Threads that score at once in ``eval.run`` (each keeps one judge process busy)."""
+MAX_JUDGES = 32
+"""Judge processes at most (~60 MB each, started only while every started one is busy)."""
+STARTUP_TIMEOUT_S = 120.0
+"""A judge process that has not imported math-verify after this long is a broken installation (an error)."""
 
-_THINK_OPEN, _THINK_CLOSE, _BOX = "<think>", "</think>", "\\boxed"
+_THINK_OPEN, _THINK_CLOSE = "<think>", "</think>"
+_BOX_OR_BRACE = re.compile(r"(?P<box>\\boxed *\{)|\\[{}]|(?P<open>\{)|(?P<close>\})")
+"""A box opening (``\\boxed{``, spaces allowed before the brace), an escaped brace (not counted), or a brace."""
 _OPENERS, _CLOSERS = "{[(", "}])"
 _WORKER_SCRIPT = Path(__file__).with_name("_judge_worker.py")
 
@@ -57,35 +73,38 @@ def answer_region(solution_str: str) -> str | None:
 
 
 def last_boxed(text: str) -> str | None:
-    """Content of the last ``\\boxed{…}`` whose braces balance (an unclosed trailing box is skipped)."""
-    found = None
-    start = text.find(_BOX)
-    while start >= 0:
-        brace = start + len(_BOX)
-        while brace < len(text) and text[brace] == " ":
-            brace += 1
-        if brace < len(text) and text[brace] == "{":
-            depth = 0
-            for end in range(brace, len(text)):
-                if text[end] == "{" and text[end - 1] != "\\":
-                    depth += 1
-                elif text[end] == "}" and text[end - 1] != "\\":
-                    depth -= 1
-                    if depth == 0:
-                        found = text[brace + 1:end]
-                        break
-            else:
-                break  # unclosed: no complete box can start after this one either
-        start = text.find(_BOX, brace)
-    return found
+    """Content of the last complete ``\\boxed{…}`` (the one that opens last; braces balanced, ``\\{``/``\\}`` not
+    counted), or None.
+
+    One pass over the braces with a stack of the open ones, so the cost is linear in ``len(text)`` even for boxes
+    nested thousands deep. A box that never closes hides the boxes that open after it (they lie inside it); an
+    unclosed trailing box (truncated output) is skipped, so an earlier complete box counts.
+    """
+    open_braces: list[int] = []  # per open brace: where its box's content starts, or -1 if it opens no box
+    closed: list[tuple[int, int]] = []  # (content start, content end) of each complete box
+    for match in _BOX_OR_BRACE.finditer(text):
+        if match.lastgroup == "box":
+            open_braces.append(match.end())
+        elif match.lastgroup == "open":
+            open_braces.append(-1)
+        elif match.lastgroup == "close" and open_braces:
+            start = open_braces.pop()
+            if start >= 0:
+                closed.append((start, match.start()))
+    first_unclosed = next((start for start in open_braces if start >= 0), len(text) + 1)
+    last = max((box for box in closed if box[0] < first_unclosed), default=None)
+    return text[last[0]:last[1]] if last else None
 
 
 def extract_answer(solution_str: str) -> str | None:
-    """The answer :func:`verify` judges (stripped boxed content), or None when there is none."""
+    """The answer :func:`verify` judges (stripped boxed content), or None when there is none.
+
+    Only the last :data:`MAX_REGION_CHARS` characters of the answer region are read, before any parsing.
+    """
     region = answer_region(solution_str)
     if region is None:
         return None
-    boxed = last_boxed(region)
+    boxed = last_boxed(region[-MAX_REGION_CHARS:])
     return boxed.strip() if boxed is not None else None
 
 
@@ -117,47 +136,49 @@ def too_complex(answer: str) -> bool:
 def verify(solution_str: str, ground_truth: str, *, timeout_s: float = TIMEOUT_S) -> float:
     """1.0 if the last boxed answer after ``</think>`` in ``solution_str`` equals ``ground_truth`` by math-verify, else 0.0.
 
-    Never raises for any model output and returns within about ``timeout_s`` seconds; safe from any thread.
+    Never raises for any model output; returns within about ``timeout_s`` seconds of the call, waiting for a judge
+    included (plus, once per judge process, its start-up); safe from any thread.
     """
+    deadline = time.monotonic() + timeout_s
     answer = extract_answer(solution_str)
     if not answer or too_complex(answer):
         return 0.0
-    return 1.0 if _POOL.judge(answer, ground_truth, timeout_s) else 0.0
+    return 1.0 if _POOL.judge(answer, ground_truth, deadline) else 0.0
 
 
 class _JudgeWorker:
-    """One ``_judge_worker.py`` process: a JSON line in (answer, gold, timeout), ``1``/``0`` out."""
+    """One started ``_judge_worker.py`` process: a JSON line in (answer, gold, timeout), ``1``/``0`` out."""
 
     def __init__(self) -> None:
         self.process = subprocess.Popen([sys.executable, "-u", str(_WORKER_SCRIPT)], stdin=subprocess.PIPE,
                                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                                         bufsize=1)
-        self.ready = False
+        if self._read_line(time.monotonic() + STARTUP_TIMEOUT_S) != READY:
+            self.close()
+            raise RuntimeError(f"the judge process {_WORKER_SCRIPT} did not start within {STARTUP_TIMEOUT_S:.0f} s "
+                               f"(exit code {self.process.returncode}); run it with python to see why")
 
-    def judge(self, answer: str, gold: str, timeout_s: float) -> bool | None:
-        """The verdict, or None when the worker overran ``timeout_s`` or died (the caller then discards it)."""
-        # The first request also waits for the worker's math-verify import, which does not count as judging.
-        budget = timeout_s + (0.0 if self.ready else 60.0)
+    def judge(self, answer: str, gold: str, deadline: float) -> bool | None:
+        """The verdict, or None when the worker did not answer before ``deadline`` or died (the caller discards it)."""
         # math-verify's own per-call timeout (parse gold, parse answer, verify) fires first in the usual case,
-        # so a slow sample costs no worker restart; the wall limit below catches what a signal cannot interrupt.
-        request = {"answer": answer, "gold": gold, "timeout": max(1, int(timeout_s / 2))}
+        # so a slow sample costs no worker restart; the deadline catches what a signal cannot interrupt.
+        timeout = max(1, round((deadline - time.monotonic()) / 2))
         try:
-            self.process.stdin.write(json.dumps(request) + "\n")
+            self.process.stdin.write(json.dumps({"answer": answer, "gold": gold, "timeout": timeout}) + "\n")
             self.process.stdin.flush()
         except (BrokenPipeError, OSError):
             return None
-        deadline = time.monotonic() + budget
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return None
+        line = self._read_line(deadline)
+        return None if line is None else line == "1"
+
+    def _read_line(self, deadline: float) -> str | None:
+        """The next line the worker writes, stripped; None if none comes before ``deadline`` or the worker exited."""
+        while (remaining := deadline - time.monotonic()) > 0:
             readable, _, _ = select.select([self.process.stdout], [], [], remaining)
             if readable:
                 line = self.process.stdout.readline()
-                if not line:
-                    return None
-                self.ready = True
-                return line.strip() == "1"
+                return line.strip() if line else None
+        return None
 
     def close(self) -> None:
         if self.process.poll() is None:
@@ -171,44 +192,73 @@ class _JudgeWorker:
 
 
 class _JudgePool:
-    """Up to ``size`` idle-or-busy workers shared by every thread; a worker that overruns is killed and replaced."""
+    """Judge processes shared by every thread: an idle one is reused, another is started while all are busy (up to
+    ``max_judges``), and one that overruns its caller's deadline is killed (a later caller starts a new one)."""
 
-    def __init__(self, size: int):
-        self._size = size
+    def __init__(self, max_judges: int = MAX_JUDGES):
+        self._max_judges = max_judges
         self._pid = os.getpid()
-        self._idle: queue.SimpleQueue[_JudgeWorker] = queue.SimpleQueue()
-        self._slots = threading.BoundedSemaphore(size)
+        self._idle: list[_JudgeWorker] = []
         self._all: set[_JudgeWorker] = set()
-        self._lock = threading.Lock()
+        self._num_started = 0
+        """Judges running or being started."""
+        self._changed = threading.Condition()
 
-    def judge(self, answer: str, gold: str, timeout_s: float) -> bool:
+    def judge(self, answer: str, gold: str, deadline: float) -> bool:
+        """math-verify's verdict; False when no judge is free before ``deadline`` (``time.monotonic()``) or the judge
+        overruns it. Starting a judge for this call moves the deadline by the start-up time."""
         if os.getpid() != self._pid:  # a forked child must not share its parent's worker pipes
-            self.__init__(self._size)
-        with self._slots:
-            try:
-                worker = self._idle.get_nowait()
-            except queue.Empty:
-                worker = _JudgeWorker()
-                with self._lock:
-                    self._all.add(worker)
-            verdict = worker.judge(answer, gold, timeout_s)
-            if verdict is None:
-                self._discard(worker)
-                return False
-            self._idle.put(worker)
-            return verdict
+            self.__init__(self._max_judges)
+        worker, deadline = self._acquire(deadline)
+        if worker is None:
+            return False
+        verdict = worker.judge(answer, gold, deadline) if time.monotonic() < deadline else False
+        if verdict is None:
+            self._discard(worker)
+            return False
+        with self._changed:
+            self._idle.append(worker)
+            self._changed.notify()
+        return verdict
+
+    def _acquire(self, deadline: float) -> tuple[_JudgeWorker | None, float]:
+        """An idle judge, else a newly started one (and the deadline moved by its start-up), else the first judge freed
+        before ``deadline``; None if there is none by then."""
+        with self._changed:
+            while not self._idle and self._num_started >= self._max_judges:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return None, deadline
+                self._changed.wait(remaining)
+            if self._idle:
+                return self._idle.pop(), deadline
+            self._num_started += 1
+        started = time.monotonic()
+        try:
+            worker = _JudgeWorker()
+        except BaseException:
+            self._forget(None)
+            raise
+        with self._changed:
+            self._all.add(worker)
+        return worker, deadline + (time.monotonic() - started)
 
     def _discard(self, worker: _JudgeWorker) -> None:
         worker.close()
-        with self._lock:
+        self._forget(worker)
+
+    def _forget(self, worker: _JudgeWorker | None) -> None:
+        with self._changed:
             self._all.discard(worker)
+            self._num_started -= 1
+            self._changed.notify()
 
     def close(self) -> None:
-        with self._lock:
-            workers, self._all = list(self._all), set()
+        with self._changed:
+            workers, self._all, self._idle, self._num_started = list(self._all), set(), [], 0
         for worker in workers:
             worker.close()
 
 
-_POOL = _JudgePool(MAX_WORKERS)
+_POOL = _JudgePool()
 atexit.register(_POOL.close)

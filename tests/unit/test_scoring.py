@@ -2,13 +2,17 @@
 from __future__ import annotations
 
 import json
+import random
+import signal
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
-from eval.scoring import extract_answer, last_boxed, too_complex, verify
+from eval import scoring
+from eval.scoring import MAX_REGION_CHARS, extract_answer, last_boxed, too_complex, verify
 
 GOLDEN = Path(__file__).resolve().parents[1] / "assets" / "scoring_golden.jsonl"
 GOLDEN_ROWS = [json.loads(line) for line in GOLDEN.read_text(encoding="utf-8").splitlines()]
@@ -111,3 +115,121 @@ def test_adversarial_input_scores_zero_within_the_limit_in_worker_threads():
     for thread in threads:
         thread.join()
     assert correct == [1.0, 1.0, 1.0]
+
+
+@contextmanager
+def hang_guard(seconds: int):
+    """Fails the test instead of letting it hang (not a speed bound: the inputs below finish in milliseconds)."""
+    def hung(signum, frame):
+        raise TimeoutError(f"still running after {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def nested_boxes(depth: int, inner: str = "5") -> str:
+    return "\\boxed{" * depth + inner + "}" * depth
+
+
+def test_nested_boxes_of_64_kb_score_the_innermost_answer():
+    solution = nested_boxes(8192)  # 65,537 characters; the old per-box rescan took minutes of CPU on this
+    assert len(solution) > 64 * 1024 and len(solution) <= MAX_REGION_CHARS
+    with hang_guard(10):
+        assert extract_answer(solution) == "5"
+        assert verify(solution, "5") == 1.0
+        assert verify("<think>" + nested_boxes(8192, "4") + "</think>" + solution, "5") == 1.0
+
+
+def test_only_the_last_max_region_chars_of_the_answer_region_are_searched():
+    trailing = " " * MAX_REGION_CHARS
+    with hang_guard(10):
+        assert extract_answer("\\boxed{7}" + trailing) is None
+        assert extract_answer("\\boxed{7}" + trailing[:-len("\\boxed{7}")]) == "7"
+        assert extract_answer(nested_boxes(MAX_REGION_CHARS)) is None  # 800k characters; the window holds only "}"
+        assert extract_answer("x" * 4 * MAX_REGION_CHARS + "\\boxed{7}") == "7"
+
+
+def last_boxed_by_rescanning(text: str) -> str | None:
+    """The previous implementation (one forward scan per box, quadratic on nested boxes): the reference semantics."""
+    found = None
+    start = text.find("\\boxed")
+    while start >= 0:
+        brace = start + len("\\boxed")
+        while brace < len(text) and text[brace] == " ":
+            brace += 1
+        if brace < len(text) and text[brace] == "{":
+            depth = 0
+            for end in range(brace, len(text)):
+                if text[end] == "{" and text[end - 1] != "\\":
+                    depth += 1
+                elif text[end] == "}" and text[end - 1] != "\\":
+                    depth -= 1
+                    if depth == 0:
+                        found = text[brace + 1:end]
+                        break
+            else:
+                break
+        start = text.find("\\boxed", brace)
+    return found
+
+
+def test_last_boxed_agrees_with_the_rescanning_definition_on_random_texts():
+    pieces = ["\\boxed", "\\boxed ", "{", "}", "\\{", "\\}", "\\", "x", " ", "1"]
+    rng = random.Random(0)
+    for _ in range(5000):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randrange(1, 24)))
+        assert last_boxed(text) == last_boxed_by_rescanning(text), text
+
+
+SLOW_ANSWER = "\\boxed{99999999!}"
+"""Passes the pre-filter; math-verify then spends its whole own timeout (half the limit) comparing it."""
+
+
+def _timed_verdicts(solutions: list[str], gold: str, timeout_s: float) -> list[tuple[float, float]]:
+    """verify() of each solution, all at once from one thread each (started in order); (verdict, seconds) each."""
+    results: list[tuple[float, float] | None] = [None] * len(solutions)
+
+    def judge(index: int) -> None:
+        start = time.monotonic()
+        verdict = verify(solutions[index], gold, timeout_s=timeout_s)
+        results[index] = (verdict, time.monotonic() - start)
+
+    threads = [threading.Thread(target=judge, args=(index,)) for index in range(len(solutions))]
+    for thread in threads:
+        thread.start()
+        time.sleep(0.05)
+    for thread in threads:
+        thread.join()
+    return results
+
+
+def test_slow_answers_do_not_delay_a_concurrent_fast_one():
+    limit = 4.0  # math-verify's own timeout is then 2 s: each slow answer holds its judge for ~2 s
+    num_slow = 2 * scoring.MAX_WORKERS
+    _timed_verdicts([SLOW_ANSWER] * (num_slow + 1), "5", limit)  # as many judges started (start-up is not counted)
+    results = _timed_verdicts([SLOW_ANSWER] * num_slow + ["\\boxed{\\frac{10}{2}}"], "5", limit)
+    slow, (fast_verdict, fast_seconds) = results[:-1], results[-1]
+    assert [verdict for verdict, _ in slow] == [0.0] * num_slow and fast_verdict == 1.0
+    assert max(seconds for _, seconds in slow) < limit + 1.5
+    assert fast_seconds < min(seconds for _, seconds in slow)  # it never waited for one of them to finish
+
+
+def test_waiting_for_a_judge_counts_against_the_limit():
+    pool = scoring._JudgePool(max_judges=1)
+    try:
+        assert pool.judge("5", "5", time.monotonic() + 60.0)  # started, so start-up plays no part below
+        slow = threading.Thread(target=pool.judge, args=("99999999!", "5", time.monotonic() + 4.0))
+        slow.start()
+        time.sleep(0.2)
+        start = time.monotonic()
+        assert pool.judge("5", "5", start + 1.0) is False  # no judge free within its own 1 s
+        assert time.monotonic() - start < 1.5
+        slow.join()
+        assert pool.judge("5", "5", time.monotonic() + 4.0)
+    finally:
+        pool.close()
