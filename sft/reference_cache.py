@@ -92,7 +92,10 @@ def shard_name(shard: int) -> str:
 
 
 def format_bytes(size: float) -> str:
-    return f"{size / 2**30:.2f} GiB" if size >= 2**30 else f"{size / 2**20:.1f} MiB"
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if size >= scale:
+            return f"{size / scale:.2f} {unit}"
+    return f"{size:.0f} bytes"
 
 
 def check_free_disk(folder: Path, needed: int) -> None:
