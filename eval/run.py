@@ -48,6 +48,7 @@ from pipeline.paths import (
     toy_base_dir,
     with_method,
 )
+from pipeline.preflight import require_stage
 from pipeline.seeding import derive_seed
 from pipeline.tracking import progress
 
@@ -276,6 +277,7 @@ def run(cfg: Config, sampler_factory: Callable[..., Sampler] = make_sampler) -> 
     Returns a summary manifest (not written: the per-benchmark manifests are the record) whose metrics map each
     benchmark to its headline numbers and whose status is complete when every benchmark is.
     """
+    require_stage(cfg, f"eval_{cfg.eval.phase}")  # pipeline/preflight.py: GPUs, a CUDA vLLM, the model path
     if cfg.eval.backend == "vllm" and cfg.profile.device == "cpu":
         configure_vllm_cpu_environment()  # before the tokenizer below imports torch
     benchmarks = benchmark_names(cfg)
