@@ -124,21 +124,28 @@ def _undecodable_field(value: Any, path: str) -> str | None:
 
 def _decoded_rows(dataset, source: str) -> Iterator[dict | InvalidRowError]:
     """The dataset's rows in order; a row with a string that is not UTF-8 (parquet does not check) comes as an
-    :class:`InvalidRowError` naming its column. Such a row ends the iteration, which then goes on row by row."""
+    :class:`InvalidRowError` naming its column. Such a row ends an iteration, which then resumes after it."""
     position = 0
-    try:
-        for row in dataset:
+    while position < len(dataset):
+        rest = dataset.select(range(position, len(dataset))) if position else dataset
+        try:
+            for row in rest:
+                yield row
+                position += 1
+            return
+        except UnicodeDecodeError:
+            pass
+        while position < len(dataset):  # one row at a time to the one that fails (iterating may decode several at once)
+            try:
+                row = dataset[position]
+            except UnicodeDecodeError as error:
+                column = next((name for name in dataset.column_names if _fails_to_decode(dataset, name, position)),
+                              "(row)")
+                yield InvalidRowError(source, position, column, f"{_NOT_UTF8} ({_bad_bytes(error)})")
+                position += 1
+                break
             yield row
             position += 1
-        return
-    except UnicodeDecodeError:
-        pass
-    for position in range(position, len(dataset)):
-        try:
-            yield dataset[position]
-        except UnicodeDecodeError as error:
-            column = next((name for name in dataset.column_names if _fails_to_decode(dataset, name, position)), "(row)")
-            yield InvalidRowError(source, position, column, f"{_NOT_UTF8} ({_bad_bytes(error)})")
 
 
 def _fails_to_decode(dataset, column: str, position: int) -> bool:

@@ -144,3 +144,17 @@ def test_duplicates_refused_under_the_strict_option(tmp_path):
 def test_duplicates_option_is_validated():
     with pytest.raises(ConfigError, match="data.duplicates"):
         compose(["experiment=demo", "profile=toy", "data.duplicates=drop"])
+
+
+def test_parquet_rows_that_are_not_utf8_are_all_found_and_the_rest_kept(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    first, second = tmp_path / "a.parquet", tmp_path / "b.parquet"
+    write_parquet_with_bad_bytes(first, num_rows=6, bad_row=1)
+    write_parquet_with_bad_bytes(second, num_rows=6, bad_row=4)
+    both = tmp_path / "train.parquet"
+    pq.write_table(pa.concat_tables([pq.read_table(first), pq.read_table(second)]), both)
+    loaded = load_rows(local_config(both, invalid_rows="skip"))
+    assert [entry["row"] for entry in loaded.invalid] == [1, 10]
+    assert loaded.row_ids == [0, 2, 3, 4, 5, 6, 7, 8, 9, 11] and loaded.num_source_rows == 12
