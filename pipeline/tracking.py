@@ -24,12 +24,13 @@ class MetricsLogger:
     """Appends one JSON object per ``log`` call to ``path``; mirrors it to wandb when ``wandb_mode`` is not disabled.
 
     Only the process with ``enabled=True`` writes (rank 0 under torchrun). Lines are flushed as they are
-    written, so a crash loses nothing that was logged.
+    written, so a crash loses nothing that was logged. ``group`` (the experiment name) puts every stage of one
+    experiment in one wandb group; RL's verl process gets the same through ``WANDB_RUN_GROUP``.
     """
 
     def __init__(self, path: str | Path, *, enabled: bool = True, wandb_mode: str = "disabled",
                  wandb_project: str = "eksft", run_name: str = "", config: Mapping[str, Any] | None = None,
-                 wandb_dir: str | Path | None = None):
+                 wandb_dir: str | Path | None = None, group: str = ""):
         self.path = Path(path)
         self.enabled = enabled
         self._wandb = None
@@ -40,9 +41,9 @@ class MetricsLogger:
         if wandb_mode != "disabled":
             import wandb
 
-            self._wandb = wandb.init(project=wandb_project, name=run_name or None, mode=wandb_mode,
-                                     config=dict(config or {}), dir=str(wandb_dir or self.path.parent),
-                                     reinit="finish_previous")
+            self._wandb = wandb.init(project=wandb_project, name=run_name or None, group=group or None,
+                                     mode=wandb_mode, config=dict(config or {}),
+                                     dir=str(wandb_dir or self.path.parent), reinit="finish_previous")
 
     def log(self, step: int, metrics: Mapping[str, Any]) -> None:
         if not self.enabled:

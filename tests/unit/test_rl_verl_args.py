@@ -6,6 +6,7 @@ import re
 import pytest
 
 from pipeline.config import ConfigError, compose
+from pipeline.paths import data_dir
 from rl.verl_args import build_command, build_overrides, format_value, validate_with_verl, verl_env
 
 
@@ -52,7 +53,7 @@ def test_paper_dapo_values_are_in_the_argv(paper_cfg):
     assert keys["reward.custom_reward_function.path"].endswith("/rl/reward.py")
     assert re.search(r"/sft/qwen3_4b/eksft-[0-9a-f]{8}/hf$", keys["actor_rollout_ref.model.path"])
     assert re.search(r"/rl/qwen3_4b/eksft-[0-9a-f]{8}/checkpoints$", keys["trainer.default_local_dir"])
-    assert re.search(r"/table2/data/hub-[0-9a-f]{8}/rl.parquet$", keys["data.train_files"])
+    assert keys["data.train_files"] == str((data_dir(paper_cfg) / "rl.parquet").resolve())
     assert not any(key.startswith("algorithm.filter_groups.max_num_gen_batches") for key in keys)
     # the CPU embedding is absent on GPUs
     assert "trainer.device" not in keys and "VERL_PLATFORM" not in verl_env(paper_cfg)
@@ -76,6 +77,27 @@ def test_toy_profile_adds_the_cpu_embedding():
     assert keys["+actor_rollout_ref.model.override_config.attn_implementation"] == "sdpa"
     assert keys["actor_rollout_ref.rollout.enforce_eager"] == "true"
     assert verl_env(cfg)["VERL_PLATFORM"] == "cpu"
+
+
+@pytest.mark.parametrize("profile, attention", [("paper", "sdpa"), ("toy", "sdpa")])
+def test_attention_is_ours_on_every_profile(profile, attention):
+    """verl's actor/ref default to flash_attention_2 (the flash-attn package); the model config decides instead."""
+    keys = _as_dict(build_overrides(compose([f"profile={profile}"]), "eksft"))
+    assert keys["+actor_rollout_ref.model.override_config.attn_implementation"] == attention
+    flash = compose(["profile=paper", "model.attn_implementation=flash_attention_2"])
+    assert _as_dict(build_overrides(flash, "eksft"))[
+        "+actor_rollout_ref.model.override_config.attn_implementation"] == "flash_attention_2"
+
+
+def test_verl_output_and_wandb_follow_our_run_folder_and_logging(paper_cfg):
+    cfg = compose(["profile=paper", "experiment=table2", "logging.wandb_project=my_project",
+                   "logging.wandb_mode=offline"])
+    keys = _as_dict(build_overrides(cfg, "eksft"))
+    assert re.search(r"/rl/qwen3_4b/eksft-[0-9a-f]{8}/verl_hydra$", keys["hydra.run.dir"])
+    assert keys["hydra.run.dir"].startswith("/")
+    assert keys["trainer.project_name"] == "my_project"
+    assert keys["trainer.logger"] == "[console,file,wandb]"
+    assert verl_env(cfg)["WANDB_RUN_GROUP"] == "table2"
 
 
 def test_user_overrides_pass_through_and_win():
@@ -114,6 +136,7 @@ def test_verl_composes_and_validates_our_overrides(profile, variant):
     assert verl_cfg.actor_rollout_ref.actor.clip_ratio_high == 0.28
     assert verl_cfg.reward.reward_manager.name == "dapo"
     assert verl_cfg.algorithm.filter_groups.metric == "acc"
+    assert verl_cfg.actor_rollout_ref.model.override_config.attn_implementation == "sdpa"
 
 
 def test_verl_rejects_a_misspelled_key():
