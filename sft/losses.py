@@ -47,13 +47,11 @@ class TokenLoss:
     def __init__(self, cfg: SFTMethod):
         self.cfg = cfg
         self.term_options: Mapping[str, Any] = {}
-        self.loss_norm: str | None = cfg.loss_norm
-        """This method's ``sft.loss_norm`` (the trainer's ``sft.loss_norm`` when None; EKSFT official_code presets it)."""
         self.step = 0
         """The optimiser step being computed (0-based), set by :meth:`begin_step`."""
 
     def begin_step(self, step: int) -> None:
-        """The trainer calls this before optimiser step ``step``; losses drawing per-step randomness read ``self.step``."""
+        """Called by the trainer before optimiser step ``step``; losses with per-step randomness read ``self.step``."""
         self.step = step
 
     def weigh(self, stats: TokenStats) -> TokenWeights:
@@ -266,13 +264,13 @@ class GEMLoss(TokenLoss):
 
 EKSFT_COMPAT_PRESETS: dict[str, dict[str, Any]] = {
     "paper": dict(mask_alignment="paper", k_rounding="ceil", topk_ties="paper_rank", reg_sets="union",
-                  entropy_norm="none", kl_formula="true_kl", dynamic_lambda=False, stats_dtype="fp32", loss_norm=None),
+                  entropy_norm="none", kl_formula="true_kl", dynamic_lambda=False, stats_dtype="fp32"),
     "official_code": dict(mask_alignment="official_code", k_rounding="floor", topk_ties="exact_k",
                           reg_sets="per_criterion", entropy_norm="log_vocab", kl_formula="official_code",
-                          dynamic_lambda=True, stats_dtype="model", loss_norm="micro_batch_sum"),
+                          dynamic_lambda=True, stats_dtype="model"),
 }
-"""Value of every ``None`` flag of :class:`EKSFTMethod` under each ``compat`` (methods_spec §1.3, D1–D13; a
-``loss_norm`` of None leaves ``sft.loss_norm`` in charge)."""
+"""Value of every ``None`` flag of :class:`EKSFTMethod` under each ``compat`` (methods_spec §1.3, D1–D12; D13, the
+loss normalisation, is ``EKSFTMethod.own_loss_norm``)."""
 
 
 def resolve_eksft_flags(cfg: EKSFTMethod) -> dict[str, Any]:
@@ -343,7 +341,6 @@ class EKSFTLoss(TokenLoss):
     def __init__(self, cfg: EKSFTMethod):
         super().__init__(cfg)
         self.flags = resolve_eksft_flags(cfg)
-        self.loss_norm = self.flags["loss_norm"]
         self.uses_label_positions = self.flags["mask_alignment"] == "official_code"
         self.stats_in_model_dtype = self.flags["stats_dtype"] == "model"
         self.kl_term = "code_kl" if self.flags["kl_formula"] == "official_code" else "kl"
@@ -444,3 +441,69 @@ class EKSFTLoss(TokenLoss):
         }
         coefs = {"logp": -ce_coef, "entropy": -entropy_coef, self.kl_term: kl_coef}
         return TokenWeights(coefs=coefs, constant=zeros.new_zeros(()), metrics=metrics)
+
+
+# ------------------------------------------------------------------------------------------ newer token-level baselines
+
+
+@register_token_loss("sedsft")
+class SEDSFTLoss(TokenLoss):
+    """SED-SFT (arXiv 2602.07464; code pppa2019/SED-SFT): ``L = (1/|T|) Σ_{i∈T} [−log p_i + λ M_i (p_i − ½)²]``,
+    ``M_i = [Σ_{top-k v} p(v) < τ]`` detached ("flexible" tokens), ``p_i`` the target probability (with gradient)."""
+
+    stats = ("logp", "topk_mass")
+
+    def __init__(self, cfg: SFTMethod):
+        super().__init__(cfg)
+        self.term_options = {"top_k": cfg.top_k}
+
+    def weigh(self, stats: TokenStats) -> TokenWeights:
+        mask = stats.has_target
+        share = _per_row_share(mask)
+        flexible = mask & (stats.values["topk_mass"] < self.cfg.threshold)
+        metrics = _ce_metrics(stats, mask)
+        metrics["sed_flexible_frac"] = _mean_on(flexible.float(), mask)
+        metrics["sed_de_mean"] = _mean_on((stats.values["logp"].exp() - 0.5) ** 2, flexible)
+        return TokenWeights(coefs={"logp": -share, "de": self.cfg.lambda_de * share * flexible},
+                            constant=share.new_zeros(()), metrics=metrics)
+
+
+@register_token_loss("eaft")
+class EAFTLoss(TokenLoss):
+    """EAFT (arXiv 2601.02151): ``L = −(1/|T|) Σ_{i∈T} w_i log p_i``, ``w_i = sg((H^k_i / ln k)^α)``, ``H^k`` the
+    entropy of the softmax over the k largest logits (the paper's top-K approximation of H, K = 20; k ≤ V)."""
+
+    stats = ("logp", "topk_entropy")
+
+    def __init__(self, cfg: SFTMethod):
+        super().__init__(cfg)
+        self.term_options = {"top_k": cfg.top_k}
+
+    def weigh(self, stats: TokenStats) -> TokenWeights:
+        mask = stats.has_target
+        share = _per_row_share(mask)
+        top_k = min(self.cfg.top_k, stats.vocab_size)
+        weight = (stats.values["topk_entropy"] / math.log(top_k)).clamp(min=0.0) ** self.cfg.alpha
+        metrics = _ce_metrics(stats, mask)
+        metrics["eaft_weight_mean"] = _mean_on(weight, mask)
+        return TokenWeights(coefs={"logp": -share * weight}, constant=share.new_zeros(()), metrics=metrics)
+
+
+@register_token_loss("highentropy")
+class HighEntropyCELoss(TokenLoss):
+    """CE on the top-ρ entropy tokens only (ours, not from a paper: the "80/20" forking-token idea of arXiv
+    2506.01939, an RLVR method, applied to SFT): per micro-batch ``k = ⌈ρ|T|⌉``, ``M_H = TopK(H)`` with EKSFT's rank
+    rule (ties at the boundary excluded), ``L = −(1/|M_H|) Σ_{i∈M_H} log p_i`` (0 if M_H is empty)."""
+
+    stats = ("logp", "entropy")
+
+    def weigh(self, stats: TokenStats) -> TokenWeights:
+        mask = stats.has_target
+        k = selection_size(mask.sum(), self.cfg.rho, "ceil")
+        selected = top_rank_mask(stats.values["entropy"], mask, k, "paper_rank")
+        share = _per_row_share(selected)
+        metrics = _ce_metrics(stats, mask)
+        metrics["num_M_H"] = _count(selected)
+        metrics["entropy_mean_M"] = _mean_on(stats.values["entropy"], selected)
+        metrics["entropy_mean_rest"] = _mean_on(stats.values["entropy"], mask & ~selected)
+        return TokenWeights(coefs={"logp": -share}, constant=share.new_zeros(()), metrics=metrics)

@@ -326,8 +326,9 @@ def train_step(root: PolicyWithTokenLoss, optimizer: torch.optim.Optimizer, micr
     # 2. forward/backward; FSDP2 averages gradients over ranks, so each rank back-propagates world_size · w_m · L_m
     objective = torch.zeros((), dtype=torch.float64, device=env.device)
     metric_sums: dict[str, float] = {}
+    loss_norm = sft.effective_loss_norm()  # a method's own loss_norm wins (EKSFT official_code)
     for mb, num_tokens in zip(micro_batches, local_tokens):
-        weight = micro_batch_weight(sft.loss_norm, num_tokens=num_tokens, step_tokens=step_tokens,
+        weight = micro_batch_weight(loss_norm, num_tokens=num_tokens, step_tokens=step_tokens,
                                     grad_accum=sft.grad_accum, world_size=env.world_size)
         with autocast_context(env, sft.mixed_precision):
             result = root(**mb)
@@ -531,6 +532,7 @@ def fit(root: PolicyWithTokenLoss, optimizer: torch.optim.Optimizer,
     root.train()
     bar = progress(total=total_steps, initial=state["global_step"], desc="sft", unit="step", enabled=show_progress)
     for step in range(state["global_step"], total_steps):
+        root.token_loss.begin_step(step)
         phase_times = {}
         if needs_old_policy and step % refresh_every == 0:
             started = time.perf_counter()

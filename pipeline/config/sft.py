@@ -10,7 +10,11 @@ from typing import Any, Optional
 
 from omegaconf import MISSING
 
-from pipeline.config.common import ConfigError, check_choice, check_range
+from pipeline.config.common import SUPERVISION, ConfigError, check_choice, check_range
+
+
+LOSS_NORMS = ("micro_batch_mean", "global_token_mean", "micro_batch_sum")
+"""How micro-batch objectives combine into the step objective (``sft.loss_norm``; ``sft.trainer.micro_batch_weight``)."""
 
 
 @dataclass
@@ -19,9 +23,16 @@ class SFTMethod:
 
     name: str = "sft"
     """Registry name of the token loss (``sft.losses.TOKEN_LOSSES``)."""
+    loss_norm: Optional[str] = None
+    """This method's own loss normalisation, winning over ``sft.loss_norm``; None: ``sft.loss_norm`` applies
+    (except EKSFT with ``compat=official_code``, whose preset is micro_batch_sum, methods_spec D13)."""
+
+    def own_loss_norm(self) -> Optional[str]:
+        """The normalisation this method imposes (``loss_norm``, or its preset's), None if it leaves it to ``sft``."""
+        return self.loss_norm
 
     def validate(self) -> None:
-        pass
+        check_choice("sft.method.loss_norm", self.loss_norm, (None, *LOSS_NORMS))
 
 
 @dataclass
@@ -48,6 +59,7 @@ class IWSFTMethod(SFTMethod):
     """Upper clip of the token-level weight."""
 
     def validate(self) -> None:
+        super().validate()
         check_choice("sft.method.level", self.level, ("sequence", "token"))
         check_range("sft.method.temp", self.temp, 0.0, low_open=True)
         check_range("sft.method.clip_max", self.clip_max, 0.0, low_open=True)
@@ -67,6 +79,7 @@ class PSFTMethod(SFTMethod):
     """Optimiser steps between refreshes of the old policy (1 makes PSFT identical to SFT)."""
 
     def validate(self) -> None:
+        super().validate()
         check_range("sft.method.clip_low", self.clip_low, 0.0, 1.0)
         check_range("sft.method.clip_high", self.clip_high, 0.0, low_open=True)
         check_range("sft.method.updates_per_refresh", self.updates_per_refresh, 1)
@@ -126,7 +139,15 @@ class EKSFTMethod(SFTMethod):
     kl_eps: float = 1e-9
     """KL values below this count as 0 when ranking (keeps M_KL empty at step 0)."""
 
+    def own_loss_norm(self) -> Optional[str]:
+        """``loss_norm`` if set; else micro_batch_sum under ``compat=official_code`` (HF Trainer sums the GA
+        micro-batch means, methods_spec D13), None (``sft.loss_norm``) under ``compat=paper``."""
+        if self.loss_norm is None and self.compat == "official_code":
+            return "micro_batch_sum"
+        return self.loss_norm
+
     def validate(self) -> None:
+        super().validate()
         check_range("sft.method.rho", self.rho, 0.0, 1.0)
         check_range("sft.method.lambda_entropy", self.lambda_entropy, 0.0)
         check_range("sft.method.lambda_kl", self.lambda_kl, 0.0)
@@ -156,6 +177,7 @@ class ASFTMethod(SFTMethod):
     """λ: weight of the forward KL(π_ref‖π_θ) on every supervised token."""
 
     def validate(self) -> None:
+        super().validate()
         check_range("sft.method.kl_coef", self.kl_coef, 0.0)
 
 
@@ -170,8 +192,57 @@ class GEMMethod(SFTMethod):
     """linear (w_v = 1) or logsigmoid (w_v = sg(σ(0.01·(z_v − z_y))), the authors' Qwen2.5 numina script)."""
 
     def validate(self) -> None:
+        super().validate()
         check_range("sft.method.beta", self.beta, 0.0, low_open=True)
         check_choice("sft.method.h", self.h, ("linear", "logsigmoid"))
+
+
+@dataclass
+class SEDSFTMethod(SFTMethod):
+    """SED-SFT: CE plus λ·M·(p − ½)², M = [top-k probability mass < τ] ("flexible" tokens) (arXiv 2602.07464)."""
+
+    name: str = "sedsft"
+    lambda_de: float = 1.0
+    """λ: weight of the diversity term (p − ½)² (the official ``entropy_penalty_scale``, default 1.0)."""
+    top_k: int = 2
+    """k of the mask's top-k probability mass (the official loss call's default, 2)."""
+    threshold: float = 0.95
+    """τ: a token is flexible when its top-k mass is below τ (the official code calibrates τ once; docs/methods.md)."""
+
+    def validate(self) -> None:
+        super().validate()
+        check_range("sft.method.lambda_de", self.lambda_de, 0.0)
+        check_range("sft.method.top_k", self.top_k, 1)
+        check_range("sft.method.threshold", self.threshold, 0.0, 1.0)
+
+
+@dataclass
+class EAFTMethod(SFTMethod):
+    """EAFT: CE weighted by the detached normalised top-k entropy, (H_k / ln k)^α (arXiv 2601.02151)."""
+
+    name: str = "eaft"
+    top_k: int = 20
+    """k: the entropy is that of the softmax over the k largest logits (the paper's K = 20)."""
+    alpha: float = 1.0
+    """α: exponent of the weight (LLaMA-Factory ``eaft_alpha``, default 1.0)."""
+
+    def validate(self) -> None:
+        super().validate()
+        check_range("sft.method.top_k", self.top_k, 2)
+        check_range("sft.method.alpha", self.alpha, 0.0)
+
+
+@dataclass
+class HighEntropyMethod(SFTMethod):
+    """CE on the top-ρ entropy tokens only (ours: the "80/20" forking-token idea of arXiv 2506.01939, for SFT)."""
+
+    name: str = "highentropy"
+    rho: float = 0.2
+    """ρ: the k = ⌈ρ·|T|⌉ highest-entropy rows of the micro-batch (EKSFT's M_H rank rule) get CE, the rest nothing."""
+
+    def validate(self) -> None:
+        super().validate()
+        check_range("sft.method.rho", self.rho, 0.0, 1.0)
 
 
 SFT_METHOD_SCHEMAS: dict[str, type[SFTMethod]] = {
@@ -182,6 +253,9 @@ SFT_METHOD_SCHEMAS: dict[str, type[SFTMethod]] = {
     "eksft": EKSFTMethod,
     "asft": ASFTMethod,
     "gem": GEMMethod,
+    "sedsft": SEDSFTMethod,
+    "eaft": EAFTMethod,
+    "highentropy": HighEntropyMethod,
 }
 """Schema of each method, by registry name; the loss registry must have exactly these names."""
 
@@ -231,10 +305,14 @@ class SFTConfig:
     """Losses that need the frozen reference read its final hidden states from a cache written once per (base model,
     tokenised split, precision) instead of running its trunk every step (``sft/reference_cache.py``; disk: tokens ×
     hidden × 2 bytes in bf16). Ignored by losses without a reference."""
-    checkpoint_every: int = 0
+    checkpoint_every: int = field(default=0, metadata=SUPERVISION)
     """Save a resumable checkpoint every N optimiser steps; one is also saved at every epoch end and after the last step (0: only those)."""
-    keep_checkpoints: int = 2
+    keep_checkpoints: int = field(default=2, metadata=SUPERVISION)
     """Resumable checkpoints kept on disk."""
+
+    def effective_loss_norm(self) -> str:
+        """The normalisation the trainer applies: the method's own (``sft.method.own_loss_norm()``) or ``loss_norm``."""
+        return self.method.own_loss_norm() or self.loss_norm
 
     def validate(self) -> None:
         if not isinstance(self.method, SFTMethod):
@@ -258,7 +336,7 @@ class SFTConfig:
         check_range("sft.epochs", self.epochs, 1)
         if self.max_steps != -1:
             check_range("sft.max_steps", self.max_steps, 1)
-        check_choice("sft.loss_norm", self.loss_norm, ("micro_batch_mean", "global_token_mean", "micro_batch_sum"))
+        check_choice("sft.loss_norm", self.loss_norm, LOSS_NORMS)
         check_range("sft.chunk_size", self.chunk_size, 1)
         check_choice("sft.mixed_precision", self.mixed_precision, ("bf16", "fp32"))
         check_choice("sft.reference_cache", self.reference_cache, (False, True))

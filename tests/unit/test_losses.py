@@ -6,8 +6,8 @@ import math
 import pytest
 import torch
 
-from pipeline.config import CONF_DIR, ConfigError
-from pipeline.config.sft import SFT_METHOD_SCHEMAS, EKSFTMethod, SFTMethod
+from pipeline.config import CONF_DIR, ConfigError, compose
+from pipeline.config.sft import SFT_METHOD_SCHEMAS, EKSFTMethod, SFTConfig, SFTMethod
 from sft.losses import (
     TOKEN_LOSSES,
     build_loss,
@@ -17,6 +17,7 @@ from sft.losses import (
     selection_size,
     top_rank_mask,
 )
+from sft.token_stats import chunked_loss
 
 LN2 = math.log(2.0)
 
@@ -371,3 +372,200 @@ def test_flags_declared_by_each_loss():
 def test_missing_reference_is_named():
     with pytest.raises(ValueError, match="ref_logits"):
         compute_token_loss("eksft", torch.zeros(1, 3, 2), torch.zeros(1, 3, dtype=torch.long))
+
+
+# ------------------------------------------------------------------------------------------ loss normalisation
+
+
+def test_official_preset_brings_the_official_loss_normalisation():
+    # D13: HF Trainer sums the GA micro-batch means (no ÷GA) ⇒ micro_batch_sum, winning over sft.loss_norm
+    official = compose(["sft/method=eksft_official", "sft.loss_norm=global_token_mean"]).sft
+    assert official.effective_loss_norm() == "micro_batch_sum"
+    assert compose(["sft/method=eksft", "sft.loss_norm=global_token_mean"]).sft.effective_loss_norm() == \
+        "global_token_mean"
+    overridden = EKSFTMethod(compat="official_code", loss_norm="micro_batch_mean")
+    assert SFTConfig(method=overridden).effective_loss_norm() == "micro_batch_mean"
+    assert SFTConfig(method=SFTMethod(loss_norm="global_token_mean")).effective_loss_norm() == "global_token_mean"
+    with pytest.raises(ConfigError, match="sft.method.loss_norm"):
+        build_loss(SFTMethod(loss_norm="token_sum"))
+
+
+# ------------------------------------------------------------------------------------------ stationary points
+
+_Z_REF = torch.tensor([2.0, 1.0, 0.5, -0.5, -1.5])
+
+
+def _entropy(probs: torch.Tensor) -> float:
+    return float(-(probs * probs.clamp(min=1e-300).log()).sum())
+
+
+def _regulariser_only(row: int, z_ref: torch.Tensor, **params) -> tuple[torch.Tensor, torch.Tensor]:
+    """(policy logits, reference logits) [1, 2, V] where the loss of labels [[-100, 0]] is the regulariser of row
+    ``row`` alone: ρ = 1 masks the only rankable row, so no CE term is left (paper: row 0; official alignment: the
+    label position, row 1, whose masking drops row 0's CE)."""
+    ref = torch.zeros(1, 2, z_ref.numel(), dtype=z_ref.dtype)
+    ref[0, row] = z_ref
+    _, metrics = compute_token_loss("eksft", ref.clone(), torch.tensor([[-100, 0]]), ref, rho=1.0, **params)
+    assert metrics["num_M"].item() == 1 and metrics["ce"].item() == 0.0
+    return ref.clone(), ref
+
+
+def test_paper_regulariser_fixed_point_is_the_tempered_reference():
+    # min_p −λ_H H(p) + λ_KL KL(p‖q) ⇒ p ∝ q^{λ_KL/(λ_H+λ_KL)} = softmax(z_ref · 0.7): gradient descent on the
+    # logits of one masked row, through the registry's loss, from p = q
+    params = dict(lambda_entropy=0.3, lambda_kl=0.7)
+    logits, ref = _regulariser_only(0, _Z_REF, **params)
+    labels = torch.tensor([[-100, 0]])
+    for _ in range(200):
+        logits.requires_grad_()
+        (grad,) = torch.autograd.grad(compute_token_loss("eksft", logits, labels, ref, rho=1.0, **params)[0], logits)
+        logits = (logits - 4.0 * grad).detach()
+    probs = logits[0, 0].softmax(-1)
+    torch.testing.assert_close(probs, (_Z_REF * 0.7).softmax(-1), atol=1e-5, rtol=0)
+    assert _entropy(probs) > _entropy(_Z_REF.softmax(-1)) + 0.2  # it raises entropy (equal λ: temperature 2)
+
+
+def _official_fixed_point(log_q: torch.Tensor, ratio: float) -> torch.Tensor:
+    """Solution of the official regulariser's stationarity condition ``log p_v + 2r p_v = r log q_v + μ`` (the
+    entropy ÷ ln V and Σp(p − log q) terms of one row in M_H ∩ M_KL, ``r = λ_KL ln V / λ_H``): Newton in
+    ``u = log p_v`` per entry, bisection on μ for Σp = 1."""
+    def probs(mu: float) -> torch.Tensor:
+        target = ratio * log_q + mu
+        u = torch.minimum(target, torch.zeros_like(target))
+        for _ in range(60):
+            slope = 2.0 * ratio * u.exp()
+            u = u - (u + slope - target) / (1.0 + slope)
+        return u.exp()
+
+    low, high = -ratio * float(log_q.max()) - 60.0, -ratio * float(log_q.max()) + 60.0
+    for _ in range(80):
+        middle = (low + high) / 2
+        low, high = (low, middle) if probs(middle).sum() > 1 else (middle, high)
+    return probs((low + high) / 2)
+
+
+def test_official_regulariser_fixed_point_sharpens_the_reference():
+    # On a row in M_H and M_KL the official terms are −(λ_H/ln V) H(p) + λ_KL Σ p (p − log q): stationary where
+    # p ∝ q^{r} e^{−2 r p}, r = λ_KL ln V / λ_H = ln V for equal λ, i.e. the reference at temperature ≈ 1/ln V.
+    vocab = 1000
+    z_ref = 3.0 * torch.randn(vocab, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    params = dict(lambda_entropy=0.05, lambda_kl=0.05, compat="official_code", dynamic_lambda=False)
+    fixed = _official_fixed_point(z_ref.log_softmax(-1), math.log(vocab))
+    labels = torch.tensor([[-100, 0]])
+    grad_norms = []
+    for z in (z_ref, fixed.log()):
+        logits, ref = _regulariser_only(1, z_ref, **params)
+        logits[0, 1] = z
+        logits.requires_grad_()
+        (grad,) = torch.autograd.grad(compute_token_loss("eksft", logits, labels, ref, rho=1.0, **params)[0], logits)
+        grad_norms.append(float(grad.norm()))
+    assert grad_norms[1] < 1e-4 * grad_norms[0]  # the registry's (fp32) gradient vanishes at the solved point
+    assert _entropy(fixed) < _entropy(z_ref.softmax(-1)) - 2.0  # 3.73 → 0.87 nats: sharpening
+    # the full preset (dynamic λ on) moves the same way under gradient descent from p = q
+    full = dict(lambda_entropy=0.05, lambda_kl=0.05, compat="official_code")
+    logits, ref = _regulariser_only(1, z_ref, **full)
+    for _ in range(100):
+        logits.requires_grad_()
+        (grad,) = torch.autograd.grad(compute_token_loss("eksft", logits, labels, ref, rho=1.0, **full)[0], logits)
+        logits = (logits - 20.0 * grad).detach()
+    assert _entropy(logits[0, 1].softmax(-1)) < _entropy(z_ref.softmax(-1)) - 0.5
+
+
+# ------------------------------------------------------------------------------------------ ablation fixes
+
+
+def _random_mask(labels: torch.Tensor, logits: torch.Tensor, step: int, **params) -> torch.Tensor:
+    lg = logits.clone().requires_grad_()
+    loss, metrics = compute_token_loss("eksft", lg, labels, logits, step=step, selection="random",
+                                       random_mask_ratio=0.25, lambda_entropy=0.0, lambda_kl=0.0, **params)
+    loss.backward()
+    return lg.grad[:, :-1].abs().sum(-1) == 0  # masked rows: no CE, λ = 0 ⇒ exactly zero gradient
+
+
+def test_random_mask_is_redrawn_every_step_and_fixed_per_step_and_sequence():
+    torch.manual_seed(7)
+    labels = torch.randint(0, 9, (2, 17))
+    logits = torch.randn(2, 17, 9)
+    masks = [_random_mask(labels, logits, step) for step in (0, 0, 1, 2)]
+    assert all(int(mask.sum()) == math.ceil(0.25 * 32) for mask in masks)
+    assert torch.equal(masks[0], masks[1])
+    assert not torch.equal(masks[0], masks[2]) and not torch.equal(masks[2], masks[3])
+    # per sequence: sequence 0's mask at step 3 does not depend on the sequence beside it
+    other = torch.cat([labels[:1], torch.randint(0, 9, (1, 17))])
+    kwargs = dict(selection_scope="sequence")
+    assert torch.equal(_random_mask(labels, logits, 3, **kwargs)[0], _random_mask(other, logits, 3, **kwargs)[0])
+
+
+def _chunked_pair(dtype_context, **eksft_params) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """(loss, hidden grad, weight grad) of sft and of eksft(**eksft_params) on the chunked head, same inputs."""
+    torch.manual_seed(8)
+    hidden, weight, ref_hidden = torch.randn(2, 9, 6), torch.randn(11, 6), torch.randn(2, 9, 6)
+    labels = torch.tensor([[-100, 1, 2, 3, 4, 5, 6, 7, 8], [-100, -100, -100, 9, 10, 0, -100, -100, -100]])
+    out = []
+    for method in (SFTMethod(), EKSFTMethod(**eksft_params)):
+        h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+        with dtype_context():
+            result = chunked_loss(build_loss(method), h, w, labels, chunk_size=4, ref_hidden=ref_hidden,
+                                  ref_head_weight=weight)
+        result.loss.backward()
+        out.append([result.loss.detach(), h.grad, w.grad])
+    return out[0], out[1]
+
+
+@pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16_autocast"])
+def test_rho_zero_equals_sft_bitwise_on_the_chunked_head(autocast):
+    def context():
+        return torch.autocast("cpu", dtype=torch.bfloat16) if autocast else torch.autocast("cpu", enabled=False)
+
+    sft, eksft = _chunked_pair(context, rho=0.0)
+    for a, b in zip(sft, eksft):
+        assert torch.equal(a, b)
+    # per-sequence selection averages the sequences' CE means instead: not SFT's token mean (9 ≠ 3 rows)
+    sft, per_sequence = _chunked_pair(context, rho=0.0, selection_scope="sequence")
+    assert not torch.equal(sft[0], per_sequence[0])
+
+
+# ------------------------------------------------------------------------------------------ newer baselines
+
+
+def test_sedsft_hand_values_and_gradient():
+    # V = 2, top_k = 1 (mass = max p), τ = 0.95; targets 0 with p = 0.5, 0.75, 0.99:
+    # rows 0, 1 flexible (0.5, 0.75 < 0.95), row 2 rigid; (p − ½)² = 0, 1/16, –.
+    labels = torch.tensor([[-100, 0, 0, 0]])
+    logits = torch.tensor([[[0.0, 0.0], [math.log(3.0), 0.0], [math.log(99.0), 0.0], [0.0, 0.0]]],
+                          requires_grad=True)
+    loss, metrics = compute_token_loss("sedsft", logits, labels, top_k=1, lambda_de=1.0, threshold=0.95)
+    ce = -(math.log(0.5) + math.log(0.75) + math.log(0.99)) / 3
+    assert loss.item() == pytest.approx(ce + (0.0 + 1 / 16) / 3, rel=1e-6)
+    assert metrics["sed_flexible_frac"].item() == pytest.approx(2 / 3)
+    loss.backward()
+    # row 1: CE (p − e_y)/3 = [−.25, .25]/3; DE 2(p_y − ½) p_y (e_y − p)/3 = .375·[.25, −.25]/3
+    torch.testing.assert_close(logits.grad[0, 1], torch.tensor([-0.15625, 0.15625]) / 3, rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(logits.grad[0, 2], torch.tensor([-0.01, 0.01]) / 3, rtol=1e-5, atol=1e-7)
+
+
+def test_eaft_weights_ce_by_normalised_top_k_entropy():
+    # V = 2, k = 2: w = H/ln 2: p = (½, ½) ⇒ w = 1; p = (¾, ¼) ⇒ H = 0.562335 ⇒ w = 0.811278
+    labels = torch.tensor([[-100, 0, 0]])
+    logits = torch.tensor([[[0.0, 0.0], [math.log(3.0), 0.0], [0.0, 0.0]]])
+    h = -(0.75 * math.log(0.75) + 0.25 * math.log(0.25))
+    for alpha in (1.0, 2.0):
+        loss, metrics = compute_token_loss("eaft", logits, labels, top_k=2, alpha=alpha)
+        expected = (LN2 + (h / LN2) ** alpha * -math.log(0.75)) / 2
+        assert loss.item() == pytest.approx(expected, rel=1e-6)
+    # top-2 of V = 3: p = (½, ¼, ¼) ⇒ softmax of the two largest logits = (⅔, ⅓) ⇒ H = 0.636514 ⇒ w = 0.918296
+    logits3 = torch.tensor([[[math.log(2.0), 0.0, 0.0], [0.0, 0.0, 0.0]]])
+    loss, metrics = compute_token_loss("eaft", logits3, torch.tensor([[-100, 0]]), top_k=2)
+    assert metrics["eaft_weight_mean"].item() == pytest.approx(0.918296, rel=1e-5)
+    assert loss.item() == pytest.approx(0.918296 * LN2, rel=1e-5)
+
+
+def test_highentropy_ce_only_on_the_top_rho_entropy_rows():
+    # 5 rows, margins 0, .5, 1, 2, 3 ⇒ entropy falls with the row; ρ = 0.4 ⇒ k = 2 ⇒ rows 0, 1, mean CE there
+    logits = _margin_logits([0.0, 0.5, 1.0, 2.0, 3.0, 0.0])
+    loss, metrics = compute_token_loss("highentropy", logits, torch.tensor([[-100, 0, 0, 0, 0, 0]]), rho=0.4)
+    expected = (LN2 - math.log(1 / (1 + math.exp(-0.5)))) / 2
+    assert loss.item() == pytest.approx(expected, rel=1e-6)
+    assert metrics["num_M_H"].item() == 2
+    loss.backward()
+    assert _zero_grad_rows(logits) == [2, 3, 4, 5]

@@ -4,7 +4,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pipeline.config.sft import SFT_METHOD_SCHEMAS, DFTMethod, EKSFTMethod, IWSFTMethod, GEMMethod, SFTMethod
+from pipeline.config.sft import (
+    SFT_METHOD_SCHEMAS,
+    DFTMethod,
+    EKSFTMethod,
+    GEMMethod,
+    HighEntropyMethod,
+    IWSFTMethod,
+    SFTMethod,
+)
 from sft import token_stats
 from sft.losses import DFTLoss, SFTLoss, build_loss
 from sft.token_stats import TokenWeights, chunked_loss, dense_loss, prediction_rows, row_terms
@@ -72,7 +80,8 @@ def test_rows_without_a_target_get_exactly_zero_hidden_gradient():
     has_target[:, :-1] = LABELS[:, 1:] != -100
     for name, schema in SFT_METHOD_SCHEMAS.items():
         h = hidden.clone().requires_grad_()
-        result = chunked_loss(build_loss(schema()), h, weight, LABELS, chunk_size=4, ref_hidden=ref_hidden,
+        method = HighEntropyMethod(rho=1.0) if schema is HighEntropyMethod else schema()  # ρ < 1 leaves rows out
+        result = chunked_loss(build_loss(method), h, weight, LABELS, chunk_size=4, ref_hidden=ref_hidden,
                               ref_head_weight=ref_weight, old_hidden=old_hidden, old_head_weight=weight)
         result.loss.backward()
         assert (h.grad[~has_target] == 0).all(), name
