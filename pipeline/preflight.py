@@ -50,10 +50,10 @@ STAGE_CHECKS = {
     "eval_rl": ("gpus", "vllm"),
     "report": (),
 }
-SFT_BYTES_PER_PARAM = 2 + 12
-"""An SFT run on disk: the bf16 export (2 B/param) and the newest checkpoint (fp32 weights + two Adam moments)."""
-RL_BYTES_PER_PARAM = 2
-"""An RL run's merged bf16 export; plus ``rl.max_checkpoints_to_keep`` × 12 B/param of verl checkpoints."""
+EXPORT_BYTES_PER_PARAM = 2
+"""An SFT or RL run's bf16 HF export."""
+CHECKPOINT_BYTES_PER_PARAM = 12
+"""One training checkpoint: fp32 weights and two fp32 Adam moments (SFT's and verl's alike)."""
 HUB_BYTES_PER_PARAM = 2
 """A base model's bf16 safetensors in the HF cache."""
 OFFLINE_HINT = "download it where the hub answers and copy the HF cache here with HF_HUB_OFFLINE=1 set"
@@ -307,10 +307,10 @@ def model_parameters(cfg: "Config") -> int | None:
 
 
 def estimate_bytes(commands: Iterable["StageCommand"]) -> dict[str, int]:
-    """Bytes the pending ``commands`` write: per SFT run P × :data:`SFT_BYTES_PER_PARAM`, per RL run
-    P × (:data:`RL_BYTES_PER_PARAM` + 12 × ``rl.max_checkpoints_to_keep``), per uncached hub base model
-    P × :data:`HUB_BYTES_PER_PARAM` (P = :func:`model_parameters`; models of unknown size count 0).
-    Keys: ``run_root`` and ``hf_cache``."""
+    """Bytes the pending ``commands`` write: per SFT run P × (2 + 12 × ``sft.keep_checkpoints``), per RL run
+    P × (2 + 12 × ``rl.max_checkpoints_to_keep``) (:data:`EXPORT_BYTES_PER_PARAM`,
+    :data:`CHECKPOINT_BYTES_PER_PARAM`), per uncached hub base model P × :data:`HUB_BYTES_PER_PARAM`
+    (P = :func:`model_parameters`; models of unknown size count 0). Keys: ``run_root`` and ``hf_cache``."""
     totals = {"run_root": 0, "hf_cache": 0}
     cached: set[str] = set()
     for command in commands:
@@ -318,10 +318,9 @@ def estimate_bytes(commands: Iterable["StageCommand"]) -> dict[str, int]:
         if cfg.model.source != "hub":
             continue
         params = model_parameters(cfg) or 0
-        if command.stage == "sft":
-            totals["run_root"] += params * SFT_BYTES_PER_PARAM * max(1, len(command.runs))
-        elif command.stage == "rl":
-            totals["run_root"] += params * (RL_BYTES_PER_PARAM + 12 * cfg.rl.max_checkpoints_to_keep)
+        checkpoints = {"sft": cfg.sft.keep_checkpoints, "rl": cfg.rl.max_checkpoints_to_keep}.get(command.stage)
+        if checkpoints is not None:
+            totals["run_root"] += params * (EXPORT_BYTES_PER_PARAM + CHECKPOINT_BYTES_PER_PARAM * checkpoints)
         path = cfg.model.path
         if not looks_local(path) and not in_hub_cache(path, "model") and path not in cached:
             cached.add(path)

@@ -233,8 +233,8 @@ def test_disk_estimate_counts_pending_sft_and_rl_runs():
     commands = [SimpleNamespace(stage="sft", config=cfg, runs=[object()]),
                 SimpleNamespace(stage="rl", config=cfg, runs=[object()]),
                 SimpleNamespace(stage="eval_sft", config=cfg, runs=[object()])]
-    keep = cfg.rl.max_checkpoints_to_keep
-    assert preflight.estimate_bytes(commands) == {"run_root": 4_000_000_000 * (14 + 2 + 12 * keep),
+    assert (cfg.sft.keep_checkpoints, cfg.rl.max_checkpoints_to_keep) == (2, 2)
+    assert preflight.estimate_bytes(commands) == {"run_root": 4_000_000_000 * ((2 + 24) + (2 + 24)),
                                                   "hf_cache": 4_000_000_000 * 2}
 
 
