@@ -9,7 +9,16 @@ import pytest
 from eval import report
 from eval.sweep import Sweep, find_sweeps
 from pipeline.config import compose
-from pipeline.config.sft import SFT_METHOD_SCHEMAS, EKSFTMethod, GEMMethod, IWSFTMethod
+from pipeline.config.sft import (
+    SFT_METHOD_SCHEMAS,
+    EAFTMethod,
+    EKSFTMethod,
+    GEMMethod,
+    HighEntropyMethod,
+    IWSFTMethod,
+    SEDSFTMethod,
+    SFTMethod,
+)
 from pipeline.manifest import Manifest, write_manifest
 from pipeline.paths import eval_dir, method_label, parse_method_label
 
@@ -25,6 +34,8 @@ def test_default_labels_round_trip(name):
     EKSFTMethod(dynamic_lambda=True), EKSFTMethod(dynamic_lambda_factor=0.1),  # one field name prefixes the other
     EKSFTMethod(compat="official_code", kl_formula="true_kl"),  # values with underscores
     EKSFTMethod(kl_eps=1e-05, random_mask_seed=3), IWSFTMethod(level="token", temp=0.5), GEMMethod(h="logsigmoid"),
+    EKSFTMethod(compat="official_code", loss_norm="micro_batch_mean"), SFTMethod(loss_norm="global_token_mean"),
+    SEDSFTMethod(top_k=10, threshold=0.7), EAFTMethod(alpha=0.5), HighEntropyMethod(rho=0.1),
 ])
 def test_sweep_point_labels_round_trip(method):
     label = method_label(method)
