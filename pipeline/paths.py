@@ -265,7 +265,7 @@ def sft_run(cfg: Config, label: str | None = None) -> RunSpec:
     tokens = tokens_run(cfg)
     base, base_input = base_model_identity(cfg)
     config = {"sft": computation_config(cfg.sft), "model": computation_config(cfg.model), "base": base,
-              "tokens": tokens.directory.name, "seed": cfg.seed,
+              "tokens": tokens.directory.name, "seed": cfg.seed, "device": cfg.profile.device,
               "world_size": cfg.profile.nproc_per_node * cfg.profile.nnodes}
     folder = run_folder(method_label(cfg.sft.method), config)
     return RunSpec("sft", f"{cfg.model.name}/{folder}", training_dir(cfg) / "sft" / cfg.model.name / folder,
@@ -312,7 +312,7 @@ def eval_run(cfg: Config, phase: str, variant: str, benchmark: str) -> RunSpec:
     protocol = {"n": e.n, "n_per_benchmark": dict(e.n_per_benchmark), "temperature": e.temperature, "top_p": e.top_p,
                 "max_tokens": e.max_tokens, "max_problems": e.max_problems, "backend": e.backend,
                 "max_model_len": e.max_model_len, "tensor_parallel_size": e.tensor_parallel_size,
-                "enforce_eager": e.enforce_eager, "dtype": cfg.model.dtype}
+                "enforce_eager": e.enforce_eager, "dtype": cfg.model.dtype, "device": cfg.profile.device}
     shared = {"protocol": protocol, "model": model, "data": data.directory.name, "seed": cfg.seed}
     folder = run_folder(variant, shared)
     directory = experiment_dir(cfg) / "eval" / cfg.model.name / phase / folder / benchmark
