@@ -107,7 +107,7 @@ class EKSFTMethod(SFTMethod):
     random_mask_ratio: float = 0.1
     """Fraction of tokens masked uniformly at random when ``selection=random`` (count rounded by ``k_rounding``)."""
     random_mask_seed: int = 0
-    """Seed of the random mask; each group's mask is drawn from a generator seeded by this and a hash of its token ids."""
+    """Seed of the random mask, redrawn every optimiser step from generators seeded by (this, step, hash of each sequence)."""
     global_regularisation: bool = False
     """Ablation: CE on all tokens and both regularisers on all tokens (no selection)."""
     compat: str = "paper"
