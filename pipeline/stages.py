@@ -92,8 +92,8 @@ def _sft_settings(cfg: Config) -> dict[str, object]:
     s = cfg.sft
     return {"method": vars(s.method), "lr": s.lr, "schedule": f"{s.lr_schedule} warmup {s.warmup_ratio}",
             "batch": f"{s.micro_batch_size} x GA {s.grad_accum} x {cfg.profile.nproc_per_node * cfg.profile.nnodes} ranks",
-            "epochs": s.epochs, "max_steps": s.max_steps, "loss_norm": s.loss_norm, "cutoff": cfg.data.max_length,
-            "precision": s.mixed_precision}
+            "epochs": s.epochs, "max_steps": s.max_steps, "loss_norm": s.effective_loss_norm(),
+            "cutoff": cfg.data.max_length, "precision": s.mixed_precision}
 
 
 def _eval_settings(cfg: Config) -> dict[str, object]:
