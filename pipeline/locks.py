@@ -41,8 +41,8 @@ class DirectoryLock:
             holder = _read_holder(fd)
             os.close(fd)
             raise LockHeld(f"{self.path.parent} is being written by PID {holder.get('pid', '?')} on host "
-                           f"{holder.get('host', '?')} since {holder.get('since', '?')} "
-                           f"({holder.get('what', '?')}: {holder.get('command', '?')}); wait for it or stop it") from None
+                           f"{holder.get('host', '?')} since {holder.get('since', '?')} ({holder.get('what', '?')}: "
+                           f"{holder.get('command', '?')}); wait for it or stop it") from None
         previous = _read_holder(fd)
         if previous:
             self.announce(f"[lock] taking over {self.path}: its writer (PID {previous.get('pid')} on "

@@ -4,8 +4,9 @@ Builds the experiment's stage plan (pipeline/stages.py) and runs it in order, ho
 command whose runs are all current by the run contract's rule (``pipeline.manifest.run_state``: complete, same
 identity, inputs and outputs unchanged) is skipped without starting a process; any other command is started and
 the stage resumes or restarts by the same rule. A failed stage stops the run with its reason and leaves every other
-folder intact; Ctrl-C, SIGTERM and SIGHUP stop every running stage's process group. ``dry_run=true`` prints every stage, its exact command and
-its resolved settings, and runs nothing. Hydra multirun (``-m``) sweeps run one full plan per point.
+folder intact; Ctrl-C, SIGTERM and SIGHUP stop every running stage's process group. ``dry_run=true`` prints every
+stage, its exact command and its resolved settings, and runs nothing. Hydra multirun (``-m``) sweeps run one full
+plan per point.
 """
 from __future__ import annotations
 

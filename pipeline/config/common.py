@@ -76,8 +76,9 @@ class ExperimentConfig:
     run_root: str = "runs"
     """Folder holding every run directory (``<run_root>/<experiment>/<stage>/<variant>``)."""
     train_in: str = ""
-    """Experiment folder that holds the data, tokens and SFT runs (default: this experiment's own). Table 2 trains in
-    ``table1``, so ``reproduce-table2`` after ``reproduce-table1`` reuses every SFT checkpoint whose identity matches."""
+    """Experiment folder that holds the data, tokens and SFT runs (default: this experiment's own). Table 2 trains
+    in ``table1``, so ``reproduce-table2`` after ``reproduce-table1`` reuses every SFT checkpoint whose identity
+    matches."""
     seeds: list[int] = field(default_factory=list)
     """Seeds of a multi-seed experiment: every SFT, RL and evaluation command runs once per seed (``seed=<s>``),
     each in its own folders, and the report aggregates them. Empty: the single top-level ``seed``."""
