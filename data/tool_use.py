@@ -1,0 +1,312 @@
+"""Tool-use training rows: the AceBench loader, a synthetic tool-use set, and SFT examples in the model's own
+tool-calling chat template.
+
+A tool-use row (what the loader and the generator both produce; ``tools``/``calls`` are JSON text so that parquet
+needs no schema for arbitrary function documents)::
+
+    id        : str                      e.g. "normal_single_turn_single_function_3" or "synthetic-simple-17"
+    source    : str                      acebench | synthetic
+    category  : str                      the source's category (AceBench file stem, or simple/multiple/parallel/...)
+    messages  : [{"role", "content"}]    the prompt turns: an optional system turn, then one user turn
+    tools     : str                      JSON list of function documents {"name", "description", "parameters"}
+    calls     : str                      JSON list of gold calls [{"name", "arguments": {...}}]; [] = no call
+    reply     : str                      the gold text answer when calls is [] (an irrelevant request), else ""
+
+SFT example (:func:`build_tool_sft_example`), with ``T`` = ``tokenizer.apply_chat_template`` given
+``tools=[{"type": "function", "function": f} for f in tools]``::
+
+    prompt   = T(messages, add_generation_prompt=True)
+    full     = T(messages + [assistant(tool_calls=calls, content=reply)])          (full starts with prompt)
+    response = full[len(prompt):] up to and including the first end-of-turn token
+    labels   = [-100] * len(tokens(prompt)) + tokens(response)
+
+so the calls are written by the model's own template (Qwen3: ``<tool_call>\\n{"name": ..., "arguments": ...}\\n
+</tool_call>``, preceded by the empty ``<think>\\n\\n</think>\\n\\n`` block its template writes for the last turn)
+and only the assistant turn is supervised.
+
+AceBench (Chen et al. 2025, github.com/ACEBench/ACEBench, ``data_all/data_en``): each category is a JSON-lines file
+``data_<category>.json`` of ``{"id", "question": "user: ...", "function": [...], "time": str, "profile"?: str}``
+with ``possible_answer/data_<category>.json`` of ``{"id", "ground_truth"}``: a ``{function_name: arguments}``
+mapping (a name called twice is written ``name_1``, ``name_2``) or, for ``special_irrelevant``, the refusal text.
+The hub copy ``oliveirabruno01/acebench`` (config ``en``, splits normal/special/agent) holds the same fields with
+``function`` and the ground truth (``rubric``) as JSON text; :func:`acebench_row` reads both encodings, so a local
+file and the hub go through the same code.
+"""
+from __future__ import annotations
+
+import json
+import random
+import re
+from typing import Any, Iterable, Mapping, Sequence
+
+from data.formatting import IGNORE_INDEX, PromptTooLongError, SFTExample
+from pipeline.models import end_of_turn_token
+
+TOOL_ROW_COLUMNS = ("id", "source", "category", "messages", "tools", "calls", "reply")
+ACEBENCH_HUB_ID = "oliveirabruno01/acebench"
+ACEBENCH_HUB_CONFIG = "en"
+ACEBENCH_SINGLE_TURN = ("normal_single_turn_single_function", "normal_single_turn_parallel_function",
+                        "normal_similar_api", "normal_preference", "normal_atom_bool", "normal_atom_enum",
+                        "normal_atom_number", "normal_atom_list", "normal_atom_object_deep",
+                        "normal_atom_object_short", "special_irrelevant")
+"""AceBench categories with one user turn and a gold answer that is calls or a refusal: the SFT set. The multi-turn,
+agent and special_incomplete/error_param categories need a dialogue or a clarifying question and are left out."""
+_ROLE_PREFIX = re.compile(r"^(user|system|assistant|tool):\s?", re.MULTILINE)
+_REPEAT_SUFFIX = re.compile(r"^(.+)_(\d+)$")
+
+
+class InvalidToolRowError(ValueError):
+    """A tool-use source row that cannot become a training row; the message names the row id and the field."""
+
+    def __init__(self, row_id: str, field: str, reason: str):
+        super().__init__(f"row {row_id!r}: field '{field}' {reason}")
+        self.row_id, self.field, self.reason = row_id, field, reason
+
+
+def _json_field(value: Any) -> Any:
+    """A field that the hub copy stores as JSON text and the original files as JSON values."""
+    return json.loads(value) if isinstance(value, str) else value
+
+
+def _user_turn(row_id: str, question: str) -> str:
+    """The single user turn of an AceBench ``question`` (``"user: ..."``); more turns are an error."""
+    turns = list(_ROLE_PREFIX.finditer(question))
+    if len(turns) != 1 or turns[0].group(1) != "user" or question[:turns[0].start()].strip():
+        raise InvalidToolRowError(row_id, "question", f"must be one 'user:' turn; got roles "
+                                  f"{[t.group(1) for t in turns]}")
+    text = question[turns[0].end():].strip()
+    if not text:
+        raise InvalidToolRowError(row_id, "question", "has an empty user turn")
+    return text
+
+
+def _calls_from_ground_truth(row_id: str, truth: Mapping[str, Any], names: set[str]) -> list[dict[str, Any]]:
+    """``{name or name_<k>: arguments}`` → ``[{"name", "arguments"}]`` in the file's order."""
+    calls = []
+    for key, arguments in truth.items():
+        name = key
+        if key not in names and (match := _REPEAT_SUFFIX.match(key)) and match.group(1) in names:
+            name = match.group(1)
+        if name not in names:
+            raise InvalidToolRowError(row_id, "ground_truth", f"calls {key!r}, which is not among the functions "
+                                      f"{sorted(names)}")
+        if not isinstance(arguments, Mapping):
+            raise InvalidToolRowError(row_id, f"ground_truth.{key}", f"must be an argument mapping; got {arguments!r}")
+        calls.append({"name": name, "arguments": dict(arguments)})
+    return calls
+
+
+def acebench_row(row: Mapping[str, Any], ground_truth: Any, category: str) -> dict[str, Any]:
+    """One AceBench row and its ground truth (mapping of calls, or the refusal text) as a tool-use row."""
+    row_id = str(row.get("id", ""))
+    if not row_id:
+        raise InvalidToolRowError("?", "id", "is missing")
+    functions = _json_field(row.get("function"))
+    if not isinstance(functions, list) or not functions or not all(
+            isinstance(f, Mapping) and isinstance(f.get("name"), str) for f in functions):
+        raise InvalidToolRowError(row_id, "function", "must be a non-empty list of {name, description, parameters}")
+    question = row.get("question")
+    if not isinstance(question, str):
+        raise InvalidToolRowError(row_id, "question", f"must be a string; got {type(question).__name__}")
+    context = [str(row[key]).strip() for key in ("time", "profile") if row.get(key) and str(row[key]).strip()]
+    messages = ([{"role": "system", "content": "\n".join(context)}] if context else []) + \
+        [{"role": "user", "content": _user_turn(row_id, question)}]
+    truth = _json_field(ground_truth) if isinstance(ground_truth, str) and ground_truth.lstrip().startswith("{") \
+        else ground_truth
+    if isinstance(truth, str):
+        calls, reply = [], truth.strip()
+        if not reply:
+            raise InvalidToolRowError(row_id, "ground_truth", "is an empty answer")
+    elif isinstance(truth, Mapping) and truth:
+        calls, reply = _calls_from_ground_truth(row_id, truth, {f["name"] for f in functions}), ""
+    else:
+        raise InvalidToolRowError(row_id, "ground_truth", f"must be a mapping of calls or a text answer; got {truth!r}")
+    return {"id": row_id, "source": "acebench", "category": category, "messages": messages,
+            "tools": json.dumps(list(functions)), "calls": json.dumps(calls), "reply": reply}
+
+
+def acebench_category(row_id: str) -> str:
+    """``normal_atom_bool_12`` → ``normal_atom_bool`` (the id minus its trailing index)."""
+    return _REPEAT_SUFFIX.match(row_id).group(1) if _REPEAT_SUFFIX.match(row_id) else row_id
+
+
+def acebench_rows(rows: Iterable[Mapping[str, Any]], answers: Mapping[str, Any] | None = None,
+                  categories: Sequence[str] = ACEBENCH_SINGLE_TURN) -> tuple[list[dict[str, Any]], dict[str, int]]:
+    """Tool-use rows from AceBench rows of ``categories``, and the number of rows left out per reason.
+
+    ``answers`` maps ids to ground truths (the original layout's ``possible_answer`` files); without it each row's
+    own ``rubric`` (hub copy) or ``ground_truth`` field is used.
+    """
+    out: list[dict[str, Any]] = []
+    skipped: dict[str, int] = {}
+    for row in rows:
+        category = row.get("sub_category") or acebench_category(str(row.get("id", "")))
+        if category not in categories:
+            skipped[f"category {category}"] = skipped.get(f"category {category}", 0) + 1
+            continue
+        truth = answers.get(row["id"]) if answers is not None else row.get("rubric", row.get("ground_truth"))
+        if truth is None:
+            raise InvalidToolRowError(str(row.get("id")), "ground_truth", "is missing")
+        out.append(acebench_row(row, truth, category))
+    return out, skipped
+
+
+def read_jsonl(path) -> list[dict[str, Any]]:
+    """A JSON-lines file (AceBench's ``.json`` files are JSON lines) through ``datasets``, as a list of dicts."""
+    from datasets import load_dataset
+
+    return list(load_dataset("json", data_files=str(path), split="train"))
+
+
+def load_acebench_local(data_dir, categories: Sequence[str] = ACEBENCH_SINGLE_TURN):
+    """The original layout: ``<data_dir>/data_<c>.json`` and ``<data_dir>/possible_answer/data_<c>.json``."""
+    from pathlib import Path
+
+    data_dir = Path(data_dir)
+    rows, answers = [], {}
+    for category in categories:
+        rows.extend(read_jsonl(data_dir / f"data_{category}.json"))
+        answers.update({a["id"]: a["ground_truth"] for a in read_jsonl(data_dir / "possible_answer"
+                                                                       / f"data_{category}.json")})
+    return acebench_rows(rows, answers, categories)
+
+
+def load_acebench_hub(hub_id: str = ACEBENCH_HUB_ID, revision: str | None = None,
+                      splits: Sequence[str] = ("normal", "special"),
+                      categories: Sequence[str] = ACEBENCH_SINGLE_TURN):
+    """The hub copy (``load_dataset(hub_id, "en", split=...)``, rubric inline) through :func:`acebench_rows`."""
+    from datasets import load_dataset
+
+    rows: list[Mapping[str, Any]] = []
+    for split in splits:
+        rows.extend(load_dataset(hub_id, ACEBENCH_HUB_CONFIG, split=split, revision=revision or None))
+    return acebench_rows(rows, None, categories)
+
+
+def chat_tools(tools_json: str) -> list[dict[str, Any]]:
+    """The ``tools=`` argument of ``apply_chat_template``: OpenAI-style ``{"type": "function", "function": f}``."""
+    return [{"type": "function", "function": f} for f in json.loads(tools_json)]
+
+
+def assistant_turn(calls_json: str, reply: str) -> dict[str, Any]:
+    """The gold assistant message: ``tool_calls`` (arguments as mappings) or the text reply."""
+    calls = json.loads(calls_json)
+    if not calls:
+        return {"role": "assistant", "content": reply}
+    return {"role": "assistant", "content": "",
+            "tool_calls": [{"type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
+                           for c in calls]}
+
+
+def build_tool_sft_example(tokenizer, row: Mapping[str, Any], max_length: int) -> SFTExample:
+    """Token ids and labels (-100 on the prompt) of one tool-use row (formula in the module doc)."""
+    tools = chat_tools(row["tools"])
+    messages = [dict(m) for m in row["messages"]]
+    prompt_text = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
+    full_text = tokenizer.apply_chat_template(messages + [assistant_turn(row["calls"], row["reply"])], tools=tools,
+                                              tokenize=False)
+    if not full_text.startswith(prompt_text):
+        raise ValueError(f"row {row['id']!r}: the chat template does not extend the generation prompt with the "
+                         f"assistant turn, so the response cannot be cut out of it")
+    eot = end_of_turn_token(tokenizer)
+    rest = full_text[len(prompt_text):]
+    if eot not in rest:
+        raise ValueError(f"row {row['id']!r}: no end-of-turn token {eot!r} after the assistant turn")
+    response_text = rest[:rest.index(eot) + len(eot)]
+    prompt_ids = tokenizer.encode(prompt_text, add_special_tokens=False)
+    response_ids = tokenizer.encode(response_text, add_special_tokens=False)
+    if len(prompt_ids) >= max_length:
+        raise PromptTooLongError(f"prompt has {len(prompt_ids)} tokens, max_length is {max_length}")
+    room = max_length - len(prompt_ids)
+    truncated = len(response_ids) > room
+    response_ids = response_ids[:room]
+    return SFTExample(input_ids=prompt_ids + response_ids, labels=[IGNORE_INDEX] * len(prompt_ids) + response_ids,
+                      num_response_tokens=len(response_ids), truncated=truncated)
+
+
+# ---- the synthetic tool-use set (the CPU path): the project's own functions, never BFCL's questions ----------------
+
+def _fn(name: str, description: str, params: dict[str, tuple[str, str]], required: Sequence[str]) -> dict[str, Any]:
+    """A function document in BFCL's dialect (``"type": "dict"``; types string/integer/float/boolean)."""
+    return {"name": name, "description": description,
+            "parameters": {"type": "dict", "required": list(required),
+                           "properties": {p: {"type": t, "description": d} for p, (t, d) in params.items()}}}
+
+
+SYNTHETIC_FUNCTIONS = {
+    "plant_watering_schedule": _fn("plant_watering_schedule", "Plan how often to water a house plant.",
+                                   {"species": ("string", "Common name of the plant."),
+                                    "pot_litres": ("float", "Pot volume in litres.")}, ["species", "pot_litres"]),
+    "bike_route_length": _fn("bike_route_length", "Length in kilometres of the cycle route between two towns.",
+                             {"start": ("string", "Town where the ride starts."),
+                              "end": ("string", "Town where the ride ends."),
+                              "avoid_hills": ("boolean", "Prefer flat roads.")}, ["start", "end"]),
+    "library_renew_book": _fn("library_renew_book", "Renew a borrowed library book.",
+                              {"card_number": ("integer", "Library card number."),
+                               "weeks": ("integer", "Extra weeks of loan.")}, ["card_number", "weeks"]),
+    "recipe_scale": _fn("recipe_scale", "Scale a recipe to a number of servings.",
+                        {"dish": ("string", "Name of the dish."),
+                         "servings": ("integer", "Servings wanted.")}, ["dish", "servings"]),
+    "paint_needed": _fn("paint_needed", "Litres of paint needed for a wall.",
+                        {"wall_m2": ("float", "Wall area in square metres."),
+                         "coats": ("integer", "Number of coats.")}, ["wall_m2", "coats"]),
+}
+_SPECIES = ["fern", "cactus", "basil", "orchid", "ivy", "monstera"]
+_TOWNS = ["Aldham", "Brixby", "Cotwell", "Dunmere", "Elsworth", "Fenbury", "Glenrow"]
+_DISHES = ["lentil soup", "apple crumble", "fish pie", "risotto", "flatbread"]
+_REQUESTS = {
+    "plant_watering_schedule": (lambda r: {"species": r.choice(_SPECIES), "pot_litres": r.choice([0.5, 1.5, 2.0, 3.5])},
+                                "How often should I water my {species}? It sits in a {pot_litres} litre pot."),
+    "bike_route_length": (lambda r: dict(zip(("start", "end"), r.sample(_TOWNS, 2))),
+                          "How long is the cycle route from {start} to {end}?"),
+    "library_renew_book": (lambda r: {"card_number": r.randint(10000, 99999), "weeks": r.randint(1, 4)},
+                           "Please renew my book on card {card_number} for {weeks} more weeks."),
+    "recipe_scale": (lambda r: {"dish": r.choice(_DISHES), "servings": r.randint(2, 12)},
+                     "Scale the {dish} recipe to {servings} servings."),
+    "paint_needed": (lambda r: {"wall_m2": r.choice([8.0, 12.5, 20.0, 31.0]), "coats": r.randint(1, 3)},
+                     "How much paint for a {wall_m2} square metre wall with {coats} coats?"),
+}
+_IRRELEVANT_REQUESTS = ["Write a two-line poem about the sea.", "Who painted the ceiling of the Sistine Chapel?",
+                        "Tell me a joke about penguins.", "What does the word 'ephemeral' mean?",
+                        "Summarise the plot of a detective story in one sentence.",
+                        "Which is larger, a blue whale or an elephant?"]
+SYNTHETIC_REFUSAL = "None of the available functions can help with this request."
+SYNTHETIC_CATEGORIES = ("simple", "multiple", "parallel", "parallel_multiple", "irrelevance")
+"""The BFCL-like kinds the generator draws uniformly: one function/one call, several functions/one call, one
+function/two calls, several functions/two calls of different functions, and a request no function serves."""
+
+
+def synthetic_tool_rows(num_rows: int, seed: int) -> list[dict[str, Any]]:
+    """``num_rows`` tool-use rows drawn with ``random.Random(seed)``; each also carries ``possible_answer``: the gold
+    calls in BFCL's possible-answer form ``[{name: {param: [value]}}]`` so BFCL's checker can score held-out rows."""
+    rng = random.Random(seed)
+    names = sorted(SYNTHETIC_FUNCTIONS)
+    rows = []
+    for index in range(num_rows):
+        category = SYNTHETIC_CATEGORIES[index % len(SYNTHETIC_CATEGORIES)]
+        if category in ("simple", "parallel"):
+            called = [rng.choice(names)] * (1 if category == "simple" else 2)
+            offered = called[:1]
+        elif category == "multiple":
+            offered = rng.sample(names, 3)
+            called = [rng.choice(offered)]
+        elif category == "parallel_multiple":
+            offered = rng.sample(names, 3)
+            called = rng.sample(offered, 2)
+        else:
+            offered, called = rng.sample(names, 2), []
+        calls, sentences = [], []
+        for name in called:
+            draw, template = _REQUESTS[name]
+            arguments = draw(rng)
+            calls.append({"name": name, "arguments": arguments})
+            sentences.append(template.format(**arguments))
+        request = " Also, ".join([sentences[0]] + [s[0].lower() + s[1:] for s in sentences[1:]]) if calls \
+            else rng.choice(_IRRELEVANT_REQUESTS)
+        rows.append({"id": f"synthetic-{category}-{index}", "source": "synthetic", "category": category,
+                     "messages": [{"role": "user", "content": request}],
+                     "tools": json.dumps([SYNTHETIC_FUNCTIONS[n] for n in offered]),
+                     "calls": json.dumps(calls), "reply": "" if calls else SYNTHETIC_REFUSAL,
+                     "possible_answer": json.dumps([{c["name"]: {k: [v] for k, v in c["arguments"].items()}}
+                                                    for c in calls])})
+    return rows
