@@ -31,6 +31,7 @@ import sys
 import threading
 import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable
@@ -192,7 +193,7 @@ def looks_local(path: str) -> bool:
 
 def hub_problems(check: str, repos: list[tuple[str, str, str]], fix: str) -> list[Problem]:
     """``repos``: (config key, repo id, model|dataset) that must come from the hub. Cached ones pass; offline, the
-    rest fail; online, each is probed (a network error stops probing: the hub is down for all of them)."""
+    rest fail; online, the rest are probed at once (one network error stands for all: the hub is unreachable)."""
     missing = [(key, repo_id, kind) for key, repo_id, kind in repos if not in_hub_cache(repo_id, kind)]
     if not missing:
         return []
@@ -201,16 +202,14 @@ def hub_problems(check: str, repos: list[tuple[str, str, str]], fix: str) -> lis
         return [Problem(check, f"{names}: not in the HF cache ({hub_cache_dir()}) and the hub is off "
                                "(HF_HUB_OFFLINE)", fix)]
     endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
-    problems = []
-    for key, repo_id, kind in missing:
-        answer = probe(f"{endpoint}/api/{kind}s/{repo_id}")
-        if isinstance(answer, str):
-            return problems + [Problem(check, f"{names}: not in the HF cache and {endpoint} does not answer "
-                                              f"({answer})", fix)]
-        if answer >= 400:
-            problems.append(Problem(check, f"{key}={repo_id}: the hub answers HTTP {answer} (no such {kind}, or "
-                                           "a gated one)", f"check {key}, or log in (huggingface-cli login)"))
-    return problems
+    with ThreadPoolExecutor(len(missing)) as pool:
+        answers = list(pool.map(probe, [f"{endpoint}/api/{kind}s/{repo_id}" for _, repo_id, kind in missing]))
+    errors = [answer for answer in answers if isinstance(answer, str)]
+    if errors:
+        return [Problem(check, f"{names}: not in the HF cache and {endpoint} does not answer ({errors[0]})", fix)]
+    return [Problem(check, f"{key}={repo_id}: the hub answers HTTP {answer} (no such {kind}, or a gated one)",
+                    f"check {key}, or log in (huggingface-cli login)")
+            for (key, repo_id, kind), answer in zip(missing, answers) if answer >= 400]
 
 
 def model_paths(cfg: "Config", stage: str) -> list[tuple[str, str]]:

@@ -129,11 +129,12 @@ def test_cached_hub_model_passes_offline(tmp_path, monkeypatch):
     assert preflight.check_model(paper(), "sft") == []
 
 
-def test_unreachable_hub_is_probed_once_and_hints_at_local_data(monkeypatch):
+def test_unreachable_hub_is_one_problem_that_hints_at_local_data(monkeypatch):
     urls = []
     monkeypatch.setattr(preflight, "probe", lambda url, timeout=0: urls.append(url) or "Name or service not known")
     problem = only(preflight.check_data(paper()), "data")
-    assert len(urls) == 1  # one failed answer stands for the whole hub
+    assert len(urls) == 5  # the training set and 4 benchmarks, probed at once
+    assert "https://huggingface.co/api/datasets/Elliott/Openr1-Math-46k-8192" in urls
     assert "data.hub_id=Elliott/Openr1-Math-46k-8192" in problem.message
     assert "data.benchmarks.aime24.hub_id=HuggingFaceH4/aime_2024" in problem.message
     assert "does not answer (Name or service not known)" in problem.message
