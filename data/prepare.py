@@ -27,8 +27,8 @@ from data.formatting import verl_row
 from data.loading import LoadedRows, load_rows
 from data.schema import problem_key, problem_text, system_prompt
 from data.split import ids_digest, split_rows
-from data.toy import world
-from pipeline.config import Config, ConfigError, stage_main
+from data.toy import world, worlds
+from pipeline.config import Config, stage_main
 from pipeline.manifest import Manifest, read_manifest, sha256_path, sha256_text, stage_run
 from pipeline.paths import data_run
 from pipeline.seeding import derive_seed
@@ -38,8 +38,7 @@ TOY_ROWS = "source/toy_rows.jsonl"
 
 def write_toy_rows(cfg: Config, path: Path) -> None:
     toy = cfg.toy
-    rows = world.training_rows(toy.num_rows, derive_seed(toy.world_seed, "rows"), toy.min_terms, toy.max_terms,
-                               dict(toy.row_style_weights))
+    rows = worlds.training_rows(toy, derive_seed(toy.world_seed, "rows"))
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", encoding="utf-8") as handle:
         for row in rows:
@@ -64,12 +63,9 @@ def benchmark_system_prompt(cfg: Config, loaded: LoadedRows) -> tuple[str | None
 
 
 def toy_benchmark_records(cfg: Config, name: str) -> list[dict]:
-    kind = name.removeprefix("toy_")
-    if not name.startswith("toy_") or kind not in ("add", "mixed"):
-        raise ConfigError(f"data.benchmarks.{name}: toy benchmarks are toy_add or toy_mixed")
     toy = cfg.toy
     seed = derive_seed(toy.world_seed, f"benchmark-{name}")
-    problems = world.benchmark_problems(kind, toy.num_benchmark_problems, seed, toy.min_terms, toy.max_terms)
+    problems = worlds.benchmark_problems(toy, name, toy.num_benchmark_problems, seed)
     rng = random.Random(seed)
     return [{"id": f"{name}-{i:03d}", "problem": world.question(p, rng), "answer": str(p.answer),
              "answer_raw": str(p.answer)} for i, p in enumerate(problems)]

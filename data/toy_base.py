@@ -5,7 +5,8 @@
 Writes a standard HF folder (safetensors, tokenizer with chat template, generation config whose eos is the
 template's ``<|im_end|>``) to ``toy_base_dir(cfg)/hf`` and a manifest to ``toy_base_dir(cfg)``. The folder is keyed
 by the hash of the ``toy`` config, so re-runs and other experiments reuse it; an interrupted run resumes from its
-last checkpoint.
+last checkpoint. With ``toy.world=forking`` the manifest also holds the base model's entropy profile on its own
+samples (mean H at the fork, on digits, elsewhere) and each strategy's share per family (docs/toy_world.md).
 """
 from __future__ import annotations
 
@@ -14,37 +15,27 @@ from dataclasses import asdict
 from pathlib import Path
 
 
-from data.toy import pretrain
+from data.toy import pretrain, worlds
+from data.toy.entropy import fork_profile
 from data.toy.tokenizer import END_OF_TURN, train_tokenizer
-from data.toy.world import DocumentMix, benchmark_problems, documents
 from pipeline.config import Config, ConfigError, stage_main
 from pipeline.manifest import Manifest, read_manifest, stage_run
-from pipeline.paths import toy_base_dir
+from pipeline.paths import TRAINING_METRICS_FILE, base_run
 from pipeline.seeding import derive_seed, seed_everything
 from pipeline.tracking import MetricsLogger, configure_cpu_threads, progress
-
-EVAL_MAX_NEW_TOKENS = 200
-
-
-def document_mix(cfg: Config) -> DocumentMix:
-    toy = cfg.toy
-    return DocumentMix(chat_ratio=toy.chat_doc_ratio, chat_style_weights=dict(toy.chat_style_weights),
-                       raw_style_weights=dict(toy.raw_style_weights), slip_rates=dict(toy.slip_rates),
-                       direct_error_rate=toy.direct_error_rate, min_terms=toy.min_terms, max_terms=toy.max_terms)
 
 
 def build_base(cfg: Config, out_dir: Path, *, device: str = "cpu") -> dict:
     """Tokenizer, model, pretraining and the HF export into ``out_dir/hf``; returns the headline metrics."""
     toy = cfg.toy
-    mix = document_mix(cfg)
-    tokenizer_docs = itertools.islice(documents(derive_seed(toy.world_seed, "tokenizer-docs"), mix),
+    tokenizer_docs = itertools.islice(worlds.documents(toy, derive_seed(toy.world_seed, "tokenizer-docs")),
                                       toy.num_pretrain_docs)
     tokenizer = train_tokenizer(tokenizer_docs, toy.vocab_size)
     if len(tokenizer.encode("\n", add_special_tokens=False)) != 1:
         raise RuntimeError("the toy tokenizer splits '\\n' into several tokens; verl's Qwen agent loop needs one")
     num_sequences = toy.pretrain_steps * toy.pretrain_batch_size
-    sequences = pretrain.pack_documents(tokenizer, documents(derive_seed(toy.world_seed, "pretrain-docs"), mix),
-                                        num_sequences, toy.pretrain_seq_len)
+    documents = worlds.documents(toy, derive_seed(toy.world_seed, "pretrain-docs"))
+    sequences = pretrain.pack_documents(tokenizer, documents, num_sequences, toy.pretrain_seq_len)
     model = pretrain.build_model(
         tokenizer, hidden_size=toy.hidden_size, num_layers=toy.num_layers, num_heads=toy.num_heads,
         num_kv_heads=toy.num_kv_heads, intermediate_size=toy.intermediate_size,
@@ -52,7 +43,7 @@ def build_base(cfg: Config, out_dir: Path, *, device: str = "cpu") -> dict:
     model.to(device)
     seed_everything(derive_seed(toy.world_seed, "pretrain"))
     num_params = sum(p.numel() for p in model.parameters())
-    with MetricsLogger(out_dir / "metrics.jsonl", wandb_mode=cfg.logging.wandb_mode,
+    with MetricsLogger(out_dir / TRAINING_METRICS_FILE, wandb_mode=cfg.logging.wandb_mode,
                        wandb_project=cfg.logging.wandb_project, run_name=f"base/toy/{out_dir.name}",
                        config=asdict(toy)) as logger, \
             progress(total=toy.pretrain_steps, desc="toy base pretraining", enabled=cfg.logging.progress,
@@ -63,18 +54,22 @@ def build_base(cfg: Config, out_dir: Path, *, device: str = "cpu") -> dict:
         metrics = pretrain.train(model, sequences, steps=toy.pretrain_steps, batch_size=toy.pretrain_batch_size,
                                  peak_lr=toy.pretrain_lr, checkpoint_path=out_dir / "checkpoint.pt",
                                  checkpoint_every=toy.pretrain_checkpoint_every, log=log, progress_bar=bar,
-                                 autocast=True)
+                                 autocast=pretrain.bf16_autocast_pays(device))
         if toy.pretrain_eval_problems:
-            problems = benchmark_problems("mixed", toy.pretrain_eval_problems,
-                                          derive_seed(toy.world_seed, "base-eval"), toy.min_terms, toy.max_terms)
+            problems = worlds.health_check_problems(toy, toy.pretrain_eval_problems,
+                                                    derive_seed(toy.world_seed, "base-eval"))
             metrics["greedy_accuracy_heldout"] = pretrain.greedy_accuracy(
-                model, tokenizer, problems, max_new_tokens=EVAL_MAX_NEW_TOKENS, seed=toy.world_seed)
+                model, tokenizer, problems, max_new_tokens=pretrain.EVAL_MAX_NEW_TOKENS, seed=toy.world_seed)
             logger.log(toy.pretrain_steps, {"greedy_accuracy_heldout": metrics["greedy_accuracy_heldout"]})
+        if toy.world == "forking" and toy.fork_entropy_problems:
+            metrics.update(fork_profile(model, tokenizer, toy))
+            logger.log(toy.pretrain_steps, {k: v for k, v in metrics.items() if k.startswith("entropy_")})
     hf_dir = out_dir / "hf"
     model.to("cpu").save_pretrained(hf_dir)
     tokenizer.save_pretrained(hf_dir)
     (out_dir / "checkpoint.pt").unlink(missing_ok=True)
     metrics.update(num_params=num_params, vocab_size=len(tokenizer), pretrain_tokens=sequences.numel(),
+                   bf16_autocast=pretrain.bf16_autocast_pays(device),
                    eos_token_id=tokenizer.convert_tokens_to_ids(END_OF_TURN))
     return metrics
 
@@ -84,15 +79,15 @@ def run(cfg: Config) -> Manifest:
         raise ConfigError(f"data.toy_base builds the toy base model; model.source is {cfg.model.source!r} "
                           "(use model=toy profile=toy)")
     configure_cpu_threads(cfg.profile.num_threads)
-    out_dir = toy_base_dir(cfg)
-    settings = cfg.toy.base_model_settings()
-    with stage_run(out_dir, stage="base", variant=f"toy/{out_dir.name}", config=settings,
+    spec = base_run(cfg)
+    out_dir = spec.directory
+    with stage_run(out_dir, stage="base", variant=spec.variant, config=spec.config,
                    seeds={"world_seed": cfg.toy.world_seed}) as stage:
         if stage is None:
             return read_manifest(out_dir)
         stage.manifest.metrics.update(build_base(cfg, out_dir))
         stage.add_output("hf", "toy base model: safetensors, tokenizer + chat template, generation config")
-        stage.add_output("metrics.jsonl", "pretraining loss, lr and grad norm per step")
+        stage.add_output(TRAINING_METRICS_FILE, "pretraining loss, lr and grad norm per step")
     return stage.manifest
 
 

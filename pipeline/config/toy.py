@@ -1,15 +1,25 @@
-"""Schema of the toy world: synthetic arithmetic problems, their tokenizer and a tiny Qwen3 base model."""
+"""Schema of the toy worlds (arithmetic, forking): synthetic problems, their tokenizer and a tiny Qwen3 base model."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
-from pipeline.config.common import ConfigError, check_range
+from pipeline.config.common import SUPERVISION, ConfigError, check_choice, check_range, computation_config
 
 TOY_STYLES = ("chain", "steps", "careful", "direct")
 """Solution styles of the toy world (data/toy/world.py explains each)."""
 
-ROW_ONLY_FIELDS = ("num_rows", "num_benchmark_problems", "row_style_weights")
+TOY_WORLDS = ("arithmetic", "forking")
+"""``toy.world``: data/toy/world.py (the default) or data/toy/forking.py."""
+FORK_FAMILIES = ("small", "carry", "plain")
+"""Problem families of the forking world (data/toy/forking.py explains each)."""
+FORK_STRATEGIES = ("column", "place", "round")
+"""Solution strategies of the forking world."""
+
+ROW_ONLY_FIELDS = ("num_rows", "num_benchmark_problems", "row_style_weights", "fork_teacher_weights")
 """Toy fields that shape the data stage's rows and benchmarks but not the pretrained base model."""
+FORKING_FIELDS = ("world", "fork_pretrain_best_share", "fork_teacher_weights", "fork_entropy_problems",
+                  "fork_entropy_samples")
+"""Fields the arithmetic world ignores: left out of its base-model key, so adding them changed no cached model."""
 
 
 def _check_style_weights(key: str, weights: dict[str, float], allowed: tuple[str, ...]) -> None:
@@ -26,6 +36,8 @@ def _check_style_weights(key: str, weights: dict[str, float], allowed: tuple[str
 class ToyConfig:
     """The CPU toy world (defaults here; override as ``toy.<field>=...``). Its hash keys the base-model cache."""
 
+    world: str = "arithmetic"
+    """arithmetic (sums of products, four styles) or forking (two-digit sums, three strategies; docs/toy_world.md)."""
     num_rows: int = 6000
     """Problems emitted in the LUFFY schema (split into SFT and RL rows by the data stage)."""
     num_benchmark_problems: int = 100
@@ -75,17 +87,34 @@ class ToyConfig:
     """Tokens per packed pretraining sequence."""
     pretrain_lr: float = 5e-3
     """Peak learning rate (30 warm-up steps, cosine to 10%)."""
-    pretrain_checkpoint_every: int = 250
+    pretrain_checkpoint_every: int = field(default=250, metadata=SUPERVISION)
     """Steps between resumable checkpoints of the pretraining run."""
     pretrain_eval_problems: int = 64
     """Held-out problems for the greedy accuracy recorded in the base manifest (0: skip)."""
+    fork_pretrain_best_share: float = 0.5
+    """Forking world: share of pretraining documents that use their family's best strategy (the others split the
+    rest evenly)."""
+    fork_teacher_weights: dict[str, float] = field(
+        default_factory=lambda: {"place": 0.8, "column": 0.1, "round": 0.1})
+    """Forking world: the narrow teacher's strategy draw per SFT row (a row is kept only if its answer is right)."""
+    fork_entropy_problems: int = 60
+    """Forking world: held-out problems (a third per family) whose sampled solutions give the base model's entropy
+    profile in its manifest (0: skip)."""
+    fork_entropy_samples: int = 4
+    """Forking world: samples per problem (T = 1) for the entropy profile."""
 
     def base_model_settings(self) -> dict[str, object]:
         """The fields the base model depends on (its cache key): everything except what only shapes the LUFFY rows."""
-        return {name: value for name, value in asdict(self).items() if name not in ROW_ONLY_FIELDS}
+        ignored = ROW_ONLY_FIELDS + (FORKING_FIELDS if self.world == "arithmetic" else ())
+        return {name: value for name, value in computation_config(self).items() if name not in ignored}
 
     def validate(self) -> None:
+        check_choice("toy.world", self.world, TOY_WORLDS)
         check_range("toy.num_rows", self.num_rows, 10)
+        check_range("toy.fork_pretrain_best_share", self.fork_pretrain_best_share, 0.0, 1.0)
+        _check_style_weights("toy.fork_teacher_weights", self.fork_teacher_weights, FORK_STRATEGIES)
+        check_range("toy.fork_entropy_problems", self.fork_entropy_problems, 0)
+        check_range("toy.fork_entropy_samples", self.fork_entropy_samples, 1)
         check_range("toy.num_benchmark_problems", self.num_benchmark_problems, 1)
         check_range("toy.world_seed", self.world_seed, 0, 2**31 - 1)
         check_range("toy.min_terms", self.min_terms, 2, 8)

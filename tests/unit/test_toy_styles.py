@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from data.toy import forking
 from data.toy.world import Problem, Term, solve
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "toy_styles.py"
@@ -42,3 +43,16 @@ def test_a_line_that_is_not_a_sample_is_named(tmp_path):
         out.write('{"text": "x"}\n')
     with pytest.raises(SystemExit, match="samples.jsonl:2"):
         toy_styles.table(tmp_path, None, None)
+
+
+def test_forking_benchmarks_give_strategy_shares_per_family_in_their_own_table(tmp_path):
+    problem = forking.Problem(45, 38)
+    place, round_ = forking.solve(problem, "place"), forking.solve(problem, "round")
+    _write_samples(tmp_path / "eval/toy/sft/sft-1a2b3c4d/toy_fork_carry",
+                   [(place, 0), (place, 0), (round_, 1), ("The answer is \\boxed{83}.", 1)])
+    _write_samples(tmp_path / "eval/toy/sft/base/toy_add", [(solve(PROBLEM, "direct", random.Random(0)), 0)])
+    arithmetic, forking_table = toy_styles.table(tmp_path, phase=None, benchmark=None).split("\n\n")
+    assert arithmetic.splitlines()[0].endswith("| chain | steps | careful | direct |")
+    header, _, row = forking_table.splitlines()
+    assert header.endswith("| column | place | round | other |")
+    assert row == "| toy | sft | sft-1a2b3c4d | toy_fork_carry | 0.500 | 0 / — | 0.50 / 0.00 | 0.25 / 1.00 | 0.25 / 1.00 |"

@@ -1,0 +1,228 @@
+"""The forking toy world (``toy.world=forking``): two-digit sums solved by one of three mental-arithmetic strategies.
+
+In the arithmetic world (``world.py``) the tiny model is unsure of its own sums, so its high-entropy tokens are the
+answer digits. Here every computed token is a single-digit fact or a copy, and the uncertainty sits at one place:
+the first token of the solution, which names the strategy. Each strategy is a short procedure whose every written
+equation is true, but whose way of assembling the answer is valid only under a condition on the digits:
+
+* ``column``  ``Column: 5 + 8 = 13, write 3 carry 1. 4 + 3 + 1 = 8, write 8. The answer is \\boxed{83}.``
+              Right to left with a carry, one digit written per column: valid iff a + b ≤ 99 (the final carry of a
+              three-digit sum is dropped: 75 + 48 gives ``23``).
+* ``place``   ``Place value: 4 + 3 = 7. 5 + 8 = 13. The answer is \\boxed{713}.``
+              Left to right, the place sums written side by side: valid iff the ones do not carry (aₒ + bₒ ≤ 9).
+* ``round``   ``Round: 38 = 40 - 2. 4 + 4 = 8. 5 - 2 = 3. The answer is \\boxed{83}.``
+              b rounded up to the next ten B = b + e, tens of a + B, then the ones of a minus e: valid iff
+              aₒ ≥ e, i.e. iff the ones carry (aₒ + bₒ ≥ 10); otherwise the ones step takes the smaller digit from
+              the larger (``2 - 1 = 1``: 41 + 38 gives ``81``).
+
+A problem is ``a + b`` with a in 10-99 and b in 11-89, b not a multiple of ten. Every problem is in exactly one of
+three families, and each family has one strategy that is always right (share of the family's problems on which
+each strategy is right in brackets; ``small`` splits by whether the ones carry):
+
+=========  ===================================  ========  ========  ========
+family     problems                             column    place     round
+=========  ===================================  ========  ========  ========
+``small``  a + b ≤ 99                           1         (≈ 0.56)  (≈ 0.44)
+``carry``  a + b ≥ 100, the ones carry          0         0         1
+``plain``  a + b ≥ 100, the ones do not carry   0         1         0
+=========  ===================================  ========  ========  ========
+
+Pretraining documents use the family's best strategy with probability ``best_share`` and the other two evenly,
+and keep the answer the strategy gives, right or wrong: the documents are noisy at the fork, never in the
+arithmetic. The SFT rows come from a narrow teacher: one strategy draw per problem from ``teacher_weights`` (mostly
+``place``), kept only when its answer is right, as distillation data is filtered by a verifier and loses the
+problems the teacher failed. So ``place`` dominates the rows, including ``small`` problems where ``column`` is
+the reliable choice, and ``carry`` problems (which only ``round`` solves) are rare in them. Held-out problems (md5
+of the expression ≡ 0 mod 10, as in the arithmetic world) never reach a document or a row; the benchmarks
+``toy_fork_<family>`` are drawn from them.
+"""
+from __future__ import annotations
+
+import functools
+import random
+from dataclasses import dataclass
+from typing import Iterator, Mapping
+
+from data.toy.world import SYSTEM_PROMPT, chat_text, is_held_out, luffy_row, question
+from pipeline.config.toy import FORK_FAMILIES, FORK_STRATEGIES
+
+OPENINGS = {"column": "Column:", "place": "Place value:", "round": "Round:"}
+"""The first words of each strategy's solution: the fork."""
+BEST_STRATEGY = {"small": "column", "carry": "round", "plain": "place"}
+"""The strategy that is right on every problem of a family."""
+BENCHMARK_PREFIX = "toy_fork_"
+"""Benchmark ``toy_fork_<family>`` holds held-out problems of one family."""
+
+
+@dataclass(frozen=True)
+class Problem:
+    """``a + b``."""
+
+    a: int
+    b: int
+
+    @property
+    def expression(self) -> str:
+        return f"{self.a} + {self.b}"
+
+    @property
+    def answer(self) -> int:
+        return self.a + self.b
+
+    @property
+    def family(self) -> str:
+        return family_of(self.a, self.b)
+
+    @property
+    def held_out(self) -> bool:
+        return is_held_out(self.expression)
+
+
+def family_of(a: int, b: int) -> str:
+    """``small`` (a + b ≤ 99), else ``carry`` or ``plain`` by whether the ones digits sum to 10 or more."""
+    if a + b <= 99:
+        return "small"
+    return "carry" if a % 10 + b % 10 >= 10 else "plain"
+
+
+@functools.cache
+def family_problems(family: str, held_out: bool) -> tuple[Problem, ...]:
+    """Every problem of ``family`` that is (not) held out, in a fixed order."""
+    if family not in FORK_FAMILIES:
+        raise ValueError(f"unknown forking family {family!r}; expected one of {FORK_FAMILIES}")
+    return tuple(Problem(a, b) for a in range(10, 100) for b in range(11, 90)
+                 if b % 10 and family_of(a, b) == family and is_held_out(f"{a} + {b}") == held_out)
+
+
+# ------------------------------------------------------------------------------------------ strategies
+def _digits(n: int) -> tuple[int, int]:
+    return divmod(n, 10)
+
+
+def strategy_answer_text(problem: Problem, strategy: str) -> str:
+    """The digits a strategy boxes (may have a leading zero, e.g. ``column`` on 55 + 45 gives ``00``)."""
+    a_tens, a_ones = _digits(problem.a)
+    b_tens, b_ones = _digits(problem.b)
+    if strategy == "column":
+        ones = a_ones + b_ones
+        tens = a_tens + b_tens + ones // 10
+        return f"{tens % 10}{ones % 10}"
+    if strategy == "place":
+        return f"{a_tens + b_tens}{a_ones + b_ones}"
+    if strategy == "round":
+        excess = 10 - b_ones
+        return f"{a_tens + b_tens + 1}{abs(a_ones - excess)}"
+    raise ValueError(f"unknown forking strategy {strategy!r}; expected one of {FORK_STRATEGIES}")
+
+
+def strategy_answer(problem: Problem, strategy: str) -> int:
+    return int(strategy_answer_text(problem, strategy))
+
+
+def is_reliable(problem: Problem, strategy: str) -> bool:
+    """Whether ``strategy`` gives the right answer on ``problem`` (the conditions in the module doc)."""
+    return strategy_answer(problem, strategy) == problem.answer
+
+
+def solve(problem: Problem, strategy: str) -> str:
+    """The worked solution of ``problem`` by ``strategy`` (deterministic; wrong where the strategy is unreliable)."""
+    a_tens, a_ones = _digits(problem.a)
+    b_tens, b_ones = _digits(problem.b)
+    if strategy == "column":
+        ones = a_ones + b_ones
+        carry = ones // 10
+        tens = a_tens + b_tens + carry
+        body = (f"{a_ones} + {b_ones} = {ones}, write {ones % 10} carry {carry}. "
+                f"{a_tens} + {b_tens} + {carry} = {tens}, write {tens % 10}.")
+    elif strategy == "place":
+        body = f"{a_tens} + {b_tens} = {a_tens + b_tens}. {a_ones} + {b_ones} = {a_ones + b_ones}."
+    elif strategy == "round":
+        excess = 10 - b_ones
+        larger, smaller = max(a_ones, excess), min(a_ones, excess)
+        body = (f"{problem.b} = {10 * (b_tens + 1)} - {excess}. {a_tens} + {b_tens + 1} = {a_tens + b_tens + 1}. "
+                f"{larger} - {smaller} = {larger - smaller}.")
+    else:
+        raise ValueError(f"unknown forking strategy {strategy!r}; expected one of {FORK_STRATEGIES}")
+    return f"{OPENINGS[strategy]} {body} The answer is \\boxed{{{strategy_answer_text(problem, strategy)}}}."
+
+
+def solution_strategy(text: str) -> str | None:
+    """The strategy a sampled solution opens with, or None when it opens with none of them."""
+    stripped = text.lstrip()
+    for strategy, opening in OPENINGS.items():
+        if stripped.startswith(opening):
+            return strategy
+    return None
+
+
+def draw(rng: random.Random, weights: Mapping[str, float]) -> str:
+    names = list(weights)
+    return rng.choices(names, weights=[weights[n] for n in names])[0]
+
+
+def document_weights(best_share: float) -> dict[str, dict[str, float]]:
+    """Per family, the strategy mix of pretraining documents: the best strategy ``best_share``, the others evenly."""
+    other = (1.0 - best_share) / (len(FORK_STRATEGIES) - 1)
+    return {family: {s: best_share if s == BEST_STRATEGY[family] else other for s in FORK_STRATEGIES}
+            for family in FORK_FAMILIES}
+
+
+# ------------------------------------------------------------------------------------ documents and rows
+@dataclass(frozen=True)
+class ForkingMix:
+    """How pretraining documents are drawn: chat share, and the best strategy's share per family."""
+
+    chat_ratio: float
+    best_share: float
+
+
+def documents(seed: int, mix: ForkingMix) -> Iterator[str]:
+    """An endless, seeded stream of pretraining documents: family uniform, then a trainable problem, then a
+    strategy from :func:`document_weights`; chat rendering or ``Question: ...\\nAnswer: ...``."""
+    rng = random.Random(seed)
+    weights = document_weights(mix.best_share)
+    while True:
+        family = rng.choice(FORK_FAMILIES)
+        problem = rng.choice(family_problems(family, False))
+        solution = solve(problem, draw(rng, weights[family]))
+        if rng.random() < mix.chat_ratio:
+            yield chat_text([{"role": "system", "content": SYSTEM_PROMPT},
+                             {"role": "user", "content": question(problem, rng)},
+                             {"role": "assistant", "content": solution}])
+        else:
+            yield f"Question: {question(problem, rng)}\nAnswer: {solution}"
+
+
+def teacher_rows(num_rows: int, seed: int, teacher_weights: Mapping[str, float]) -> list[dict]:
+    """``num_rows`` LUFFY rows on distinct trainable problems, written by the narrow teacher.
+
+    Problems are attempted in a seeded order that cycles through the families (each family's problems shuffled);
+    each gets one strategy drawn from ``teacher_weights`` and is kept only if that strategy's answer is right, so
+    the rows over-represent the families the teacher's habit solves. Raises ValueError when a family runs out.
+    """
+    rng = random.Random(seed)
+    pools = {family: rng.sample(family_problems(family, False), len(family_problems(family, False)))
+             for family in FORK_FAMILIES}
+    rows: list[dict] = []
+    for attempt in range(max(len(pool) for pool in pools.values()) * len(FORK_FAMILIES)):
+        if len(rows) == num_rows:
+            return rows
+        pool = pools[FORK_FAMILIES[attempt % len(FORK_FAMILIES)]]
+        if not pool:
+            break
+        problem = pool.pop()
+        strategy = draw(rng, teacher_weights)
+        if is_reliable(problem, strategy):
+            rows.append(luffy_row(problem, solve(problem, strategy), len(rows), rng))
+    if len(rows) < num_rows:
+        raise ValueError(f"the teacher solved {len(rows)} problems before a family ran out; "
+                         f"toy.num_rows={num_rows} is too many for these teacher weights")
+    return rows
+
+
+def benchmark_problems(family: str, count: int, seed: int) -> list[Problem]:
+    """``count`` distinct held-out problems of ``family`` (seeded)."""
+    pool = family_problems(family, True)
+    if count > len(pool):
+        raise ValueError(f"the {family!r} family has {len(pool)} held-out problems; {count} requested")
+    return random.Random(seed).sample(pool, count)
