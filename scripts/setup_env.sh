@@ -34,7 +34,7 @@ stack_of() { "$1/bin/python" -m pipeline.preflight stack; }
 # Pip options under which `torch==$1` resolves: none when a local wheel is found, else the PyTorch CPU index.
 torch_source() {
   if pip_in "$2" install --dry-run --no-index --no-deps "$1" >/dev/null 2>&1; then
-    say "torch: $1 from a local wheel" >&2
+    say "torch: $1 without an index (already installed, or a local wheel)" >&2
   else
     say "torch: $1 from $torch_cpu_index" >&2
     echo "--extra-index-url $torch_cpu_index"
