@@ -28,6 +28,7 @@ TINY = [
     "rl.total_steps=2", "rl.train_batch_size=8", "rl.ppo_mini_batch_size=8", "rl.rollout_n=4",
     "rl.max_response_length=64", "rl.overlong_buffer_len=16", "rl.save_freq=2", "rl.max_inflight_gen_batches=2",
     "rl.micro_batch_size_per_gpu=8",
+    "rl.stall_timeout_s=1800",  # supervision only: a loaded 2-core machine can take over 10 min to a first RL step
 ]
 
 
