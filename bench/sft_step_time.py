@@ -1,6 +1,6 @@
 """EKSFT optimiser-step time ÷ plain-SFT step time, live reference and reference cache, through the real trainer step.
 
-    python -m bench.sft_step_time                                  # CPU: tiny random Qwen3, bf16 autocast
+    python -m bench.sft_step_time                                  # CPU: tiny random Qwen3
     python -m bench.sft_step_time --size small --seq-len 512 --micro-batch-size 2   # CPU, 29M-parameter Qwen3
     python -m bench.sft_step_time --device cuda --size qwen3-1.7b --seq-len 4096 --peak-tflops 989
 
@@ -124,13 +124,18 @@ def main() -> None:
     parser.add_argument("--micro-batch-size", type=int, default=4)
     parser.add_argument("--grad-accum", type=int, default=2)
     parser.add_argument("--chunk-size", type=int, default=1024)
-    parser.add_argument("--mixed-precision", choices=("bf16", "fp32"), default="bf16")
+    parser.add_argument("--mixed-precision", choices=("auto", "bf16", "fp32"), default="auto",
+                        help="auto: bf16 on CUDA and on CPUs with AVX-512 (oneDNN bf16 kernels), else fp32 (an "
+                             "AVX2-only CPU runs bf16 matmuls ~50x slower than fp32)")
     parser.add_argument("--gradient-checkpointing", action="store_true")
     parser.add_argument("--steps", type=int, default=8, help="timed steps per method")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps per method first")
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     parser.add_argument("--peak-tflops", type=float, default=0.0, help="accelerator peak (dense bf16) for MFU")
     args = parser.parse_args()
+    if args.mixed_precision == "auto":
+        fast_bf16 = args.device == "cuda" or "AVX512" in torch.backends.cpu.get_cpu_capability()
+        args.mixed_precision = "bf16" if fast_bf16 else "fp32"
 
     from pipeline.config.sft import EKSFTMethod, SFTMethod
     from pipeline.tracking import configure_cpu_threads
@@ -142,6 +147,7 @@ def main() -> None:
         batches = random_micro_batches(args, SIZES[args.size][-1], env.device)
         with tempfile.TemporaryDirectory(prefix="reference_cache_") as folder:
             cache, build_s, bytes_per_token = build_cache(Path(folder), batches, args, env)
+            print(f"reference cache built in {build_s:.2f} s", flush=True)
             trainers = {"sft": build_trainer(SFTMethod(), args, env),
                         "eksft": build_trainer(EKSFTMethod(), args, env),
                         "eksft_cache": build_trainer(EKSFTMethod(), args, env, cached_reference=True)}
@@ -159,6 +165,10 @@ def main() -> None:
                         torch.cuda.synchronize()
                     if step >= args.warmup:
                         times[name].append(time.perf_counter() - started)
+                print(f"round {step + 1}/{args.warmup + args.steps}"
+                      + ("" if step < args.warmup else ": " + ", ".join(f"{name} {values[-1]:.3f} s"
+                                                                        for name, values in times.items())),
+                      flush=True)
     finally:
         close_distributed(env)
 
