@@ -24,7 +24,7 @@ BENCH_STACK := $(call stack,$(if $(findstring cuda,$(ARGS)),gpu,cpu))
 CPU_PY := $(call python_of,cpu)
 
 .PHONY: env env-cpu env-gpu lock lock-gpu demo test test-e2e test-all test-gpu reproduce-table1 reproduce-table2 dry-run \
-	bench smollm2 clean-demo
+	bench smollm2 clean-demo bfcl-env
 
 env: env-cpu
 
@@ -86,6 +86,11 @@ smollm2: env-cpu
 	$(CPU_PY) -m data.tokenize_sft $(SMOLLM2) $(ARGS)
 	$(CPU_PY) -m sft.train $(SMOLLM2) $(ARGS)
 	$(CPU_PY) -m eval.run $(SMOLLM2) $(ARGS)
+
+## The isolated BFCL checker venv (.venv-bfcl: bfcl-eval and its checker's pinned imports, requirements/bfcl.txt,
+## --no-deps; never the project venv). eval/bfcl.py runs BFCL's AST checker in it as a subprocess (docs/tool_use.md).
+bfcl-env:
+	scripts/setup_bfcl_env.sh
 
 ## Benchmarks (ratios measured in one run): EKSFT/SFT step time, loss-head memory dense/chunked, vLLM/HF tokens/s.
 bench:
