@@ -13,7 +13,7 @@ needs no schema for arbitrary function documents)::
     reply     : str                      the gold text answer when calls is [] (an irrelevant request), else ""
 
 SFT example (:func:`build_tool_sft_example`), with ``T`` = ``tokenizer.apply_chat_template`` given
-``tools=[{"type": "function", "function": f} for f in tools]``::
+``tools=`` the function documents (:func:`chat_tools`)::
 
     prompt   = T(messages, add_generation_prompt=True)
     full     = T(messages + [assistant(tool_calls=calls, content=reply)])          (full starts with prompt)
@@ -184,8 +184,10 @@ def load_acebench_hub(hub_id: str = ACEBENCH_HUB_ID, revision: str | None = None
 
 
 def chat_tools(tools_json: str) -> list[dict[str, Any]]:
-    """The ``tools=`` argument of ``apply_chat_template``: OpenAI-style ``{"type": "function", "function": f}``."""
-    return [{"type": "function", "function": f} for f in json.loads(tools_json)]
+    """The ``tools=`` argument of ``apply_chat_template``: the function documents themselves, not wrapped in
+    ``{"type": "function", "function": f}``, because that is how BFCL's Qwen FC handler writes them into the prompt
+    it scores (``json.dumps(f)`` per line inside ``<tools>``), so training and evaluation prompts agree."""
+    return json.loads(tools_json)
 
 
 def assistant_turn(calls_json: str, reply: str) -> dict[str, Any]:

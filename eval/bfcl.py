@@ -144,6 +144,17 @@ class BfclChecker:
         self.close()
 
 
+def prompt_of(entry: Mapping[str, Any]) -> tuple[list[dict[str, str]], list[dict[str, Any]]]:
+    """A single-turn BFCL entry as ``(messages, tools)`` for ``apply_chat_template(messages, tools=tools,
+    add_generation_prompt=True)``: the first turn's messages and the function documents unwrapped, with BFCL's own
+    type names, as BFCL's ``QwenFCHandler._format_prompt`` writes them (one ``json.dumps(f)`` line each in ``<tools>``;
+    Qwen3's template writes ``tool | tojson``)."""
+    turns = entry["question"]
+    if len(turns) != 1:
+        raise ValueError(f"BFCL entry {entry.get('id')!r} has {len(turns)} turns; only single-turn entries are scored")
+    return [{"role": m["role"], "content": m["content"]} for m in turns[0]], [dict(f) for f in entry["function"]]
+
+
 @dataclass(frozen=True)
 class CategoryScore:
     correct: int

@@ -10,7 +10,7 @@ import math
 import pytest
 
 from eval.bfcl import (BfclChecker, BfclUnavailableError, CategoryScore, bfcl_python, category_scores, live_overall,
-                       summary)
+                       prompt_of, summary)
 
 
 def test_category_scores_count_each_category():
@@ -36,6 +36,18 @@ def test_live_overall_is_count_weighted_over_the_live_ast_categories():
     assert table["bfcl_live"] == pytest.approx(100 * 987 / 1351)
     assert table["irrelevance_detection"] == 100.0 and table["irrelevance_set"] == "live_irrelevance"
     assert table["categories"]["live_parallel"] == {"accuracy": 25.0, "correct": 4, "total": 16}
+
+
+def test_prompt_of_keeps_the_first_turn_and_the_raw_function_documents():
+    function = {"name": "lamp.dim", "description": "Dim a lamp.",
+                "parameters": {"type": "dict", "properties": {"level": {"type": "integer"}}, "required": ["level"]}}
+    entry = {"id": "live_simple_9-9-9", "question": [[{"role": "system", "content": "Be brief."},
+                                                      {"role": "user", "content": "Dim it to 3."}]],
+             "function": [function]}
+    assert prompt_of(entry) == ([{"role": "system", "content": "Be brief."},
+                                 {"role": "user", "content": "Dim it to 3."}], [function])
+    with pytest.raises(ValueError, match="2 turns"):
+        prompt_of({**entry, "question": entry["question"] * 2})
 
 
 def test_missing_checker_venv_names_the_make_target(tmp_path):

@@ -134,8 +134,7 @@ def test_template_round_trip_masks_the_prompt_and_supervises_the_calls(tokenizer
     assert example.labels[:prompt_len] == [IGNORE_INDEX] * prompt_len
     assert example.labels[prompt_len:] == example.input_ids[prompt_len:]
     prompt = tokenizer.decode(example.input_ids[:prompt_len])
-    assert prompt.startswith("<|im_start|>system\n# Tools\n<tools>\n{\"type\": \"function\", \"function\": "
-                             "{\"name\": \"lamp_dim\"")
+    assert prompt.startswith("<|im_start|>system\n# Tools\n<tools>\n{\"name\": \"lamp_dim\", \"description\"")
     assert prompt.endswith("<|im_start|>user\nDim the lamp to 30 and then to 10 percent.<|im_end|>\n"
                            "<|im_start|>assistant\n")
     assert _supervised_text(tokenizer, example) == (
