@@ -155,6 +155,33 @@ def prompt_of(entry: Mapping[str, Any]) -> tuple[list[dict[str, str]], list[dict
     return [{"role": m["role"], "content": m["content"]} for m in turns[0]], [dict(f) for f in entry["function"]]
 
 
+def evaluate(sampler: Any, tokenizer: Any, checker: BfclChecker, categories: Sequence[str], *, seed: int = 0,
+             max_per_category: int = 0, irrelevance: str = DEFAULT_IRRELEVANCE,
+             ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """One completion per question (BFCL's protocol) from ``sampler`` (``eval.sample.Sampler``), each judged by
+    BFCL's checker; returns the per-question records and :func:`summary`.
+
+    Question ``i`` of a category is sampled with seed ``seed + i``; ``max_per_category`` keeps each category's first
+    N questions (0 = all). Prompts: ``tokenizer.apply_chat_template`` over :func:`prompt_of`.
+    """
+    records: list[dict[str, Any]] = []
+    for category in categories:
+        entries = checker.entries(category)
+        entries = entries[:max_per_category] if max_per_category else entries
+        prompts = []
+        for entry in entries:
+            messages, tools = prompt_of(entry)
+            text = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
+            prompts.append(tokenizer.encode(text, add_special_tokens=False))
+        completions = sampler.sample(prompts, [seed + i for i in range(len(prompts))], 1)
+        for entry, (completion,) in zip(entries, completions):
+            verdict = checker.check(category, entry["id"], completion.text)
+            records.append({"category": category, "id": entry["id"], "output": completion.text,
+                            "finish_reason": completion.finish_reason, "valid": verdict.valid,
+                            "error_type": verdict.error_type})
+    return records, summary(category_scores((r["category"], r["valid"]) for r in records), irrelevance)
+
+
 @dataclass(frozen=True)
 class CategoryScore:
     correct: int

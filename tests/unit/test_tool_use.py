@@ -7,26 +7,11 @@ import json
 import pytest
 
 from data.formatting import IGNORE_INDEX
-from data.tool_use import (SYNTHETIC_CATEGORIES, SYNTHETIC_FUNCTIONS, SYNTHETIC_REFUSAL, InvalidToolRowError,
-                           acebench_row, acebench_rows, build_tool_sft_example, load_acebench_local,
-                           synthetic_tool_rows)
+from data.tool_use import (CHATML_TOOLS_TEMPLATE, SYNTHETIC_CATEGORIES, SYNTHETIC_FUNCTIONS, SYNTHETIC_REFUSAL,
+                           InvalidToolRowError, acebench_row, acebench_rows, build_tool_sft_example,
+                           load_acebench_local, synthetic_tool_rows)
 from pipeline.tiny_model import build_tiny_tokenizer
 
-# A Qwen3-style tools template, reduced to what the round trip needs: the tools block in the system turn, and the
-# assistant's tool calls as <tool_call>\n{"name": ..., "arguments": ...}\n</tool_call>.
-TOOLS_TEMPLATE = (
-    "{%- if tools %}{{ '<|im_start|>system\\n' }}{% if messages[0].role == 'system' %}"
-    "{{ messages[0].content + '\\n\\n' }}{% endif %}{{ '# Tools\\n<tools>' }}"
-    "{% for t in tools %}{{ '\\n' + (t | tojson) }}{% endfor %}{{ '\\n</tools><|im_end|>\\n' }}"
-    "{%- elif messages[0].role == 'system' %}{{ '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}"
-    "{%- endif %}"
-    "{%- for m in messages %}{% if m.role == 'user' %}{{ '<|im_start|>user\\n' + m.content + '<|im_end|>\\n' }}"
-    "{% elif m.role == 'assistant' %}{{ '<|im_start|>assistant\\n' + m.content }}"
-    "{% for c in m.tool_calls or [] %}{% if not loop.first or m.content %}{{ '\\n' }}{% endif %}"
-    "{{ '<tool_call>\\n{\"name\": \"' + c.function.name + '\", \"arguments\": ' + (c.function.arguments | tojson)"
-    " + '}\\n</tool_call>' }}{% endfor %}{{ '<|im_end|>\\n' }}{% endif %}{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
-)
 
 KETTLE = {"name": "kettle_boil", "description": "Boil water in a smart kettle.",
           "parameters": {"type": "object", "properties": {"litres": {"type": "number", "description": "Volume."},
@@ -72,7 +57,7 @@ def acebench_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def tokenizer():
     tok = build_tiny_tokenizer()
-    tok.chat_template = TOOLS_TEMPLATE
+    tok.chat_template = CHATML_TOOLS_TEMPLATE
     return tok
 
 
