@@ -38,14 +38,13 @@ from pipeline.manifest import (
 from pipeline.models import load_tokenizer
 from pipeline.paths import (
     BASE_VARIANT,
-    base_model_path,
+    base_run,
     data_dir,
     eval_dir,
     eval_run,
     hf_export_dir,
     rl_dir,
     sft_dir,
-    toy_base_dir,
     with_method,
 )
 from pipeline.preflight import require_stage
@@ -65,12 +64,11 @@ def resolve_model(cfg: Config) -> tuple[str, Path | None]:
         upstream = rl_dir(cfg, cfg.eval.variant)
     elif cfg.eval.variant != BASE_VARIANT:
         upstream = sft_dir(cfg, cfg.eval.variant)
+    elif (base := base_run(cfg)) is not None:
+        upstream = base.directory
     else:
-        upstream = toy_base_dir(cfg) if cfg.model.source == "toy" else None
-        if upstream is not None:
-            require_complete(upstream, "toy base model")
-        return base_model_path(cfg), upstream
-    require_complete(upstream, f"{cfg.eval.phase} checkpoint '{cfg.eval.variant}'")
+        return cfg.model.path, None
+    require_complete(upstream, f"model to evaluate ({cfg.eval.phase} {cfg.eval.variant})")
     return str(hf_export_dir(upstream)), upstream
 
 
