@@ -5,6 +5,8 @@ The trainer never branches on a method name, only on the capability flags of the
 ``needs_old_policy`` (a frozen copy of the policy, refreshed every ``old_policy_refresh_every`` optimiser steps).
 With ``sft.reference_cache`` the reference trunk never runs during training: its final hidden states are read per
 micro-batch from ``sft.reference_cache`` and only the reference's LM head (``reference_head``) stays in the root.
+With ``sft.reference_cache`` the reference trunk never runs during training: its final hidden states are read per
+micro-batch from ``sft.reference_cache`` and only the reference's LM head (``reference_head``) stays in the root.
 
 FSDP2 layout: every decoder layer of every model (policy, reference, old policy) is its own ``fully_shard`` unit;
 the root unit is :class:`PolicyWithTokenLoss`, whose ``forward`` runs the trunks *and* the chunked loss head, so the
@@ -54,6 +56,7 @@ from transformers import PreTrainedModel
 from pipeline.config import SFTConfig
 from pipeline.tracking import MetricsLogger, progress
 from sft.data import DataOrder, TokenisedRow, collate, supervised_token_count
+from sft.reference_cache import ReferenceCache
 from sft.reference_cache import ReferenceCache
 from sft.token_stats import LossResult, chunked_loss
 
@@ -538,15 +541,15 @@ def fit(root: PolicyWithTokenLoss, optimizer: torch.optim.Optimizer,
             started = time.perf_counter()
             refresh_old_policy(root)
             phase_times["time/old_policy_refresh_s"] = time.perf_counter() - started
-        started = time.perf_counter()
         micro_batches = []
         for mb in order.rank_micro_batches(step, env.rank):
             batch = collate([rows[i] for i in mb], pad_token_id)
             if reference_cache is not None:
+                started = time.perf_counter()
                 batch["ref_hidden"] = reference_cache.batch(mb, batch["input_ids"].shape[1])
+                phase_times["time/reference_cache_read_s"] = \
+                    phase_times.get("time/reference_cache_read_s", 0.0) + time.perf_counter() - started
             micro_batches.append({k: (v.to(env.device) if v is not None else None) for k, v in batch.items()})
-        if reference_cache is not None:
-            phase_times["time/reference_cache_read_s"] = time.perf_counter() - started
         lr = scheduler.get_last_lr()[0]
         started = time.perf_counter()
         result = train_step(root, optimizer, micro_batches, sft=sft, env=env)
