@@ -5,8 +5,6 @@ The trainer never branches on a method name, only on the capability flags of the
 ``needs_old_policy`` (a frozen copy of the policy, refreshed every ``old_policy_refresh_every`` optimiser steps).
 With ``sft.reference_cache`` the reference trunk never runs during training: its final hidden states are read per
 micro-batch from ``sft.reference_cache`` and only the reference's LM head (``reference_head``) stays in the root.
-With ``sft.reference_cache`` the reference trunk never runs during training: its final hidden states are read per
-micro-batch from ``sft.reference_cache`` and only the reference's LM head (``reference_head``) stays in the root.
 
 FSDP2 layout: every decoder layer of every model (policy, reference, old policy) is its own ``fully_shard`` unit;
 the root unit is :class:`PolicyWithTokenLoss`, whose ``forward`` runs the trunks *and* the chunked loss head, so the
@@ -56,7 +54,6 @@ from transformers import PreTrainedModel
 from pipeline.config import SFTConfig
 from pipeline.tracking import MetricsLogger, progress
 from sft.data import DataOrder, TokenisedRow, collate, supervised_token_count
-from sft.reference_cache import ReferenceCache
 from sft.reference_cache import ReferenceCache
 from sft.token_stats import LossResult, chunked_loss
 
