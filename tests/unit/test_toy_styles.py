@@ -55,4 +55,5 @@ def test_forking_benchmarks_give_strategy_shares_per_family_in_their_own_table(t
     assert arithmetic.splitlines()[0].endswith("| chain | steps | careful | direct |")
     header, _, row = forking_table.splitlines()
     assert header.endswith("| column | place | round | other |")
-    assert row == "| toy | sft | sft-1a2b3c4d | toy_fork_carry | 0.500 | 0 / — | 0.50 / 0.00 | 0.25 / 1.00 | 0.25 / 1.00 |"
+    assert row == ("| toy | sft | sft-1a2b3c4d | toy_fork_carry | 0.500 | "
+                   "0 / — | 0.50 / 0.00 | 0.25 / 1.00 | 0.25 / 1.00 |")
