@@ -80,7 +80,7 @@ def build_trainer(method, args: argparse.Namespace, env, cached_reference: bool 
     return root, build_optimizer(root, sft), sft
 
 
-def build_cache(folder: Path, batches: list[dict], args: argparse.Namespace, env):
+def build_cache(folder: Path, batches: list[dict], args: argparse.Namespace, env, clock):
     """The reference cache of the bench's sequences (row ``m · micro_batch_size + b`` = sequence b of micro-batch
     m), built by the sharded reference trunk; returns (reader, build seconds, bytes per token)."""
     from sft.reference_cache import ReferenceCache, build_reference_cache, cache_identity
@@ -95,13 +95,13 @@ def build_cache(folder: Path, batches: list[dict], args: argparse.Namespace, env
     sequences = [row.tolist() for batch in batches for row in batch["input_ids"].cpu()]
     if env.device.type == "cuda":
         torch.cuda.synchronize()
-    started = time.perf_counter()
+    started = clock()
     manifest = build_reference_cache(folder, identity, input_ids=sequences, hidden_size=SIZES[args.size][0],
                                      hidden_states=hidden_states, rank=env.rank, world_size=env.world_size,
                                      announce=lambda message: None)
     if env.device.type == "cuda":
         torch.cuda.synchronize()
-    build_s = time.perf_counter() - started
+    build_s = clock() - started
     del reference, hidden_states
     return ReferenceCache(folder, identity), build_s, manifest.details["bytes_per_token"]
 
@@ -132,6 +132,9 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps per method first")
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     parser.add_argument("--peak-tflops", type=float, default=0.0, help="accelerator peak (dense bf16) for MFU")
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                        help="cpu: this process's CPU seconds (with --threads 1 on a CPU shared with other jobs, "
+                             "what the step computes, not how long it waited for a core)")
     args = parser.parse_args()
     if args.mixed_precision == "auto":
         fast_bf16 = args.device == "cuda" or "AVX512" in torch.backends.cpu.get_cpu_capability()
@@ -142,11 +145,12 @@ def main() -> None:
     from sft.trainer import close_distributed, init_distributed, train_step
 
     configure_cpu_threads(args.threads)
+    clock = time.process_time if args.clock == "cpu" else time.perf_counter
     env = init_distributed(args.device)
     try:
         batches = random_micro_batches(args, SIZES[args.size][-1], env.device)
         with tempfile.TemporaryDirectory(prefix="reference_cache_") as folder:
-            cache, build_s, bytes_per_token = build_cache(Path(folder), batches, args, env)
+            cache, build_s, bytes_per_token = build_cache(Path(folder), batches, args, env, clock)
             print(f"reference cache built in {build_s:.2f} s", flush=True)
             trainers = {"sft": build_trainer(SFTMethod(), args, env),
                         "eksft": build_trainer(EKSFTMethod(), args, env),
@@ -158,13 +162,13 @@ def main() -> None:
                 for name, (root, optimizer, sft) in trainers.items():
                     if env.device.type == "cuda":
                         torch.cuda.synchronize()
-                    started = time.perf_counter()
+                    started = clock()
                     step_batches = with_cached_rows(batches, cache, env.device) if sft.reference_cache else batches
                     train_step(root, optimizer, step_batches, sft=sft, env=env)
                     if env.device.type == "cuda":
                         torch.cuda.synchronize()
                     if step >= args.warmup:
-                        times[name].append(time.perf_counter() - started)
+                        times[name].append(clock() - started)
                 print(f"round {step + 1}/{args.warmup + args.steps}"
                       + ("" if step < args.warmup else ": " + ", ".join(f"{name} {values[-1]:.3f} s"
                                                                         for name, values in times.items())),
@@ -174,7 +178,8 @@ def main() -> None:
 
     print(f"device {args.device}, model {args.size} ({num_params / 1e6:.2f}M params), {args.grad_accum} x "
           f"{args.micro_batch_size} x {args.seq_len} tokens per step, {args.mixed_precision}, chunk "
-          f"{args.chunk_size}, {args.steps} timed steps per method (median)")
+          f"{args.chunk_size}, {args.steps} timed steps per method (median), {args.clock} clock, "
+          f"{args.threads} thread(s)")
     medians = {name: statistics.median(values) for name, values in times.items()}
     fastest = {name: min(values) for name, values in times.items()}
     for name, median in medians.items():
