@@ -10,7 +10,7 @@ import pytest
 
 from pipeline.config import compose
 from pipeline.manifest import read_manifest
-from pipeline.paths import base_model_path, data_dir, toy_base_dir
+from pipeline.paths import base_model_path, data_dir, sft_tokens_path, tokens_dir, toy_base_dir
 
 pytestmark = pytest.mark.integration
 
@@ -106,7 +106,7 @@ def test_tokenize_sft_masks_the_prompt(cfg, base, prepared):
 
     manifest = tokenize_sft.run(cfg)
     assert manifest.complete and manifest.details["num_examples"] == 50
-    tokens = pq.read_table(data_dir(cfg) / cfg.model.name / "sft_tokens.parquet").to_pylist()
+    tokens = pq.read_table(sft_tokens_path(cfg)).to_pylist()
     sft_rows = {r["row_id"]: r for r in pq.read_table(data_dir(cfg) / "sft.parquet").to_pylist()}
     tokenizer = AutoTokenizer.from_pretrained(base_model_path(cfg))
     for example in tokens[:5]:
@@ -115,4 +115,5 @@ def test_tokenize_sft_masks_the_prompt(cfg, base, prepared):
         assert example["labels"][-1] == tokenizer.convert_tokens_to_ids("<|im_end|>")
         target = sft_rows[example["row_id"]]["target"][0]["content"]
         assert tokenizer.decode(response) == target + "<|im_end|>"
-    assert read_manifest(data_dir(cfg) / cfg.model.name).inputs["sft_rows"]["sha256"]
+    inputs = read_manifest(tokens_dir(cfg)).inputs  # the data run and the base model, by run id and outputs
+    assert inputs["sft_rows"]["run_id"] and inputs["sft_rows"]["outputs"] and inputs["base_model"]["run_id"]
