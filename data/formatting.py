@@ -56,6 +56,12 @@ def build_sft_example(tokenizer, prompt_messages: Sequence[Mapping[str, str]], t
     """Token ids and labels (-100 on the prompt) of one SFT example (formula in the module doc)."""
     prompt_text = render_prompt(tokenizer, prompt_messages)
     response_text = strip_think(prompt_text, target_text, strip_leading_think) + end_of_turn_token(tokenizer)
+    return example_from_texts(tokenizer, prompt_text, response_text, max_length)
+
+
+def example_from_texts(tokenizer, prompt_text: str, response_text: str, max_length: int) -> SFTExample:
+    """The prompt's tokens with label -100, then the response's, cut to ``max_length`` (a prompt that reaches it
+    raises :class:`PromptTooLongError`)."""
     prompt_ids = tokenizer.encode(prompt_text, add_special_tokens=False)
     response_ids = tokenizer.encode(response_text, add_special_tokens=False)
     if len(prompt_ids) >= max_length:

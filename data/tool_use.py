@@ -39,7 +39,7 @@ import random
 import re
 from typing import Any, Iterable, Mapping, Sequence
 
-from data.formatting import IGNORE_INDEX, PromptTooLongError, SFTExample
+from data.formatting import SFTExample, example_from_texts
 from pipeline.models import end_of_turn_token
 
 TOOL_ROW_COLUMNS = ("id", "source", "category", "messages", "tools", "calls", "reply")
@@ -233,16 +233,7 @@ def build_tool_sft_example(tokenizer, row: Mapping[str, Any], max_length: int) -
     rest = full_text[len(prompt_text):]
     if eot not in rest:
         raise ValueError(f"row {row['id']!r}: no end-of-turn token {eot!r} after the assistant turn")
-    response_text = rest[:rest.index(eot) + len(eot)]
-    prompt_ids = tokenizer.encode(prompt_text, add_special_tokens=False)
-    response_ids = tokenizer.encode(response_text, add_special_tokens=False)
-    if len(prompt_ids) >= max_length:
-        raise PromptTooLongError(f"prompt has {len(prompt_ids)} tokens, max_length is {max_length}")
-    room = max_length - len(prompt_ids)
-    truncated = len(response_ids) > room
-    response_ids = response_ids[:room]
-    return SFTExample(input_ids=prompt_ids + response_ids, labels=[IGNORE_INDEX] * len(prompt_ids) + response_ids,
-                      num_response_tokens=len(response_ids), truncated=truncated)
+    return example_from_texts(tokenizer, prompt_text, rest[:rest.index(eot) + len(eot)], max_length)
 
 
 # ---- the synthetic tool-use set (the CPU path): the project's own functions, never BFCL's questions ----------------
