@@ -59,7 +59,6 @@ from sft.token_stats import LossResult, chunked_loss
 
 CHECKPOINTS_DIR = "checkpoints"
 TRAINER_STATE_FILE = "trainer_state.json"
-METRICS_FILE = "metrics.jsonl"
 SUPERSEDED_METRICS_FILE = "metrics.superseded.jsonl"
 LOSS_NORMS = ("micro_batch_mean", "micro_batch_sum", "global_token_mean")
 
