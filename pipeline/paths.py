@@ -3,6 +3,7 @@
     <run_root>/<experiment>/data/<source>-<id>/                            sft.parquet, rl.parquet, benchmarks/
     <run_root>/<experiment>/tokens/<model>-<id>/                           sft_tokens.parquet
     <run_root>/cache/base/<toy-config-hash>/                               toy base model (shared across experiments)
+    <run_root>/cache/reference_hidden/<key>/                               frozen reference's hidden states
     <run_root>/<experiment>/sft/<model>/<method-label>-<id>/               checkpoints/, hf/, metrics.jsonl
     <run_root>/<experiment>/rl/<model>/<variant>-<id>/                     verl checkpoints, hf/, metrics.jsonl
     <run_root>/<experiment>/eval/<model>/<phase>/<variant>-<id>/<benchmark>/   samples.jsonl, metrics.json
@@ -244,7 +245,8 @@ def reference_cache_dir(cfg: Config, key: str) -> Path:
 
 
 def base_model_path(cfg: Config) -> str:
-    """What ``from_pretrained`` gets for the base model: the toy cache's ``hf/`` folder, or the hub id / local folder."""
+    """What ``from_pretrained`` gets for the base model: the toy cache's ``hf/`` folder, or the hub id / local
+    folder."""
     base = base_run(cfg)
     return str(base.directory / HF_EXPORT) if base is not None else cfg.model.path
 
@@ -343,7 +345,8 @@ def data_dir(cfg: Config) -> Path:
 
 
 def toy_base_dir(cfg: Config) -> Path:
-    """Cache folder of the toy base model, keyed by the settings it depends on (re-runs and other experiments reuse it)."""
+    """Cache folder of the toy base model, keyed by the settings it depends on (re-runs and other experiments reuse
+    it)."""
     base = base_run(cfg)
     if base is None:
         raise ConfigError(f"model {cfg.model.name} (source {cfg.model.source}) has no toy base model")
