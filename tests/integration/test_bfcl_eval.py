@@ -3,7 +3,6 @@ template, sampled from a tiny random Qwen3 (HF backend), judged by BFCL's checke
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 

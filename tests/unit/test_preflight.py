@@ -7,7 +7,6 @@ import json
 import socket
 import threading
 import time
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest

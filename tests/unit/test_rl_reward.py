@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
 from omegaconf import OmegaConf
 
 from rl.reward import compute_score
