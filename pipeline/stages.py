@@ -5,7 +5,7 @@ models. The plan expands them::
 
     data      python -m data.prepare                                   (once)
     base      python -m data.toy_base (toy models only), python -m data.tokenize_sft   (per model)
-    sft       torchrun ... -m sft.train  sft/method=<m>                 (per model x method)
+    sft       [srun ...] torchrun ... -m sft.train  sft/method=<m>     (per model x method; srun: multi-node)
     eval_sft  python -m eval.run eval.phase=sft eval.variant=<v>       (per model x [base] + methods)
     rl        python -m rl.train rl.init=<v>                           (per model x [base] + methods)
     eval_rl   python -m eval.run eval.phase=rl eval.variant=<v>        (per model x [base] + methods)
@@ -76,16 +76,28 @@ def _python_module(module: str, overrides: list[str]) -> list[str]:
 
 
 def torchrun_prefix(cfg: Config) -> list[str]:
-    """torchrun for the SFT trainer: ``--standalone`` on one node, c10d rendezvous across nodes.
+    """torchrun for the SFT trainer: ``--standalone`` on one node; across ``profile.nnodes`` nodes, the per-node
+    command, the same on every node.
 
-    Multi-node: run the same command on every node with MASTER_ADDR / MASTER_PORT / NODE_RANK exported
-    (Slurm: ``srun`` sets them from ``scripts/slurm_env.sh``).
+    Multi-node uses torchrun's c10d rendezvous at ``${MASTER_ADDR}:${MASTER_PORT}`` (expanded from the launching
+    environment; under Slurm ``source scripts/slurm_env.sh`` exports them) with the SFT run's folder name
+    ``<label>-<id>`` as rendezvous id, so two runs never share a rendezvous and a restarted run rejoins its own. c10d
+    numbers the nodes itself (torchrun ignores ``--node_rank`` for it), so no per-node value is needed.
     """
     prefix = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={cfg.profile.nproc_per_node}"]
     if cfg.profile.nnodes == 1:
         return [*prefix, "--standalone"]
-    return [*prefix, f"--nnodes={cfg.profile.nnodes}", "--node_rank=${NODE_RANK}", "--rdzv_backend=c10d",
-            "--rdzv_endpoint=${MASTER_ADDR}:${MASTER_PORT}", "--rdzv_id=${RDZV_ID:-eksft}"]
+    return [*prefix, f"--nnodes={cfg.profile.nnodes}", "--rdzv_backend=c10d",
+            "--rdzv_endpoint=${MASTER_ADDR}:${MASTER_PORT}", f"--rdzv_id={sft_run(cfg).directory.name}"]
+
+
+def node_launcher(cfg: Config) -> list[str]:
+    """Multi-node SFT: Slurm's ``srun`` starts the per-node command once on each of ``profile.nnodes`` nodes of the
+    job (and stops them all when one fails); nothing on one node."""
+    nnodes = cfg.profile.nnodes
+    if nnodes == 1:
+        return []
+    return ["srun", f"--nodes={nnodes}", f"--ntasks={nnodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=1"]
 
 
 def _sft_settings(cfg: Config) -> dict[str, object]:
@@ -144,7 +156,7 @@ def build_plan(cfg: Config, overrides: list[str]) -> list[StageCommand]:
                 label = method_label(scfg.sft.method)
                 labels.append(label)
                 if "sft" in stages:
-                    argv = [*torchrun_prefix(scfg), "-m", "sft.train", *method_overrides]
+                    argv = [*node_launcher(scfg), *torchrun_prefix(scfg), "-m", "sft.train", *method_overrides]
                     plan.append(StageCommand("sft", f"sft/{model}/{label}{suffix}", argv, [sft_run(scfg)], scfg,
                                              _sft_settings(scfg), needs=[f"tokenize/{model}"]))
             variants = [BASE_VARIANT, *labels]

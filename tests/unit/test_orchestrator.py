@@ -15,7 +15,7 @@ from pipeline.config import ConfigError, compose
 from pipeline.launch import StageFailed, is_done, run_command
 from pipeline.locks import DirectoryLock
 from pipeline.manifest import invalidate, read_manifest, stage_run, write_manifest
-from pipeline.paths import RunSpec, experiment_dir, sft_dir
+from pipeline.paths import RunSpec, experiment_dir, sft_dir, sft_run
 from pipeline.run import critical_path_lengths, execute, run, stage_overrides, status_line
 from pipeline.stages import StageCommand, build_plan
 
@@ -248,3 +248,41 @@ def test_dry_run_says_which_commands_are_done(tmp_path, capsys):
         pass
     run(cfg, [])
     assert "(done, would be skipped) [data] data" in capsys.readouterr().out
+
+
+def test_multi_node_sft_is_one_command_per_node_started_by_srun_with_the_run_as_rendezvous_id(tmp_path, capsys):
+    # Issue 13: the rendezvous id was the literal "${RDZV_ID:-eksft}" (os.path.expandvars has no defaults), shared by
+    # every run; nothing started the other nodes.
+    overrides = ["experiment=table1", "profile=paper", "profile.nnodes=2", f"experiment.run_root={tmp_path}",
+                 "dry_run=true"]
+    plan = run(compose(overrides), stage_overrides(overrides))
+    shown = capsys.readouterr().out
+    sft = [c for c in plan if c.stage == "sft"]
+    assert len(sft) == 2 * 6
+    for command in sft:
+        run_name = sft_run(command.config).directory.name
+        launcher, per_node = command.argv[:5], command.argv[5:]
+        assert launcher == ["srun", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--kill-on-bad-exit=1"]
+        assert per_node[1:9] == ["-m", "torch.distributed.run", "--nproc_per_node=8", "--nnodes=2",
+                                 "--rdzv_backend=c10d", "--rdzv_endpoint=${MASTER_ADDR}:${MASTER_PORT}",
+                                 f"--rdzv_id={run_name}", "-m"]
+        assert not any("node_rank" in arg for arg in per_node)  # c10d numbers the nodes: the same command on each
+        assert f"--rdzv_id={run_name} -m sft.train" in shown
+    assert len({sft_run(c.config).directory.name for c in sft}) == len(sft)  # no two runs share a rendezvous
+    single = ["experiment=table1", "profile=paper"]
+    one_node = next(c for c in build_plan(compose(single), single) if c.stage == "sft")
+    assert one_node.argv[1:5] == ["-m", "torch.distributed.run", "--nproc_per_node=8", "--standalone"]
+
+
+def test_slurm_env_exports_the_first_node_and_a_port_per_job(tmp_path):
+    scontrol = tmp_path / "scontrol"  # Slurm's own expansion of a node list, one host per line
+    scontrol.write_text('#!/bin/sh\n[ "$1 $2 $3" = "show hostnames gpu[07-08]" ] && printf "gpu07\\ngpu08\\n"\n')
+    scontrol.chmod(0o755)
+    env = {"PATH": f"{tmp_path}:{os.environ['PATH']}", "SLURM_JOB_NODELIST": "gpu[07-08]", "SLURM_JOB_ID": "4242"}
+    script = "source scripts/slurm_env.sh && echo $MASTER_ADDR:$MASTER_PORT"
+    shown = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, check=True).stdout
+    assert shown.strip() == f"gpu07:{20000 + 4242 % 10000}"
+    kept = subprocess.run(["bash", "-c", script], env={**env, "MASTER_PORT": "29400"}, capture_output=True, text=True)
+    assert kept.stdout.strip() == "gpu07:29400"
+    outside = subprocess.run(["bash", "-c", script], env={"PATH": os.environ["PATH"]}, capture_output=True, text=True)
+    assert outside.returncode != 0 and "inside a Slurm job" in outside.stderr
