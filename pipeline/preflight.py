@@ -17,6 +17,8 @@ Checks per stage (:data:`STAGE_CHECKS`):
   answers; ``data``: the training set and benchmarks likewise (local files, HF cache, or the hub).
 * ``disk``: free bytes where the run folder and the HF cache live ≥ the estimate of :func:`estimate_bytes`.
 * ``ray``: ``RAY_ADDRESS``, when set, accepts a TCP connection.
+* ``nodes`` (the orchestrator, SFT with ``profile.nnodes`` > 1): ``srun`` and the rendezvous endpoint
+  ``MASTER_ADDR``/``MASTER_PORT`` (:func:`pipeline.stages.torchrun_prefix`).
 """
 from __future__ import annotations
 
@@ -282,6 +284,31 @@ def check_ray(cfg: "Config") -> list[Problem]:
     return []
 
 
+def check_nodes(cfg: "Config") -> list[Problem]:
+    """``profile.nnodes`` > 1: the orchestrator starts SFT on every node with Slurm's ``srun`` (inside a job of at least
+    that many nodes) and expands the rendezvous endpoint ``${MASTER_ADDR}:${MASTER_PORT}`` from its environment."""
+    nnodes = cfg.profile.nnodes
+    if nnodes == 1:
+        return []
+    by_hand = "or start the dry run's per-node command (what follows srun ...) on every node yourself"
+    problems = []
+    job_nodes = os.environ.get("SLURM_JOB_NUM_NODES")
+    if shutil.which("srun") is None or job_nodes is None:
+        reason = "srun is not installed" if shutil.which("srun") is None else "SLURM_JOB_NUM_NODES is unset"
+        problems.append(Problem("nodes", f"profile.nnodes={nnodes} but this is not a Slurm job ({reason})",
+                                f"run python -m pipeline.run inside sbatch --nodes={nnodes}, {by_hand}"))
+    elif int(job_nodes) < nnodes:
+        problems.append(Problem("nodes", f"profile.nnodes={nnodes} but the Slurm job has {job_nodes} node(s)",
+                                f"submit with sbatch --nodes={nnodes}, or set profile.nnodes={job_nodes}"))
+    missing = [name for name in ("MASTER_ADDR", "MASTER_PORT") if not os.environ.get(name)]
+    if missing:
+        problems.append(Problem("nodes", f"profile.nnodes={nnodes} and {' and '.join(missing)} unset: the SFT "
+                                         "rendezvous endpoint",
+                                "source scripts/slurm_env.sh in the job before python -m pipeline.run, or export "
+                                "MASTER_ADDR=<first node> MASTER_PORT=<free port>"))
+    return problems
+
+
 # ------------------------------------------------------------------------------------------------ disk
 def model_parameters(cfg: "Config") -> int | None:
     """The base model's parameter count from its config.json (local folder or HF cache), else from a size in its
@@ -401,6 +428,8 @@ def require_plan(cfg: "Config", pending: list["StageCommand"]) -> None:
             if (problem.check, problem.message) not in seen:
                 seen.add((problem.check, problem.message))
                 problems.append(problem)
+    if any(command.stage == "sft" for command in pending):
+        problems += check_nodes(cfg)
     if any("disk" in STAGE_CHECKS[command.stage] for command in pending):
         problems += check_disk(cfg.experiment.run_root, estimate_bytes(pending))
     if problems:

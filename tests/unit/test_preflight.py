@@ -313,3 +313,29 @@ def test_eval_started_directly_names_the_missing_model_folder(tmp_path, monkeypa
     cfg = compose(["profile=toy", f"eval.model_path={tmp_path}/hf", "eval.variant=mine"])
     with pytest.raises(PreflightError, match=r"eval.model_path=.*/hf does not exist"):
         eval.run.run(cfg)
+
+
+def test_multi_node_sft_needs_a_slurm_job_and_the_rendezvous_endpoint(tmp_path, monkeypatch):
+    from pipeline.stages import build_plan
+
+    monkeypatch.setenv("PATH", str(tmp_path))  # no srun
+    for name in ("SLURM_JOB_NUM_NODES", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    overrides = ["experiment=table1", "profile=toy", "profile.nnodes=2", "experiment.methods=[sft]",
+                 "experiment.stages=[sft]", f"experiment.run_root={tmp_path / 'runs'}"]
+    cfg = compose(overrides)
+    with pytest.raises(PreflightError) as error:
+        preflight.require_plan(cfg, build_plan(cfg, overrides))
+    slurm, endpoint = error.value.problems
+    assert (slurm.check, endpoint.check) == ("nodes", "nodes")
+    assert "srun is not installed" in slurm.message and "sbatch --nodes=2" in slurm.fix
+    assert "MASTER_ADDR and MASTER_PORT unset" in endpoint.message and "scripts/slurm_env.sh" in endpoint.fix
+
+    (tmp_path / "srun").write_text("#!/bin/sh\n")
+    (tmp_path / "srun").chmod(0o755)
+    monkeypatch.setenv("SLURM_JOB_NUM_NODES", "1")
+    monkeypatch.setenv("MASTER_ADDR", "gpu07")
+    monkeypatch.setenv("MASTER_PORT", "24242")
+    assert "profile.nnodes=1" in only(preflight.check_nodes(cfg), "nodes").fix
+    monkeypatch.setenv("SLURM_JOB_NUM_NODES", "2")
+    assert preflight.check_nodes(cfg) == [] and preflight.check_nodes(compose(["profile=toy"])) == []
