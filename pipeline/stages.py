@@ -102,8 +102,9 @@ def node_launcher(cfg: Config) -> list[str]:
 
 def _sft_settings(cfg: Config) -> dict[str, object]:
     s = cfg.sft
+    ranks = cfg.profile.nproc_per_node * cfg.profile.nnodes
     return {"method": vars(s.method), "lr": s.lr, "schedule": f"{s.lr_schedule} warmup {s.warmup_ratio}",
-            "batch": f"{s.micro_batch_size} x GA {s.grad_accum} x {cfg.profile.nproc_per_node * cfg.profile.nnodes} ranks",
+            "batch": f"{s.micro_batch_size} x GA {s.grad_accum} x {ranks} ranks",
             "epochs": s.epochs, "max_steps": s.max_steps, "loss_norm": s.effective_loss_norm(),
             "cutoff": cfg.data.max_length, "precision": s.mixed_precision}
 
