@@ -4,7 +4,7 @@ A :class:`TokenLoss` names the detached per-token statistics it needs (``stats``
 (:class:`~sft.token_stats.TokenStats`, one row per prediction position) into per-row coefficients of
 differentiable per-token terms (:class:`~sft.token_stats.TokenWeights`); ``sft.token_stats`` computes the
 statistics and the weighted sum chunk by chunk. The trainer gets its loss with ``build_loss(cfg.sft.method)``
-and never branches on a method name. Formulas and sources: ``docs/methods.md`` and methods_spec §1–5.
+and never branches on a method name. Formulas, sources and the EKSFT decisions D1–D13: ``docs/methods.md``.
 
 Notation: T the supervised prediction positions of a selection group, ``p_i`` the policy's probability of
 target ``y_i``, ``q`` the frozen reference, ``H_i``/``KL_i`` entropy and reverse KL(π_θ‖π_ref) in nats,
@@ -40,7 +40,7 @@ class TokenLoss:
     """Per-token statistics pass A computes before ``weigh`` (names of ``sft.token_stats.row_terms``); empty: no
     pass A at all (no extra head matmul), ``weigh`` sees only the row masks."""
     uses_label_positions: bool = False
-    """Also give ``weigh`` the rows ``labels[i] != -100`` (official EKSFT alignment, methods_spec D1)."""
+    """Also give ``weigh`` the rows ``labels[i] != -100`` (official EKSFT alignment, D1 of docs/methods.md)."""
     stats_in_model_dtype: bool = False
     """Compute pass-A statistics in the model dtype instead of fp32 (official EKSFT, D12)."""
 
@@ -49,6 +49,12 @@ class TokenLoss:
         self.term_options: Mapping[str, Any] = {}
         self.step = 0
         """The optimiser step being computed (0-based), set by :meth:`begin_step`."""
+
+    @classmethod
+    def variant(cls, cfg: SFTMethod) -> type[TokenLoss]:
+        """The class that computes ``cfg``: this one, unless the method keeps some settings in a subclass (EKSFT:
+        the paper's equations in :class:`EKSFTLoss`, everything else in :class:`EKSFTOfficialLoss`)."""
+        return cls
 
     def begin_step(self, step: int) -> None:
         """Called by the trainer before optimiser step ``step``; losses with per-step randomness read ``self.step``."""
@@ -81,7 +87,8 @@ def register_token_loss(name: str) -> Callable[[type[TokenLoss]], type[TokenLoss
 
 
 def build_loss(method_cfg: SFTMethod) -> TokenLoss:
-    """The registered loss for ``method_cfg`` (an instance of a dataclass in ``SFT_METHOD_SCHEMAS``)."""
+    """The loss registered under ``method_cfg.name`` (its :meth:`TokenLoss.variant` for ``method_cfg``, an instance
+    of a dataclass in ``SFT_METHOD_SCHEMAS``)."""
     name = getattr(method_cfg, "name", None)
     if name not in TOKEN_LOSSES:
         raise ConfigError(f"sft.method.name: unknown token loss {name!r}; valid: {sorted(TOKEN_LOSSES)}")
@@ -90,7 +97,7 @@ def build_loss(method_cfg: SFTMethod) -> TokenLoss:
         raise ConfigError(f"sft.method: the config of {name!r} must be a {getattr(schema, '__name__', None)}; "
                           f"got {type(method_cfg).__name__}")
     method_cfg.validate()
-    return TOKEN_LOSSES[name](method_cfg)
+    return TOKEN_LOSSES[name].variant(method_cfg)(method_cfg)
 
 
 def compute_token_loss(method: str | SFTMethod, logits: Tensor, labels: Tensor, ref_logits: Tensor | None = None,
@@ -262,22 +269,6 @@ class GEMLoss(TokenLoss):
 
 # ------------------------------------------------------------------------------------------ EKSFT
 
-EKSFT_COMPAT_PRESETS: dict[str, dict[str, Any]] = {
-    "paper": dict(mask_alignment="paper", k_rounding="ceil", topk_ties="paper_rank", reg_sets="union",
-                  entropy_norm="none", kl_formula="true_kl", dynamic_lambda=False, stats_dtype="fp32"),
-    "official_code": dict(mask_alignment="official_code", k_rounding="floor", topk_ties="exact_k",
-                          reg_sets="per_criterion", entropy_norm="log_vocab", kl_formula="official_code",
-                          dynamic_lambda=True, stats_dtype="model"),
-}
-"""Value of every ``None`` flag of :class:`EKSFTMethod` under each ``compat`` (methods_spec §1.3, D1–D12; D13, the
-loss normalisation, is ``EKSFTMethod.own_loss_norm``)."""
-
-
-def resolve_eksft_flags(cfg: EKSFTMethod) -> dict[str, Any]:
-    """The effective switches: an explicitly set flag wins over the ``compat`` preset."""
-    return {key: preset if getattr(cfg, key) is None else getattr(cfg, key)
-            for key, preset in EKSFT_COMPAT_PRESETS[cfg.compat].items()}
-
 
 def selection_size(count: Tensor, ratio: float, rounding: str) -> Tensor:
     """``k = ⌈ratio · count⌉`` (paper) or ``⌊ratio · count⌋`` (official code), in float64 on the device.
@@ -305,6 +296,87 @@ def top_rank_mask(values: Tensor, candidates: Tensor, k: Tensor, ties: str) -> T
     return candidates & (rank <= k)
 
 
+def _eksft_metrics(stats: TokenStats, sets: dict[str, Tensor], ce_coef: Tensor, entropy_reg: Tensor,
+                   kl_reg: Tensor, lambda_entropy: Tensor, lambda_kl: Tensor) -> dict[str, Tensor]:
+    """What both EKSFT classes log (docs/methods.md): ``sets`` holds the row masks T, M_H, M_KL, M and CE."""
+    entropy, kl = stats.values["entropy"], stats.values["kl"]
+    rest = sets["T"] & ~sets["M"]
+    return {"ce": (ce_coef * -stats.values["logp"]).sum(), "entropy_reg": entropy_reg, "kl_reg": kl_reg,
+            "lambda_entropy": lambda_entropy, "lambda_kl": lambda_kl,
+            **{f"num_{key}": _count(mask) for key, mask in sets.items()},
+            "iou": _count(sets["M_H"] & sets["M_KL"]) / _count(sets["M_H"] | sets["M_KL"]).clamp(min=1.0),
+            "entropy_mean_M": _mean_on(entropy, sets["M"]), "entropy_mean_rest": _mean_on(entropy, rest),
+            "kl_mean_M": _mean_on(kl, sets["M"]), "kl_mean_rest": _mean_on(kl, rest)}
+
+
+@register_token_loss("eksft")
+class EKSFTLoss(TokenLoss):
+    """EKSFT as the paper writes it (§4, Eq. 4–15), on the supervised rows T of a micro-batch:
+
+    ``H_i`` the entropy (Eq. 4), ``KL_i = KL(π_θ‖π_ref)_i`` (Eq. 8), ``k = ⌈ρ|T|⌉`` (Eq. 7),
+    ``TopK(X) = {t ∈ T : #{i ∈ T : X_i ≥ X_t} ≤ k}`` (Eq. 6–7; ties at the boundary all left out; KL < kl_eps
+    ranks as 0, so M_KL = ∅ while π_θ = π_ref), ``M_H = TopK(H)``, ``M_KL = TopK(KL)``, ``M = M_H ∪ M_KL`` (Eq. 10–11),
+    ``L = −(1/|T∖M|) Σ_{i∈T∖M} log p_i − λ_H (1/|M|) Σ_{i∈M} H_i + λ_KL (1/|M|) Σ_{i∈M} KL_i`` (Eq. 12–15).
+    Masked rows get no ``−∇log p_i`` term (label-free). Every other setting of :class:`EKSFTMethod` (the official
+    code's choices, the ablations) is computed by :class:`EKSFTOfficialLoss`; :meth:`variant` picks the class.
+    """
+
+    needs_reference = True
+    stats = ("logp", "entropy", "kl")
+
+    @classmethod
+    def variant(cls, cfg: EKSFTMethod) -> type[TokenLoss]:
+        return EKSFTLoss if eksft_switches(cfg) == PAPER_SWITCHES else EKSFTOfficialLoss
+
+    def select(self, stats: TokenStats, rows: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """``(M_H, M_KL, M)`` among ``rows`` (Eq. 6–11)."""
+        k = selection_size(rows.sum(), self.cfg.rho, "ceil")
+        kl = stats.values["kl"]
+        by_entropy = top_rank_mask(stats.values["entropy"], rows, k, "paper_rank")
+        by_kl = top_rank_mask(torch.where(kl < self.cfg.kl_eps, 0.0, kl), rows, k, "paper_rank")
+        return by_entropy, by_kl, by_entropy | by_kl
+
+    def weigh(self, stats: TokenStats) -> TokenWeights:
+        entropy, kl, supervised = stats.values["entropy"], stats.values["kl"], stats.has_target
+        by_entropy, by_kl, masked = self.select(stats, supervised)
+        unmasked = supervised & ~masked
+        ce_share, reg_share = _per_row_share(unmasked), _per_row_share(masked)  # 1/|T∖M| on T∖M, 1/|M| on M
+        lambda_entropy, lambda_kl = self.cfg.lambda_entropy, self.cfg.lambda_kl
+        coefs = {"logp": -ce_share, "entropy": -lambda_entropy * reg_share, "kl": lambda_kl * reg_share}  # Eq. 15
+        sets = {"T": supervised, "M_H": by_entropy, "M_KL": by_kl, "M": masked, "CE": unmasked}
+        metrics = _eksft_metrics(stats, sets, ce_share, (reg_share * entropy).sum(), (reg_share * kl).sum(),
+                                 lambda_entropy * supervised.any(), lambda_kl * supervised.any())
+        return TokenWeights(coefs=coefs, constant=ce_share.new_zeros(()), metrics=metrics)
+
+
+# ------------------------------------------------------------------------------------------ EKSFT: every other switch
+
+EKSFT_COMPAT_PRESETS: dict[str, dict[str, Any]] = {
+    "paper": dict(mask_alignment="paper", k_rounding="ceil", topk_ties="paper_rank", reg_sets="union",
+                  entropy_norm="none", kl_formula="true_kl", dynamic_lambda=False, stats_dtype="fp32"),
+    "official_code": dict(mask_alignment="official_code", k_rounding="floor", topk_ties="exact_k",
+                          reg_sets="per_criterion", entropy_norm="log_vocab", kl_formula="official_code",
+                          dynamic_lambda=True, stats_dtype="model"),
+}
+"""Value of every ``None`` flag of :class:`EKSFTMethod` under each ``compat`` (decisions D1–D12 of
+docs/methods.md; D13, the loss normalisation, is ``EKSFTMethod.own_loss_norm``)."""
+PAPER_SWITCHES: dict[str, Any] = dict(EKSFT_COMPAT_PRESETS["paper"], combine="union", selection="topk",
+                                      global_regularisation=False, selection_scope="micro_batch")
+"""The switches under which EKSFT is exactly the paper's Eq. 4–15 (:class:`EKSFTLoss`)."""
+
+
+def resolve_eksft_flags(cfg: EKSFTMethod) -> dict[str, Any]:
+    """The effective flags: an explicitly set flag wins over the ``compat`` preset."""
+    return {key: preset if getattr(cfg, key) is None else getattr(cfg, key)
+            for key, preset in EKSFT_COMPAT_PRESETS[cfg.compat].items()}
+
+
+def eksft_switches(cfg: EKSFTMethod) -> dict[str, Any]:
+    """The effective value of every key of :data:`PAPER_SWITCHES` in ``cfg``."""
+    return {**resolve_eksft_flags(cfg), **{key: getattr(cfg, key) for key in PAPER_SWITCHES
+                                           if key not in EKSFT_COMPAT_PRESETS["paper"]}}
+
+
 def random_subset_mask(candidates: Tensor, k: Tensor, targets: Tensor, sequence: Tensor, seed: int,
                        step: int) -> Tensor:
     """``k`` candidate rows drawn uniformly without replacement, a new draw every optimiser step.
@@ -324,19 +396,20 @@ def random_subset_mask(candidates: Tensor, k: Tensor, targets: Tensor, sequence:
     return top_rank_mask(keys.to(candidates.device), candidates, k, "exact_k")
 
 
-@register_token_loss("eksft")
-class EKSFTLoss(TokenLoss):
-    """EKSFT (paper §4, Eq. 15; methods_spec §1.4), per selection group G (the micro-batch, or each sequence):
+class EKSFTOfficialLoss(EKSFTLoss):
+    """EKSFT under any switch of :class:`EKSFTMethod`: the public code's choices (``compat=official_code`` or flag by
+    flag, D1–D12 of docs/methods.md) and the ablations that leave Eq. 15. Per selection group G (``selection_scope``:
+    the micro-batch, or each sequence) with rankable rows R (T; under D1 the label positions ``labels[i] != -100``):
 
-    ``k = ⌈ρ|T|⌉``, ``M_H = TopK(H)``, ``M_KL = TopK(KL)`` (paper rank rule, KL < kl_eps counts as 0),
-    ``M = M_H ∪ M_KL``,
-    ``L_G = (1/|T∖M|) Σ_{T∖M} −log p_i − λ_H (1/|M|) Σ_M H_i + λ_KL (1/|M|) Σ_M KL_i``;
-    the micro-batch loss is the mean of ``L_G`` over non-empty groups. Masked rows get no ``−∇log p_i`` term
-    (label-free). ``compat=official_code`` and the individual flags reproduce the public code (D1–D12); the
-    ablations are ``selection=random``, ``combine=intersection`` and ``global_regularisation`` (M = T, CE on T).
+    ``k = ρ|R|`` rounded up (paper) or down (D2); ``M_H``, ``M_KL`` the top k of H and KL by the paper's rank rule or
+    exactly k (D3); ``M = M_H ∪ M_KL`` or ``M_H ∩ M_KL`` (``combine``), or ``random_mask_ratio``·|R| random rows
+    (``selection=random``), or ``M_H = M_KL = M = R`` (``global_regularisation``, with CE on all of T);
+    ``L_G = (1/|C|) Σ_{i∈C} −log p_i − (λ_H/n_H) Σ_{i∈S_H} H_i/s + (λ_KL/n_KL) Σ_{i∈S_KL} K_i`` with
+    C = T∖M (under D1: the rows whose next row is not masked); S_H = S_KL = M, n = |M| (paper) or S_H = M_H,
+    S_KL = M_KL, n = k (D7); s = 1 or ln V (D8); K the true KL or ``Σ_v p_v (p_v − log q_v)`` (D9); each λ × (1 ±
+    factor) per group (D10); ranking statistics in the model dtype (D12). The micro-batch loss is the mean of L_G
+    over its non-empty groups.
     """
-
-    needs_reference = True
 
     def __init__(self, cfg: EKSFTMethod):
         super().__init__(cfg)
@@ -346,23 +419,17 @@ class EKSFTLoss(TokenLoss):
         self.kl_term = "code_kl" if self.flags["kl_formula"] == "official_code" else "kl"
         self.stats = ("logp", "entropy", "kl") + (("code_kl",) if self.kl_term == "code_kl" else ())
 
-    def _groups(self, stats: TokenStats) -> list[Tensor]:
-        if self.cfg.selection_scope == "sequence":
-            return [stats.sequence == s for s in range(stats.num_sequences)]
-        return [torch.ones_like(stats.has_target)]
-
-    def _select(self, stats: TokenStats, rankable: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """(M_H, M_KL, M) of one group whose rankable rows are ``rankable``."""
+    def select(self, stats: TokenStats, rows: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         cfg, flags = self.cfg, self.flags
         if cfg.global_regularisation:
-            return rankable, rankable, rankable
-        count = rankable.sum()
+            return rows, rows, rows
+        count = rows.sum()
         k = selection_size(count, cfg.rho, flags["k_rounding"])
-        entropy, kl = stats.values["entropy"], stats.values["kl"]
-        by_entropy = top_rank_mask(entropy, rankable, k, flags["topk_ties"])
-        by_kl = top_rank_mask(torch.where(kl < cfg.kl_eps, 0.0, kl), rankable, k, flags["topk_ties"])
+        kl = stats.values["kl"]
+        by_entropy = top_rank_mask(stats.values["entropy"], rows, k, flags["topk_ties"])
+        by_kl = top_rank_mask(torch.where(kl < cfg.kl_eps, 0.0, kl), rows, k, flags["topk_ties"])
         if cfg.selection == "random":
-            masked = random_subset_mask(rankable, selection_size(count, cfg.random_mask_ratio, flags["k_rounding"]),
+            masked = random_subset_mask(rows, selection_size(count, cfg.random_mask_ratio, flags["k_rounding"]),
                                         stats.targets, stats.sequence, cfg.random_mask_seed, self.step)
         elif cfg.combine == "union":
             masked = by_entropy | by_kl
@@ -370,33 +437,47 @@ class EKSFTLoss(TokenLoss):
             masked = by_entropy & by_kl
         return by_entropy, by_kl, masked
 
+    def _ce_rows(self, stats: TokenStats, member: Tensor, rankable: Tensor, masked: Tensor) -> Tensor:
+        """The rows of group ``member`` that keep their CE term."""
+        if self.cfg.global_regularisation:
+            return member & stats.has_target
+        if self.uses_label_positions:  # masking label position i drops the CE of row i − 1 (D1)
+            next_masked = torch.zeros_like(masked)
+            next_masked[:-1] = masked[1:]
+            return member & stats.has_target & ~next_masked
+        return rankable & ~masked
+
+    def _lambdas(self, entropy_term: Tensor, kl_term: Tensor) -> tuple[Tensor, Tensor]:
+        """(λ_H, λ_KL) of a group whose regularisers (before λ, within the group) are ``entropy_term``,
+        ``kl_term``; under D10 each × (1 ± factor), not persisted across steps."""
+        cfg = self.cfg
+        lambda_entropy = torch.full_like(entropy_term, cfg.lambda_entropy)
+        lambda_kl = torch.full_like(kl_term, cfg.lambda_kl)
+        if self.flags["dynamic_lambda"]:
+            up, down = 1.0 + cfg.dynamic_lambda_factor, 1.0 - cfg.dynamic_lambda_factor
+            lambda_entropy = lambda_entropy * torch.where(entropy_term < cfg.target_entropy, up, down)
+            lambda_kl = lambda_kl * torch.where(kl_term > cfg.target_kl, up, down)
+        return lambda_entropy, lambda_kl
+
     def weigh(self, stats: TokenStats) -> TokenWeights:
-        cfg, flags = self.cfg, self.flags
-        values = stats.values
+        cfg, flags, values = self.cfg, self.flags, stats.values
         rankable_all = stats.is_label_position if self.uses_label_positions else stats.has_target
-        groups = self._groups(stats)
+        groups = [stats.sequence == s for s in range(stats.num_sequences)] if cfg.selection_scope == "sequence" \
+            else [torch.ones_like(stats.has_target)]
         nonempty = torch.stack([(member & (rankable_all | stats.has_target)).any() for member in groups]).sum()
         group_share = 1.0 / nonempty.float().clamp(min=1.0)
         entropy_scale = 1.0 / math.log(stats.vocab_size) if flags["entropy_norm"] == "log_vocab" else 1.0
-        scaled_entropy = values["entropy"] * entropy_scale
-        reg_kl = values[self.kl_term]
+        scaled_entropy, reg_kl = values["entropy"] * entropy_scale, values[self.kl_term]
 
         zeros = torch.zeros_like(values["logp"])
         ce_coef, entropy_coef, kl_coef = zeros.clone(), zeros.clone(), zeros.clone()
         entropy_reg, kl_reg = zeros.new_zeros(()), zeros.new_zeros(())
         lambda_entropy, lambda_kl = zeros.new_zeros(()), zeros.new_zeros(())
-        union = {key: torch.zeros_like(stats.has_target) for key in ("T", "M_H", "M_KL", "M", "CE")}
+        sets = {key: torch.zeros_like(stats.has_target) for key in ("T", "M_H", "M_KL", "M", "CE")}
         for member in groups:
             rankable = member & rankable_all
-            by_entropy, by_kl, masked = self._select(stats, rankable)
-            if cfg.global_regularisation:
-                ce_rows = member & stats.has_target
-            elif self.uses_label_positions:  # CE of row i is dropped when row i+1's label is masked (D1)
-                next_masked = torch.zeros_like(masked)
-                next_masked[:-1] = masked[1:]
-                ce_rows = member & stats.has_target & ~next_masked
-            else:
-                ce_rows = rankable & ~masked
+            by_entropy, by_kl, masked = self.select(stats, rankable)
+            ce_rows = self._ce_rows(stats, member, rankable, masked)
             if flags["reg_sets"] == "per_criterion" and not cfg.global_regularisation:
                 k = selection_size(rankable.sum(), cfg.rho, flags["k_rounding"]).float()
                 entropy_base = _per_row_share(by_entropy, k) * group_share
@@ -405,13 +486,8 @@ class EKSFTLoss(TokenLoss):
                 entropy_base = kl_base = _per_row_share(masked) * group_share
             group_entropy_reg = (entropy_base * scaled_entropy).sum()
             group_kl_reg = (kl_base * reg_kl).sum()
-            group_lambda_entropy = torch.full_like(group_entropy_reg, cfg.lambda_entropy)
-            group_lambda_kl = torch.full_like(group_kl_reg, cfg.lambda_kl)
-            if flags["dynamic_lambda"]:  # per-step ±factor, not persisted (D10); values compare per group
-                up, down = 1.0 + cfg.dynamic_lambda_factor, 1.0 - cfg.dynamic_lambda_factor
-                group_lambda_entropy = group_lambda_entropy * torch.where(
-                    group_entropy_reg / group_share < cfg.target_entropy, up, down)
-                group_lambda_kl = group_lambda_kl * torch.where(group_kl_reg / group_share > cfg.target_kl, up, down)
+            group_lambda_entropy, group_lambda_kl = self._lambdas(group_entropy_reg / group_share,
+                                                                  group_kl_reg / group_share)
             ce_coef += _per_row_share(ce_rows) * group_share
             entropy_coef += group_lambda_entropy * entropy_base * entropy_scale
             kl_coef += group_lambda_kl * kl_base
@@ -419,26 +495,9 @@ class EKSFTLoss(TokenLoss):
             lambda_entropy = lambda_entropy + group_lambda_entropy * group_share * member.any()
             lambda_kl = lambda_kl + group_lambda_kl * group_share * member.any()
             for key, mask in (("T", rankable), ("M_H", by_entropy), ("M_KL", by_kl), ("M", masked), ("CE", ce_rows)):
-                union[key] |= mask
+                sets[key] |= mask
 
-        rest = union["T"] & ~union["M"]
-        metrics = {
-            "ce": (ce_coef * -values["logp"]).sum(),
-            "entropy_reg": entropy_reg,
-            "kl_reg": kl_reg,
-            "lambda_entropy": lambda_entropy,
-            "lambda_kl": lambda_kl,
-            "num_T": _count(union["T"]),
-            "num_M_H": _count(union["M_H"]),
-            "num_M_KL": _count(union["M_KL"]),
-            "num_M": _count(union["M"]),
-            "num_CE": _count(union["CE"]),
-            "iou": _count(union["M_H"] & union["M_KL"]) / _count(union["M_H"] | union["M_KL"]).clamp(min=1.0),
-            "entropy_mean_M": _mean_on(values["entropy"], union["M"]),
-            "entropy_mean_rest": _mean_on(values["entropy"], rest),
-            "kl_mean_M": _mean_on(values["kl"], union["M"]),
-            "kl_mean_rest": _mean_on(values["kl"], rest),
-        }
+        metrics = _eksft_metrics(stats, sets, ce_coef, entropy_reg, kl_reg, lambda_entropy, lambda_kl)
         coefs = {"logp": -ce_coef, "entropy": -entropy_coef, self.kl_term: kl_coef}
         return TokenWeights(coefs=coefs, constant=zeros.new_zeros(()), metrics=metrics)
 

@@ -1,4 +1,4 @@
-"""Token losses through the dense reference API, against hand-computed values (methods_spec §1–5)."""
+"""Token losses through the dense reference API, against hand-computed values (formulas: docs/methods.md)."""
 from __future__ import annotations
 
 import math
@@ -10,6 +10,8 @@ from pipeline.config import CONF_DIR, ConfigError, compose
 from pipeline.config.sft import SFT_METHOD_SCHEMAS, EKSFTMethod, SFTConfig, SFTMethod
 from sft.losses import (
     TOKEN_LOSSES,
+    EKSFTLoss,
+    EKSFTOfficialLoss,
     build_loss,
     compute_token_loss,
     register_token_loss,
@@ -17,7 +19,7 @@ from sft.losses import (
     selection_size,
     top_rank_mask,
 )
-from sft.token_stats import chunked_loss
+from sft.token_stats import chunked_loss, dense_loss
 
 LN2 = math.log(2.0)
 
@@ -96,6 +98,80 @@ def test_global_regularisation_is_full_ce_plus_both_regularisers_on_all_tokens()
     kl = (logp.exp() * (logp - logq)).sum(-1)
     expected = nll[mask].mean() - 0.3 * entropy[mask].mean() + 0.7 * kl[mask].mean()
     assert loss.item() == pytest.approx(expected.item(), rel=1e-6)
+
+
+def _small_batch() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(logits, reference logits, labels): B = 2, L = 6, V = 5, ``2 sin(0.7 n)`` and ``2 cos(1.3 n)`` of the flat
+    index n; 8 supervised rows (and 8 label positions)."""
+    n = torch.arange(2 * 6 * 5, dtype=torch.float32).reshape(2, 6, 5)
+    labels = torch.tensor([[-100, 3, 1, 4, 0, 2], [-100, -100, 2, 2, 0, -100]])
+    return (2.0 * torch.sin(0.7 * n)).requires_grad_(), 2.0 * torch.cos(1.3 * n), labels
+
+
+# Computed by the code before EKSFT was split into EKSFTLoss (the paper) and EKSFTOfficialLoss (commit 24b9700, one
+# EKSFTLoss.weigh for both arms), fp32 on CPU: loss, Σ|∂L/∂z|, |M|, |CE rows|, effective λ_H, λ_KL.
+_BEFORE_THE_SPLIT = {"paper": (2.3421688079833984, 2.0840578079223633, 6, 2, 0.3, 0.2),
+                     "official_code": (3.2579522132873535, 1.9606146812438965, 5, 3, 0.285, 0.21)}
+
+
+@pytest.mark.parametrize("compat", ["paper", "official_code"])
+def test_both_eksft_arms_keep_the_values_they_had_before_the_class_split(compat):
+    # ρ = 0.4: paper k = ⌈0.4·8⌉ = 4 of the 8 rows; official k = ⌊0.4·8⌋ = 3 of the 8 label positions, and dynamic λ
+    # (normalised entropy term 0.86 ≥ 0.5 ⇒ λ_H·0.95; code "KL" term 3.06 > 2 ⇒ λ_KL·1.05)
+    logits, ref, labels = _small_batch()
+    loss, metrics = compute_token_loss("eksft", logits, labels, ref, rho=0.4, lambda_entropy=0.3, lambda_kl=0.2,
+                                       compat=compat)
+    loss.backward()
+    value, grad_l1, num_masked, num_ce, lambda_h, lambda_kl = _BEFORE_THE_SPLIT[compat]
+    assert loss.item() == pytest.approx(value, rel=1e-6)
+    assert logits.grad.abs().sum().item() == pytest.approx(grad_l1, rel=1e-6)
+    assert (metrics["num_M"].item(), metrics["num_CE"].item()) == (num_masked, num_ce)
+    assert metrics["lambda_entropy"].item() == pytest.approx(lambda_h) and \
+        metrics["lambda_kl"].item() == pytest.approx(lambda_kl)
+    if compat == "paper":  # Eq. 15 written out on the same batch
+        z, zq, y = logits.detach()[:, :-1], ref[:, :-1], labels[:, 1:]
+        rows = y != -100
+        logp, logq = z.log_softmax(-1)[rows], zq.log_softmax(-1)[rows]
+        nll = -logp.gather(-1, y[rows].unsqueeze(-1)).squeeze(-1)
+        entropy, kl = -(logp.exp() * logp).sum(-1), (logp.exp() * (logp - logq)).sum(-1)
+        by_entropy = set(torch.argsort(entropy, descending=True)[:4].tolist())
+        masked = torch.tensor([i in by_entropy | set(torch.argsort(kl, descending=True)[:4].tolist())
+                               for i in range(8)])
+        expected = nll[~masked].mean() - 0.3 * entropy[masked].mean() + 0.2 * kl[masked].mean()
+        assert loss.item() == pytest.approx(expected.item(), rel=1e-6)
+
+
+def test_each_eksft_preset_gets_its_class():
+    paper = ("eksft", "eksft_no_entropy", "eksft_no_kl", "eksft_no_reg")
+    other = ("eksft_official", "eksft_global_reg", "eksft_random_mask", "eksft_intersection")
+    for preset in paper + other:
+        loss = build_loss(compose([f"sft/method={preset}"]).sft.method)
+        assert type(loss) is (EKSFTLoss if preset in paper else EKSFTOfficialLoss), preset
+        assert loss.name == "eksft"
+    # one flag off the paper's value is enough; the official preset with every flag set to the paper's is the paper
+    assert type(build_loss(EKSFTMethod(kl_formula="official_code"))) is EKSFTOfficialLoss
+    assert type(build_loss(EKSFTMethod(selection_scope="sequence"))) is EKSFTOfficialLoss
+    paper_flags = dict(mask_alignment="paper", k_rounding="ceil", topk_ties="paper_rank", reg_sets="union",
+                       entropy_norm="none", kl_formula="true_kl", dynamic_lambda=False, stats_dtype="fp32")
+    assert type(build_loss(EKSFTMethod(compat="official_code", **paper_flags))) is EKSFTLoss
+
+
+@pytest.mark.parametrize("rho", [0.0, 0.34, 1.0])
+def test_official_class_under_the_paper_switches_is_the_paper_class_bitwise(rho):
+    torch.manual_seed(9)
+    base, ref = torch.randn(2, 7, 9), torch.randn(2, 7, 9)
+    labels = torch.tensor([[-100, 1, 2, 3, -100, 5, 6], [-100, -100, 8, 0, 4, 4, -100]])
+    method = EKSFTMethod(rho=rho, lambda_entropy=0.3, lambda_kl=0.7)
+    results = []
+    for loss_class in (EKSFTLoss, EKSFTOfficialLoss):
+        logits = base.clone().requires_grad_()
+        result = dense_loss(loss_class(method), logits, labels, ref_logits=ref)
+        result.loss.backward()
+        results.append((result.loss, logits.grad, result.metrics))
+    (paper_loss, paper_grad, paper_metrics), (loss, grad, metrics) = results
+    assert torch.equal(paper_loss, loss) and torch.equal(paper_grad, grad)
+    assert paper_metrics.keys() == metrics.keys()
+    assert all(torch.equal(paper_metrics[key], metrics[key]) for key in metrics)
 
 
 # ------------------------------------------------------------------------------------------ gradients
