@@ -25,7 +25,7 @@ class SFTMethod:
     """Registry name of the token loss (``sft.losses.TOKEN_LOSSES``)."""
     loss_norm: Optional[str] = None
     """This method's own loss normalisation, winning over ``sft.loss_norm``; None: ``sft.loss_norm`` applies
-    (except EKSFT with ``compat=official_code``, whose preset is micro_batch_sum, methods_spec D13)."""
+    (except EKSFT with ``compat=official_code``, whose preset is micro_batch_sum, D13 in docs/methods.md)."""
 
     def own_loss_norm(self) -> Optional[str]:
         """The normalisation this method imposes (``loss_norm``, or its preset's), None if it leaves it to ``sft``."""
@@ -90,7 +90,7 @@ class EKSFTMethod(SFTMethod):
     """EKSFT: drop the top-ρ entropy ∪ top-ρ KL tokens from CE; regularise them with −λ_H·mean_M(H) + λ_KL·mean_M(KL).
 
     ``compat=official_code`` switches every ``None`` flag below to the public code's behaviour
-    (methods_spec §1.3, D1–D13); a flag set explicitly wins over the preset.
+    (D1–D13 in docs/methods.md); a flag set explicitly wins over the preset.
     """
 
     name: str = "eksft"
@@ -141,7 +141,7 @@ class EKSFTMethod(SFTMethod):
 
     def own_loss_norm(self) -> Optional[str]:
         """``loss_norm`` if set; else micro_batch_sum under ``compat=official_code`` (HF Trainer sums the GA
-        micro-batch means, methods_spec D13), None (``sft.loss_norm``) under ``compat=paper``."""
+        micro-batch means, D13 in docs/methods.md), None (``sft.loss_norm``) under ``compat=paper``."""
         if self.loss_norm is None and self.compat == "official_code":
             return "micro_batch_sum"
         return self.loss_norm
@@ -291,10 +291,10 @@ class SFTConfig:
     max_steps: int = -1
     """Stop after this many optimiser steps (-1: epochs decide)."""
     loss_norm: str = "micro_batch_mean"
-    """micro_batch_mean: mean over micro-batches (and ranks) of each micro-batch's loss (paper Alg. 1, methods_spec D13);
-    global_token_mean: each micro-batch loss weighted by its share of the step's supervised tokens over all ranks
-    (counted before the forward; for token-mean losses this is Σ token losses ÷ tokens of the whole step);
-    micro_batch_sum: like micro_batch_mean without ÷grad_accum (the official code's HF quirk)."""
+    """micro_batch_mean: mean over micro-batches (and ranks) of each micro-batch's loss (paper Alg. 1; D13 in
+    docs/methods.md); global_token_mean: each micro-batch loss weighted by its share of the step's supervised tokens
+    over all ranks (counted before the forward; for token-mean losses this is Σ token losses ÷ tokens of the whole
+    step); micro_batch_sum: like micro_batch_mean without ÷grad_accum (the official code's HF quirk)."""
     chunk_size: int = 256
     """Tokens per chunk of the loss head (only module that builds [tokens × vocab] tensors)."""
     mixed_precision: str = "bf16"
