@@ -157,18 +157,25 @@ def _kill_tree(process: subprocess.Popen) -> None:
 
 
 class StallWatchdog:
-    """Calls ``on_stall`` once if ``progressed`` is not called for ``timeout_s`` seconds (0: never)."""
+    """Calls ``on_stall`` once when verl shows no progress for ``timeout_s`` seconds (0: never).
+
+    Progress is any output line until the first finished step, and a finished step after that: start-up (Ray,
+    workers, the vLLM server) takes minutes on a loaded machine but prints as it goes, while a run waiting on a dead
+    Ray actor or a hung collective logs no step even if Ray keeps printing."""
 
     def __init__(self, timeout_s: float, on_stall: Callable[[], None], poll_s: float = 5.0):
         self.timeout_s, self.on_stall, self.poll_s = timeout_s, on_stall, poll_s
         self.fired = False
+        self.stepping = False
         self._last = time.monotonic()
         self._done = threading.Event()
         if timeout_s > 0:
             threading.Thread(target=self._watch, daemon=True).start()
 
-    def progressed(self) -> None:
-        self._last = time.monotonic()
+    def saw_line(self, is_step: bool) -> None:
+        self.stepping = self.stepping or is_step
+        if is_step or not self.stepping:
+            self._last = time.monotonic()
 
     def stop(self) -> None:
         self._done.set()
@@ -227,11 +234,12 @@ def run_verl(cfg: Config, variant: str, stage: Path, already_done: int) -> int:
         try:
             for line in process.stdout:
                 log.write(line)
-                if STEP_LINE.search(line):
+                is_step = STEP_LINE.search(line) is not None
+                if is_step:
                     log.flush()
                     copier.poll()
                     bar.update(max(0, copier.last_step - bar.n))
-                    watchdog.progressed()
+                watchdog.saw_line(is_step)
             returncode = process.wait()
         except BaseException:
             _kill_tree(process)
@@ -242,8 +250,9 @@ def run_verl(cfg: Config, variant: str, stage: Path, already_done: int) -> int:
         if returncode != 0:
             _kill_tree(process)
             tail = log_path.read_text(encoding="utf-8", errors="replace").splitlines()[-15:]
-            reason = (f"verl logged no new step for {cfg.rl.stall_timeout_s:.0f} s (rl.stall_timeout_s) and was "
-                      "stopped; a Ray actor may have died (e.g. killed for memory)" if watchdog.fired
+            reason = (f"verl showed no progress for {cfg.rl.stall_timeout_s:.0f} s (rl.stall_timeout_s: no output line "
+                      "during start-up, no new step after it) and was stopped; a Ray actor may have died (e.g. killed "
+                      "for memory)" if watchdog.fired
                       else f"verl exited with {returncode}")
             raise RLError(f"{reason}; last lines of {log_path}:\n" + "\n".join(tail))
     return latest_checkpoint_step(stage / CHECKPOINT_SUBDIR)

@@ -92,8 +92,9 @@ class RLConfig:
     max_checkpoints_to_keep: int = field(default=2, metadata=SUPERVISION)
     """verl actor checkpoints kept on disk (older ones are deleted)."""
     stall_timeout_s: float = field(default=0.0, metadata=SUPERVISION)
-    """Stop the run with an error when verl has logged no new step for this long (start-up included); 0: never.
-    verl 0.9.1 waits forever when one of its Ray actors dies (e.g. killed for memory)."""
+    """Stop the run with an error when verl shows no progress for this long: no output line during start-up, no new
+    step after the first; 0: never. verl 0.9.1 waits forever when one of its Ray actors dies (e.g. killed for
+    memory)."""
     verl_overrides: dict[str, str] = field(default_factory=dict)
     """Extra verl keys passed through unchanged (``key: value``; prefix ``+`` for keys not in verl's schema); they win."""
 

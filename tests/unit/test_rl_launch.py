@@ -73,13 +73,20 @@ def test_kill_tree_reaches_children_that_ignore_sigterm(monkeypatch):
     assert not any(child.is_running() and child.status() != psutil.STATUS_ZOMBIE for child in children)
 
 
-def test_stall_watchdog_fires_only_without_progress():
+def test_stall_watchdog_counts_any_line_during_start_up_and_only_steps_after_it():
     stalled = threading.Event()
     watchdog = train.StallWatchdog(0.3, stalled.set, poll_s=0.05)
-    for _ in range(8):  # progress every 0.1 s keeps it quiet
+    for _ in range(8):  # start-up: a line every 0.1 s keeps it quiet for 0.8 s, past the 0.3 s limit
         time.sleep(0.1)
-        watchdog.progressed()
+        watchdog.saw_line(is_step=False)
+    watchdog.saw_line(is_step=True)
+    for _ in range(2):
+        time.sleep(0.1)
+        watchdog.saw_line(is_step=False)
     assert not stalled.is_set() and not watchdog.fired
+    for _ in range(6):  # after the first step, lines without a new step are no progress
+        time.sleep(0.1)
+        watchdog.saw_line(is_step=False)
     assert stalled.wait(2.0) and watchdog.fired
     off = train.StallWatchdog(0.0, stalled.clear)
     time.sleep(0.1)
