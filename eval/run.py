@@ -11,6 +11,10 @@ every sample with :func:`eval.scoring.verify`, and writes into ``eval_dir(cfg, p
   rates, and the protocol (n, temperature, top_p, max_tokens, seed, backend and its version).
 * ``manifest.json`` (``pipeline.manifest.stage_run``): config, input hashes, engine settings, headline metrics.
 
+Sampling runs on ``eval.data_parallel_size`` engines side by side (``eval.sample.EnginePool``, one process per
+``tensor_parallel_size`` GPUs), which get the batches a one-engine run would generate; this process alone writes the
+files.
+
 Any HF folder or hub id:
 ``python -m eval.run eval.model_path=/path/to/hf eval.variant=my_model eval.benchmarks=[aime24,amc] eval.n=4``.
 """
@@ -25,7 +29,14 @@ from typing import Any, Callable, Iterator
 
 
 from eval.metrics import benchmark_metrics
-from eval.sample import Sampler, configure_vllm_cpu_environment, make_sampler, render_prompt, response_prefix
+from eval.sample import (
+    Sampler,
+    configure_vllm_cpu_environment,
+    engine_count,
+    make_sampler,
+    render_prompt,
+    response_prefix,
+)
 from eval.scoring import MAX_WORKERS, extract_answer, verify
 from pipeline.config import Config, ConfigError, stage_main
 from pipeline.manifest import (
@@ -113,6 +124,11 @@ def load_benchmark(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
+def benchmark_rows(cfg: Config, benchmark: str) -> list[dict[str, Any]]:
+    """The rows of ``benchmark`` this run evaluates (the first ``eval.max_problems``, or all)."""
+    return load_benchmark(data_dir(cfg) / "benchmarks" / f"{benchmark}.jsonl")[:cfg.eval.max_problems or None]
+
+
 # ----------------------------------------------------------------------------------------------- samples
 def read_finished(path: Path, n: int) -> dict[str, list[dict[str, Any]]]:
     """Problems with all ``n`` samples in ``path``; the lines of unfinished problems are removed from the file.
@@ -164,22 +180,33 @@ def _batches(items: list, size: int) -> Iterator[list]:
 
 # ------------------------------------------------------------------------------------------------- stage
 class _Engine:
-    """The tokenizer now, the sampler on first use (so a fully finished run never starts an engine)."""
+    """The tokenizer now, the sampler on first use (so a fully finished run never starts an engine).
 
-    def __init__(self, model_path: str, cfg: Config, factory: Callable[..., Sampler]):
+    Its context length is ``eval.max_model_len``, else the longest prompt of every benchmark of the run +
+    ``max_tokens``: fixed before the first batch, so every problem gets its full ``max_tokens`` and the length does
+    not depend on how problems are batched or dealt to engines.
+    """
+
+    def __init__(self, model_path: str, cfg: Config, factory: Callable[..., Sampler], benchmarks: list[str]):
         self.model_path, self.cfg, self._factory = model_path, cfg, factory
         self.tokenizer = load_tokenizer(model_path)
         self._sampler: Sampler | None = None
-        self.max_model_len = cfg.eval.max_model_len
+        self.max_model_len = cfg.eval.max_model_len or cfg.eval.max_tokens + max(
+            len(self.prompt_ids(prompt)) for name in benchmarks for prompt in self.prompts(benchmark_rows(cfg, name)))
+
+    def prompts(self, rows: list[dict[str, Any]]) -> list[str]:
+        return [render_prompt(self.tokenizer, row["prompt"]) for row in rows]
+
+    def prompt_ids(self, prompt: str) -> list[int]:
+        return self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
 
     @property
     def started(self) -> Sampler | None:
         """The sampler if this run started one."""
         return self._sampler
 
-    def sampler(self, longest_prompt: int) -> Sampler:
+    def sampler(self) -> Sampler:
         if self._sampler is None:
-            self.max_model_len = self.max_model_len or longest_prompt + self.cfg.eval.max_tokens
             self._sampler = self._factory(self.model_path, self.cfg, self.max_model_len)
         return self._sampler
 
@@ -193,10 +220,9 @@ def evaluate_benchmark(cfg: Config, benchmark: str, engine: _Engine, model_recor
     """Samples, scores and summarises one benchmark under the run contract (skips, resumes or restarts)."""
     spec = eval_run(cfg, cfg.eval.phase, cfg.eval.variant, benchmark)
     out_dir = spec.directory
-    bench_file = data_dir(cfg) / "benchmarks" / f"{benchmark}.jsonl"
-    rows = load_benchmark(bench_file)[:cfg.eval.max_problems or None]
+    rows = benchmark_rows(cfg, benchmark)
     n = cfg.eval.samples_for(benchmark)
-    prompts = [render_prompt(engine.tokenizer, row["prompt"]) for row in rows]
+    prompts = engine.prompts(rows)
     prefixes = {response_prefix(p) for p in prompts}
     protocol = {"n": n, "temperature": cfg.eval.temperature, "top_p": cfg.eval.top_p,
                 "max_tokens": cfg.eval.max_tokens, "seed": cfg.seed, "backend": cfg.eval.backend,
@@ -221,10 +247,10 @@ def evaluate_benchmark(cfg: Config, benchmark: str, engine: _Engine, model_recor
         bar = progress(total=len(rows), initial=len(finished), desc=f"eval {cfg.eval.variant}/{benchmark}",
                        enabled=cfg.logging.progress, unit="problem")
         with bar, open(samples_path, "a", encoding="utf-8") as samples:
-            for batch in _batches(todo, cfg.eval.problems_per_batch):
-                prompt_ids = [engine.tokenizer(p, add_special_tokens=False)["input_ids"] for _, p in batch]
+            for batch in _batches(todo, cfg.eval.problems_per_batch * engine_count(cfg)):
+                prompt_ids = [engine.prompt_ids(p) for _, p in batch]
                 seeds = [derive_seed(cfg.seed, f"eval/{benchmark}/{row['id']}") for row, _ in batch]
-                sampler = engine.sampler(max(len(ids) for ids in prompt_ids))
+                sampler = engine.sampler()
                 for (row, prompt), seed, completions in zip(batch, seeds, sampler.sample(prompt_ids, seeds, n)):
                     records = score_problem(row, completions, response_prefix(prompt), seed, pool)
                     samples.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
@@ -281,7 +307,7 @@ def run(cfg: Config, sampler_factory: Callable[..., Sampler] = make_sampler) -> 
     benchmarks = benchmark_names(cfg)
     model_path, upstream = resolve_model(cfg)
     model_record = {"path": model_path, "upstream_run": str(upstream) if upstream is not None else None}
-    engine = _Engine(model_path, cfg, sampler_factory)
+    engine = _Engine(model_path, cfg, sampler_factory, benchmarks)
     summary = Manifest(stage=f"eval_{cfg.eval.phase}", variant=cfg.eval.variant, status="complete")
     try:
         with ThreadPoolExecutor(MAX_WORKERS) as pool:

@@ -13,6 +13,10 @@ from __future__ import annotations
 
 import gc
 import os
+import pickle
+import subprocess
+import sys
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any, Protocol, Sequence
 
@@ -146,12 +150,155 @@ class HFSampler:
 
 
 def make_sampler(model_path: str, cfg: Config, max_model_len: int) -> Sampler:
-    """The backend named by ``eval.backend``."""
+    """The backend named by ``eval.backend``: one engine in this process, or an :class:`EnginePool` of
+    :func:`engine_count` engines."""
+    engines = engine_count(cfg)
+    if engines > 1:
+        return EnginePool(model_path, cfg, max_model_len, engines)
+    return make_engine(model_path, cfg, max_model_len)
+
+
+def make_engine(model_path: str, cfg: Config, max_model_len: int) -> Sampler:
+    """One engine of ``eval.backend`` in this process."""
     if cfg.eval.backend == "vllm":
         return VLLMSampler(model_path, cfg, max_model_len)
     if cfg.eval.backend == "hf":
         return HFSampler(model_path, cfg)
     raise ConfigError(f"eval.backend must be vllm or hf; got {cfg.eval.backend!r}")
+
+
+def engine_count(cfg: Config) -> int:
+    """``eval.data_parallel_size``, or when 0 as many engines of ``tensor_parallel_size`` GPUs as are visible (1 on
+    CPU); more GPUs than visible is an error naming the key."""
+    wanted = cfg.eval.data_parallel_size
+    if cfg.profile.device != "cuda":
+        return wanted or 1
+    visible = len(visible_gpus())
+    if wanted == 0:
+        return max(1, visible // cfg.eval.tensor_parallel_size)
+    if wanted * cfg.eval.tensor_parallel_size > visible:
+        raise ConfigError(f"eval.data_parallel_size={wanted} engines x eval.tensor_parallel_size="
+                          f"{cfg.eval.tensor_parallel_size} GPUs need {wanted * cfg.eval.tensor_parallel_size} GPUs; "
+                          f"{visible} are visible (set eval.data_parallel_size=0 to use what there is)")
+    return wanted
+
+
+def visible_gpus() -> list[str]:
+    """The GPU ids this process may use: ``CUDA_VISIBLE_DEVICES`` when set, else ``0 .. device_count - 1``."""
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if listed is not None:
+        return [device.strip() for device in listed.split(",") if device.strip()]
+    import torch
+
+    return [str(index) for index in range(torch.cuda.device_count())]
+
+
+class EnginePool:
+    """``engines`` samplers side by side, each in its own process (``eval/_sampler_worker.py``) on its own
+    ``tensor_parallel_size`` GPUs (``CUDA_VISIBLE_DEVICES``); on CPU each engine gets the same environment.
+
+    A :meth:`sample` call is cut into chunks of ``eval.problems_per_batch`` prompts, chunk j going to engine
+    j mod ``engines``; the engines run their chunks at the same time and the results come back in prompt order.
+    The evaluation hands over ``problems_per_batch × engines`` problems per call, so every engine receives exactly
+    the batches a one-engine run would generate, with the same per-prompt seeds: the samples are the same.
+    """
+
+    def __init__(self, model_path: str, cfg: Config, max_model_len: int, engines: int):
+        self._chunk = cfg.eval.problems_per_batch
+        tp = cfg.eval.tensor_parallel_size
+        gpus = visible_gpus() if cfg.profile.device == "cuda" else []
+        devices = [",".join(gpus[e * tp:(e + 1) * tp]) if gpus else None for e in range(engines)]
+        self._threads = ThreadPoolExecutor(engines, thread_name_prefix="engine")
+        self._workers: list[_EngineProcess] = []
+        try:
+            self._workers = [_EngineProcess(index, visible) for index, visible in enumerate(devices)]
+            for worker in self._workers:  # every engine loads at once
+                worker.send((model_path, cfg, max_model_len))
+            backend, self.version, settings = self._workers[0].receive()
+            for worker in self._workers[1:]:
+                worker.receive()
+        except BaseException:
+            self.close(kill=True)
+            raise
+        self.backend = backend
+        self.settings = {**settings, "data_parallel": {"engines": engines, "cuda_visible_devices": devices,
+                                                       "problems_per_engine_call": self._chunk}}
+
+    def sample(self, prompts: Sequence[list[int]], seeds: Sequence[int], n: int) -> list[list[Completion]]:
+        starts = list(range(0, len(prompts), self._chunk))
+        engines = len(self._workers)
+
+        def run_chunks(engine: int) -> list[tuple[int, list[list[Completion]]]]:
+            done = []
+            for start in starts[engine::engines]:
+                stop = start + self._chunk
+                self._workers[engine].send((list(prompts[start:stop]), list(seeds[start:stop]), n))
+                done.append((start, self._workers[engine].receive()))
+            return done
+
+        futures = [self._threads.submit(run_chunks, engine) for engine in range(min(engines, len(starts)))]
+        try:
+            wait(futures, return_when=FIRST_EXCEPTION)
+            by_start = dict(pair for future in futures for pair in future.result())
+        except BaseException:
+            self.close(kill=True)  # a failed or interrupted engine: stop them all now
+            raise
+        return [completions for start in starts for completions in by_start[start]]
+
+    def close(self, kill: bool = False) -> None:
+        for worker in self._workers:
+            worker.stop(kill)
+        self._workers = []
+        self._threads.shutdown(wait=False, cancel_futures=True)
+
+
+class _EngineProcess:
+    """One ``python -m eval._sampler_worker``: pickled requests on its stdin, pickled replies on its stdout."""
+
+    STOP_TIMEOUT_S = 60
+    """How long an engine may take to close after its stdin closes, before it is terminated."""
+    TERMINATE_TIMEOUT_S = 10
+    """How long it may take to exit after SIGTERM, before it is killed."""
+
+    def __init__(self, index: int, cuda_visible_devices: str | None):
+        env = dict(os.environ)
+        if cuda_visible_devices is not None:
+            env["CUDA_VISIBLE_DEVICES"] = cuda_visible_devices
+        self.index = index
+        self.process = subprocess.Popen([sys.executable, "-m", "eval._sampler_worker"], stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, env=env)
+
+    def send(self, message: Any) -> None:
+        pickle.dump(message, self.process.stdin)
+        self.process.stdin.flush()
+
+    def receive(self) -> Any:
+        try:
+            status, payload = pickle.load(self.process.stdout)
+        except EOFError:
+            raise RuntimeError(f"evaluation engine {self.index} exited (code {self.process.wait()}); "
+                               "its log is above") from None
+        if status == "error":
+            raise RuntimeError(f"evaluation engine {self.index} failed:\n{payload}")
+        return payload
+
+    def stop(self, kill: bool = False) -> None:
+        """Closes its stdin, so the worker closes its engine and exits; when ``kill`` (an error or Ctrl-C: it may be
+        mid-generate) or when that takes over :attr:`STOP_TIMEOUT_S`, SIGTERM, then SIGKILL."""
+        try:
+            self.process.stdin.close()
+        except OSError:
+            pass  # the worker is gone already
+        try:
+            self.process.wait(0 if kill else self.STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self.process.terminate()
+            try:
+                self.process.wait(self.TERMINATE_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.process.stdout.close()
 
 
 def render_prompt(tokenizer: Any, messages: list[dict[str, str]]) -> str:

