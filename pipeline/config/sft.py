@@ -71,8 +71,6 @@ class PSFTMethod(SFTMethod):
     """PSFT: PPO-clipped surrogate with advantage 1 against an old-policy snapshot, −min(r, 1+ε_h) (arXiv 2508.17784)."""
 
     name: str = "psft"
-    clip_low: float = 0.2
-    """ε_l (never binds for a positive advantage; kept for completeness)."""
     clip_high: float = 0.28
     """ε_h."""
     updates_per_refresh: int = 8
@@ -80,7 +78,6 @@ class PSFTMethod(SFTMethod):
 
     def validate(self) -> None:
         super().validate()
-        check_range("sft.method.clip_low", self.clip_low, 0.0, 1.0)
         check_range("sft.method.clip_high", self.clip_high, 0.0, low_open=True)
         check_range("sft.method.updates_per_refresh", self.updates_per_refresh, 1)
 
