@@ -6,7 +6,9 @@ A token loss (``sft.losses``) never sees the vocabulary. It names the per-token 
 ``chunk_size`` prediction rows at a time (methods_spec §9.2):
 
 * pass A (no graph, fp32 unless the loss asks for the model dtype): the loss's statistics, a few floats per row;
-  skipped entirely (no head matmul) when the loss names none (plain SFT, DFT);
+  skipped entirely (no head matmul) when the loss names none (plain SFT, DFT). It runs its chunks last to first
+  and hands the first chunk's policy logits to pass B, which starts with that chunk: the same matmul is not done
+  twice (with one chunk per micro-batch, pass A adds no policy head matmul at all);
 * selection and weighting on those ``N`` scalars (``TokenLoss.weigh``);
 * pass B: ``Σ_rows Σ_terms coef · term`` with gradients, as a custom autograd function that forms each chunk's
   logit gradient in the forward from the closed forms below (in the chunk's own logits buffer) and accumulates
@@ -161,9 +163,10 @@ def _rowdot(a_cv: Tensor, b_cv: Tensor) -> Tensor:
     return torch.einsum("cv,cv->c", a_cv, b_cv)
 
 
-def _accurate_kl(probs: Tensor, gap: Tensor, plain: Tensor) -> Tensor:
-    """Detached ``KL(p‖q) = log1p(Σ_v p_v (expm1(y_v) − y_v))`` with ``y = μ − gap``, ``μ = Σ_v p_v gap_v``, for
-    ``gap = log p − log q + c`` (any per-row constant c, e.g. the raw logit difference ``z − z'``).
+def _accurate_kl(probs: Tensor, gap: Tensor, mean_gap: Tensor, plain: Tensor) -> Tensor:
+    """Detached ``KL(p‖q) = log1p(Σ_v p_v (expm1(y_v) − y_v))`` with ``y = μ − gap``, ``μ = Σ_v p_v gap_v``
+    (``mean_gap``, which every caller has already formed), for ``gap = log p − log q + c`` (any per-row constant c,
+    e.g. the raw logit difference ``z − z'``).
 
     Derivation: ``KL = μ + log Σ p e^{−gap} = log Σ p e^{y} = log1p(Σ p (e^y − 1 − y))`` since ``Σ p y = 0``.
     The textbook ``Σ p log p − Σ p log q`` (or ``Σ p (z − z') − lse + lse'``) cancels numbers of order ``ln V`` down
@@ -173,7 +176,7 @@ def _accurate_kl(probs: Tensor, gap: Tensor, plain: Tensor) -> Tensor:
     """
     with torch.no_grad():
         probs = probs.detach()
-        centred = _rowdot(probs, gap).unsqueeze(1) - gap
+        centred = mean_gap.detach().unsqueeze(1) - gap
         overflow = centred.amax(-1) > 80.0
         excess = torch.expm1(centred).sub_(centred)
         del centred
@@ -215,14 +218,17 @@ def row_terms(logits: Tensor, targets: Tensor, names: Sequence[str], *, ref_logi
         ref_lse = torch.logsumexp(ref_logits, dim=-1)
         if "kl" in names:  # gradient through p only: exactly 0 when z = z'; value from the accurate form
             gap = logits.detach() - ref_logits
-            plain = _rowdot(probs, gap) - lse.detach() + ref_lse
-            out["kl"] = plain - plain.detach() + _accurate_kl(probs, gap, plain)
+            mean_gap = _rowdot(probs, gap)
+            plain = mean_gap - lse.detach() + ref_lse
+            out["kl"] = plain - plain.detach() + _accurate_kl(probs, gap, mean_gap, plain)
         if "code_kl" in names:
             out["code_kl"] = _rowdot(probs, probs) - _rowdot(probs, ref_logits) + ref_lse
         if "forward_kl" in names:
             ref_probs = torch.softmax(ref_logits, dim=-1)
-            plain = _rowdot(ref_probs, ref_logits - logits) - ref_lse + lse
-            out["forward_kl"] = plain - plain.detach() + _accurate_kl(ref_probs, ref_logits - logits.detach(), plain)
+            gap = ref_logits - logits
+            mean_gap = _rowdot(ref_probs, gap)
+            plain = mean_gap - ref_lse + lse
+            out["forward_kl"] = plain - plain.detach() + _accurate_kl(ref_probs, gap.detach(), mean_gap, plain)
         if "ref_logp" in names:
             out["ref_logp"] = ref_logits.gather(1, targets.unsqueeze(1)).squeeze(1) - ref_lse
     if "old_logp" in names:
@@ -308,11 +314,11 @@ def chunked_loss(loss: TokenLossLike, hidden: Tensor, head_weight: Tensor, label
     ref_w = None if ref_head_weight is None else ref_head_weight.detach().to(compute_dtype)
     old_w = None if old_head_weight is None else old_head_weight.detach().to(compute_dtype)
     with torch.no_grad():
-        values = _chunked_stats(loss, hidden_nd.detach(), head_weight.detach().to(compute_dtype), rows.targets,
-                                chunk_size, ref_nd, ref_w, old_nd, old_w)
+        values, first_chunk = _chunked_stats(loss, hidden_nd.detach(), head_weight.detach().to(compute_dtype),
+                                             rows.targets, chunk_size, ref_nd, ref_w, old_nd, old_w)
     weights = loss.weigh(_token_stats(rows, values, head_weight.shape[0]))
     plan = _HeadPlan(coefs=weights.coefs, targets=rows.targets, chunk_size=chunk_size, compute_dtype=compute_dtype,
-                     ref_hidden=ref_nd, ref_head_weight=ref_w, old_logp=values.get("old_logp"),
+                     first_chunk=first_chunk, ref_hidden=ref_nd, ref_head_weight=ref_w, old_logp=values.get("old_logp"),
                      term_options=loss.term_options, target_logp=hidden_nd.new_zeros(rows.index.numel(),
                                                                                      dtype=torch.float32))
     value = _ChunkedHeadObjective.apply(hidden_nd, head_weight, plan) + weights.constant
@@ -333,30 +339,45 @@ def _head_logits(hidden: Tensor, weight_cd: Tensor) -> Tensor:
     return hidden.to(weight_cd.dtype) @ weight_cd.T
 
 
+@dataclass
+class _FirstChunkLogits:
+    """Pass A's policy logits ``hidden @ Wᵀ`` (compute dtype, not yet cast to the statistics dtype) for the rows of
+    the first chunk, the same product pass B needs first; pass B takes them (and drops them) instead of
+    recomputing it."""
+
+    policy: Tensor | None
+
+
 def _chunked_stats(loss: TokenLossLike, hidden_nd: Tensor, weight: Tensor, targets: Tensor, chunk_size: int,
                    ref_nd: Tensor | None, ref_w: Tensor | None, old_nd: Tensor | None,
-                   old_w: Tensor | None) -> dict[str, Tensor]:
+                   old_w: Tensor | None) -> tuple[dict[str, Tensor], _FirstChunkLogits | None]:
     """Pass A: ``loss.stats`` for every row, chunk by chunk, without a graph; fp32 unless the loss asks for the
-    compute dtype. The head weights come already cast to the compute dtype."""
+    compute dtype. The head weights come already cast to the compute dtype. The chunks run last to first (each
+    row's statistics do not depend on the order), so the first chunk's logits are the last computed and are
+    returned for pass B; ``({}, None)`` when the loss names no statistics."""
     names = loss.stats
     if not names:
-        return {}
+        return {}, None
     stats_dtype = weight.dtype if loss.stats_in_model_dtype else torch.float32
     needs_ref = bool(REFERENCE_TERMS & set(names))
     needs_old = bool(OLD_POLICY_TERMS & set(names))
+    starts = range(0, hidden_nd.shape[0], chunk_size)
     parts: dict[str, list[Tensor]] = {name: [] for name in names}
+    logits = None
     with torch.autocast(hidden_nd.device.type, enabled=False):
-        for start in range(0, hidden_nd.shape[0], chunk_size):
+        for start in reversed(starts):
             chunk = slice(start, start + chunk_size)
+            logits = _head_logits(hidden_nd[chunk], weight)
             values = row_terms(
-                _head_logits(hidden_nd[chunk], weight).to(stats_dtype), targets[chunk], names,
+                logits.to(stats_dtype), targets[chunk], names,
                 ref_logits=_head_logits(ref_nd[chunk], ref_w).to(stats_dtype) if needs_ref else None,
                 old_logits=_head_logits(old_nd[chunk], old_w).to(stats_dtype) if needs_old else None,
                 **loss.term_options)
             for name in names:
                 parts[name].append(values[name].float())
     empty = hidden_nd.new_zeros(0, dtype=torch.float32)
-    return {name: torch.cat(chunks) if chunks else empty for name, chunks in parts.items()}
+    stats = {name: torch.cat(chunks[::-1]) if chunks else empty for name, chunks in parts.items()}
+    return stats, None if logits is None else _FirstChunkLogits(policy=logits)
 
 
 @dataclass
@@ -367,12 +388,22 @@ class _HeadPlan:
     targets: Tensor
     chunk_size: int
     compute_dtype: torch.dtype
+    first_chunk: _FirstChunkLogits | None
     ref_hidden: Tensor | None
     ref_head_weight: Tensor | None
     old_logp: Tensor | None
     term_options: Mapping[str, Any]
     target_logp: Tensor
     """``[N]`` fp32, filled chunk by chunk: each row's detached ``log p_y`` (for ``TokenLoss.head_metrics``)."""
+
+    def policy_logits(self, chunk: slice, hidden_cd: Tensor, weight_cd: Tensor) -> Tensor:
+        """fp32 ``hidden_cd @ weight_cdᵀ`` of one chunk; for the first chunk, pass A's product of the same operands
+        (released here)."""
+        if chunk.start == 0 and self.first_chunk is not None and self.first_chunk.policy is not None:
+            logits, self.first_chunk.policy = self.first_chunk.policy, None
+        else:
+            logits = hidden_cd @ weight_cd.T
+        return logits.float()
 
     def chunk_value_and_grad(self, logits_cv: Tensor, chunk: slice, need_grad: bool) -> tuple[Tensor, Tensor | None]:
         """``Σ_rows Σ_terms coef · term`` of one chunk of fp32 logits (overwritten in place) and, if ``need_grad``,
@@ -461,7 +492,7 @@ class _HeadPlan:
             if name == "kl":  # ∂KL = p (log p − log q − KL); the difference first: exactly 0 when p = q
                 diff = logp_a - logq
                 plain = _rowdot(probs_a, diff)
-                value = value + (coef * _accurate_kl(probs_a, diff, plain)).sum()
+                value = value + (coef * _accurate_kl(probs_a, diff, plain, plain)).sum()
                 part = diff.sub_(plain.unsqueeze(1)).mul_(probs_a) if need_grad else None
             elif name == "code_kl":  # ∂ Σp(p − log q) = p (2p − 2Σp² − log q + Σ p log q)
                 collision, cross = _rowdot(probs_a, probs_a), _rowdot(probs_a, logq)
@@ -471,7 +502,8 @@ class _HeadPlan:
             else:  # forward_kl: ∂ Σ q (log q − log p) = p − q
                 ref_probs = logq.exp()
                 gap = logq - logp_a
-                value = value + (coef * _accurate_kl(ref_probs, gap, _rowdot(ref_probs, gap))).sum()
+                mean_gap = _rowdot(ref_probs, gap)
+                value = value + (coef * _accurate_kl(ref_probs, gap, mean_gap, mean_gap)).sum()
                 del gap
                 part = (probs_a - ref_probs) if need_grad else None
             if part is not None:
@@ -496,7 +528,7 @@ class _ChunkedHeadObjective(torch.autograd.Function):
             for start in range(0, hidden_nd.shape[0], plan.chunk_size):
                 chunk = slice(start, start + plan.chunk_size)
                 hidden_cd = hidden_nd[chunk].detach().to(compute_dtype)
-                value, grad_logits = plan.chunk_value_and_grad((hidden_cd @ weight_cd.T).float(), chunk,
+                value, grad_logits = plan.chunk_value_and_grad(plan.policy_logits(chunk, hidden_cd, weight_cd), chunk,
                                                                need_hidden_grad or need_weight_grad)
                 total = total + value
                 if grad_logits is not None:
