@@ -25,11 +25,14 @@ Missing evaluations show as "–" and are listed; a phase without any evaluation
 """
 from __future__ import annotations
 
+import csv
+import io
 import json
 import math
 import os
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
+from typing import Any
 
 
 from eval.analyses.case_study import read_case_study_row, token_probabilities, token_texts, write_case_study
@@ -71,7 +74,7 @@ from pipeline.paths import (
     toy_base_dir,
     variants,
 )
-from pipeline.tracking import progress
+from pipeline.tracking import progress, start_wandb
 
 PHASES = {"sft": ("table1", "Method", "Table 1 (stage 1: without RL)"),
           "rl": ("table2", "Method(+DAPO)", "Table 2 (stage 2: after RL)")}
@@ -527,7 +530,50 @@ def run(cfg: Config) -> Manifest:
                                          for block in table.blocks for row in block.rows}
                                  for phase, (table, _, _) in collected.items()}
         run_.manifest.metrics.update({key: value for key, value in analysis_metrics.items() if value})
+        log_to_wandb(cfg, run_.manifest, out_dir)
         return run_.manifest
+
+
+def log_to_wandb(cfg: Config, manifest: Manifest, out_dir: Path) -> None:
+    """Under ``logging.wandb_mode`` (nothing when disabled): one wandb run ``<experiment>/report`` in the experiment's
+    group with every CSV output as a table (``table1``, ``table2``, sweeps, drift, ...: the CSV's rows and header),
+    every PNG output as an image (key: its path without ``.png``), and the manifest's numeric metrics as scalars
+    (``table1/<model>/<row>/Avg pass@1``, ...)."""
+    tracker = start_wandb(cfg.logging.wandb_mode, project=cfg.logging.wandb_project, group=cfg.experiment.name,
+                          name=cfg.logging.run_name or f"{cfg.experiment.name}/report",
+                          config={"eval": asdict(cfg.eval), "models": list(cfg.profile.models)}, directory=out_dir)
+    if tracker is None:
+        return
+    import wandb
+
+    logged: dict[str, Any] = {}
+    for relative in manifest.outputs:
+        path = out_dir / relative
+        if relative.endswith(".csv"):
+            header, *rows = list(csv.reader(io.StringIO(path.read_text(encoding="utf-8"))))
+            logged[relative.removesuffix(".csv")] = wandb.Table(columns=header, data=rows)
+        elif relative.endswith(".png"):
+            logged[relative.removesuffix(".png")] = wandb.Image(str(path))
+    tables = {phase: name for phase, (name, _, _) in PHASES.items()}
+    logged.update({f"{tables.get(group, group)}/{key}": value for group, values in manifest.metrics.items()
+                   if isinstance(values, dict) for key, value in _numbers(values).items()})
+    tracker.log(logged)
+    tracker.finish()
+
+
+def _numbers(values: dict[str, Any], prefix: str = "") -> dict[str, float]:
+    """The numeric leaves of nested metrics, keyed ``a/b/c``; a list [mean, low, high] or [low, high] gives
+    ``<key>/0``, ``<key>/1``, ..."""
+    flat: dict[str, float] = {}
+    for key, value in values.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(_numbers(value, f"{name}/"))
+        elif isinstance(value, list):
+            flat.update({f"{name}/{i}": item for i, item in enumerate(value) if isinstance(item, (int, float))})
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            flat[name] = value
+    return flat
 
 
 def average_metrics(row: Row) -> dict[str, float | list[float] | None]:

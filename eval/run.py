@@ -13,7 +13,7 @@ every sample with :func:`eval.scoring.verify`, and writes into ``eval_dir(cfg, p
 
 Sampling runs on ``eval.data_parallel_size`` engines side by side (``eval.sample.EnginePool``, one process per
 ``tensor_parallel_size`` GPUs), which get the batches a one-engine run would generate; this process alone writes the
-files.
+files. With ``logging.wandb_mode`` online or offline, the headline metrics also go to wandb (:func:`log_to_wandb`).
 
 Any HF folder or hub id:
 ``python -m eval.run eval.model_path=/path/to/hf eval.variant=my_model eval.benchmarks=[aime24,amc] eval.n=4``.
@@ -38,6 +38,7 @@ from eval.sample import (
     response_prefix,
 )
 from eval.scoring import MAX_WORKERS, extract_answer, verify
+from pipeline.benchmarks import read_benchmark
 from pipeline.config import Config, ConfigError, stage_main
 from pipeline.manifest import (
     Manifest,
@@ -50,6 +51,7 @@ from pipeline.models import load_tokenizer
 from pipeline.paths import (
     BASE_VARIANT,
     base_run,
+    benchmark_file,
     data_dir,
     eval_dir,
     eval_run,
@@ -60,7 +62,7 @@ from pipeline.paths import (
 )
 from pipeline.preflight import require_stage
 from pipeline.seeding import derive_seed
-from pipeline.tracking import progress
+from pipeline.tracking import progress, start_wandb
 
 SAMPLES_FILE = "samples.jsonl"
 METRICS_FILE = "metrics.json"
@@ -92,41 +94,9 @@ def benchmark_names(cfg: Config) -> list[str]:
     return list(cfg.eval.benchmarks) or known
 
 
-def load_benchmark(path: Path) -> list[dict[str, Any]]:
-    """Rows of a data-stage benchmark file (``id``, ``answer``, ``prompt`` chat messages); errors name file, line and key."""
-    if not path.is_file():
-        raise StageInputError(f"benchmark file {path} does not exist; run the data stage first")
-    rows, seen = [], set()
-    with open(path, encoding="utf-8") as handle:
-        for line_number, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            where = f"{path}:{line_number}"
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise StageInputError(f"{where}: not valid JSON ({exc})") from exc
-            for key in ("id", "answer"):
-                if not isinstance(row.get(key), (str, int)) or str(row[key]).strip() == "":
-                    raise StageInputError(f"{where}: '{key}' must be a non-empty string; got {row.get(key)!r}")
-            prompt = row.get("prompt")
-            if not (isinstance(prompt, list) and prompt and all(
-                    isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
-                    for m in prompt)):
-                raise StageInputError(f"{where}: 'prompt' must be a non-empty list of {{role, content}} messages")
-            row["id"], row["answer"] = str(row["id"]), str(row["answer"])
-            if row["id"] in seen:
-                raise StageInputError(f"{where}: duplicate id {row['id']!r}")
-            seen.add(row["id"])
-            rows.append(row)
-    if not rows:
-        raise StageInputError(f"benchmark file {path} has no rows")
-    return rows
-
-
 def benchmark_rows(cfg: Config, benchmark: str) -> list[dict[str, Any]]:
     """The rows of ``benchmark`` this run evaluates (the first ``eval.max_problems``, or all)."""
-    return load_benchmark(data_dir(cfg) / "benchmarks" / f"{benchmark}.jsonl")[:cfg.eval.max_problems or None]
+    return read_benchmark(data_dir(cfg) / benchmark_file(benchmark))[:cfg.eval.max_problems or None]
 
 
 # ----------------------------------------------------------------------------------------------- samples
@@ -320,7 +290,28 @@ def run(cfg: Config, sampler_factory: Callable[..., Sampler] = make_sampler) -> 
                     summary.status = manifest.status
     finally:
         engine.close()
+    log_to_wandb(cfg, summary, model_record, eval_dir(cfg, cfg.eval.phase, cfg.eval.variant, benchmarks[0]).parent)
     return summary
+
+
+def log_to_wandb(cfg: Config, summary: Manifest, model_record: dict[str, Any], directory: Path) -> None:
+    """Under ``logging.wandb_mode`` (nothing when disabled): one wandb run ``<experiment>/eval_<phase>/<variant>`` in
+    the experiment's group with each benchmark's headline metrics as ``<benchmark>/<metric>`` (avg@n, pass@k,
+    truncation and no-answer rates, mean response tokens) and the same as the table ``eval/metrics``."""
+    name = f"{cfg.experiment.name}/eval_{cfg.eval.phase}/{cfg.eval.variant}"
+    tracker = start_wandb(cfg.logging.wandb_mode, project=cfg.logging.wandb_project, group=cfg.experiment.name,
+                          name=cfg.logging.run_name or name,
+                          config={"eval": asdict(cfg.eval), "model": model_record, "seed": cfg.seed},
+                          directory=directory)
+    if tracker is None:
+        return
+    import wandb
+
+    rows = [[benchmark, key, value] for benchmark, metrics in summary.metrics.items() for key, value in metrics.items()
+            if isinstance(value, (int, float))]
+    tracker.log({f"{benchmark}/{key}": value for benchmark, key, value in rows})
+    tracker.log({"eval/metrics": wandb.Table(columns=["benchmark", "metric", "value"], data=rows)})
+    tracker.finish()
 
 
 main = stage_main(run)

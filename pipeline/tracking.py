@@ -20,6 +20,19 @@ def _plain(value: Any) -> Any:
     return value
 
 
+def start_wandb(mode: str, *, project: str, name: str, group: str, config: Mapping[str, Any] | None,
+                directory: str | Path) -> Any:
+    """A wandb run (``wandb.init``) writing under ``directory/wandb``, or None when ``mode`` is disabled (wandb is
+    then never imported). ``group`` is the experiment name, so every stage of one experiment shares a group."""
+    if mode == "disabled":
+        return None
+    import wandb
+
+    Path(directory).mkdir(parents=True, exist_ok=True)
+    return wandb.init(project=project, name=name or None, group=group or None, mode=mode, config=dict(config or {}),
+                      dir=str(directory), reinit="finish_previous")
+
+
 class MetricsLogger:
     """Appends one JSON object per ``log`` call to ``path``; mirrors it to wandb when ``wandb_mode`` is not disabled.
 
@@ -38,12 +51,8 @@ class MetricsLogger:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file = open(self.path, "a", encoding="utf-8")
-        if wandb_mode != "disabled":
-            import wandb
-
-            self._wandb = wandb.init(project=wandb_project, name=run_name or None, group=group or None,
-                                     mode=wandb_mode, config=dict(config or {}),
-                                     dir=str(wandb_dir or self.path.parent), reinit="finish_previous")
+        self._wandb = start_wandb(wandb_mode, project=wandb_project, name=run_name, group=group, config=config,
+                                  directory=wandb_dir or self.path.parent)
 
     def log(self, step: int, metrics: Mapping[str, Any]) -> None:
         if not self.enabled:

@@ -135,3 +135,24 @@ def test_report_training_curves_and_rl_headroom(tmp_path):
     assert "| Avg pass@1 | -0.81 |" in text and "| Avg pass@n (k = n, all samples) | -0.42 |" in text
     assert "| Toy-Qwen3-0.8M | EKSFT (paper eq.) | 0 | 25.0 | 100.0 (4) | +75.0 |" in text
     assert "held-out NLL on a held-out slice of the SFT set | not computed" in text
+
+
+def test_report_reaches_wandb_offline(tmp_path, monkeypatch):
+    """logging.wandb_mode=offline: the report's wandb run (group = experiment) holds each CSV as a table (table1 with
+    the CSV's header and rows), each plot as an image, and the rows' Avg numbers as scalars."""
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    cfg = compose([f"experiment.run_root={tmp_path}", "experiment.methods=[sft]", "logging.wandb_mode=offline",
+                   "eval.analysis.run=[]"])
+    for variant, counts in (("base", {"p1": 0, "p2": 4}), ("sft", {"p1": 1, "p2": 4})):
+        for bench in ("toy_add", "toy_mixed"):
+            _write_metrics(cfg, "sft", variant, bench, counts)
+    report.run(cfg)
+    out = report_dir(cfg)
+    (run_dir,) = (out / "wandb").glob("offline-run-*")
+    table = json.loads(next((run_dir / "files/media/table").glob("table1_*.table.json")).read_text())
+    header, *rows = (out / "table1.csv").read_text().splitlines()
+    assert table["columns"] == header.split(",") and len(table["data"]) == len(rows)
+    images = {path.name.rsplit("_", 2)[0] for path in (run_dir / "files/media/images/plots").glob("*.png")}
+    assert "passk_Toy-Qwen3-0.8M_sft_toy_add" in images
+    record = next(run_dir.glob("run-*.wandb")).read_bytes()
+    assert b"table1/Toy-Qwen3-0.8M/SFT/Avg pass@1" in record and b"demo/report" in record

@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from eval.run import SAMPLES_FILE, load_benchmark, run
+from bench.tiny_model import build_tiny_qwen3
+from eval.run import SAMPLES_FILE, run
 from eval.sample import Completion, make_sampler, render_prompt
 from eval.scoring import extract_answer, verify
-from pipeline.tiny_model import build_tiny_qwen3
+from pipeline.benchmarks import read_benchmark
 from pipeline.config import Config, ConfigError, compose
 from pipeline.manifest import StageInputError, read_manifest
 from pipeline.models import load_tokenizer
@@ -74,7 +75,7 @@ class ScriptedSampler:
 def test_verdicts_and_metrics_by_hand(tmp_path, tiny_model, shared_data):
     cfg = _config(tmp_path, tiny_model, "eval.benchmarks=[hmmt25]", "eval.max_problems=2")
     _write_benchmarks(cfg, shared_data, ["hmmt25"])
-    rows = load_benchmark(data_dir(cfg) / "benchmarks" / "hmmt25.jsonl")[:2]
+    rows = read_benchmark(data_dir(cfg) / "benchmarks" / "hmmt25.jsonl")[:2]
     seed = {row["id"]: derive_seed(cfg.seed, f"eval/hmmt25/{row['id']}") for row in rows}
     # Problem 1 (gold 103): 2 of 4 right; the template opened <think>, so an answer without </think> is thought only.
     # Problem 2 (gold 3375): none right.
@@ -92,6 +93,28 @@ def test_verdicts_and_metrics_by_hand(tmp_path, tiny_model, shared_data):
     assert metrics["protocol"]["think_prefix"] is True and metrics["protocol"]["n"] == 4
     assert [r["correct"] for r in _samples(cfg, "hmmt25")] == [1, 1, 0, 0, 0, 0, 0, 0]
     assert summary.complete and summary.metrics["hmmt25"]["pass@4"] == pytest.approx(0.5)
+    assert not (out.parent / "wandb").exists()  # logging.wandb_mode=disabled: wandb writes nothing
+
+
+def test_metrics_reach_wandb_offline(tmp_path, tiny_model, shared_data, monkeypatch):
+    """logging.wandb_mode=offline: a wandb run in the experiment's group, beside the benchmarks' folders, with each
+    benchmark's avg@n and pass@k as scalars and as the table eval/metrics."""
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    cfg = _config(tmp_path, tiny_model, "eval.benchmarks=[hmmt25]", "eval.max_problems=2", "logging.wandb_mode=offline",
+                  "logging.wandb_project=eval_test", "experiment.name=grouped")
+    _write_benchmarks(cfg, shared_data, ["hmmt25"])
+    rows = read_benchmark(data_dir(cfg) / "benchmarks" / "hmmt25.jsonl")[:2]
+    texts = {derive_seed(cfg.seed, f"eval/hmmt25/{row['id']}"): [f"</think>\\boxed{{{row['answer']}}}", "", "", ""]
+             for row in rows}
+    run(cfg, lambda *args: ScriptedSampler(texts))
+    runs = list((eval_dir(cfg, "sft", "tiny", "hmmt25").parent / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1
+    record = next(runs[0].glob("run-*.wandb")).read_bytes()
+    for text in (b"hmmt25/avg@4", b"hmmt25/pass@4", b"grouped", b"grouped/eval_sft/tiny", b"eval_test"):
+        assert text in record
+    table = json.loads(next((runs[0] / "files/media/table/eval").glob("metrics_*.table.json")).read_text())
+    assert table["columns"] == ["benchmark", "metric", "value"]
+    assert {tuple(row) for row in table["data"]} >= {("hmmt25", "avg@4", 0.25), ("hmmt25", "pass@4", 1.0)}
 
 
 def test_bad_inputs_name_what_to_fix(tmp_path, tiny_model, shared_data):
@@ -149,9 +172,9 @@ def test_vllm_sampling_metrics_resume_and_seeds(tmp_path, tiny_model, shared_dat
     monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "vllm_cache"))
     cfg = _config(tmp_path, tiny_model, "eval.benchmarks=[aime24,hmmt25]", "eval.max_problems=3")
     _write_benchmarks(cfg, shared_data, ["aime24", "hmmt25"])
-    ids = {b: [r["id"] for r in load_benchmark(data_dir(cfg) / "benchmarks" / f"{b}.jsonl")[:3]]
+    ids = {b: [r["id"] for r in read_benchmark(data_dir(cfg) / "benchmarks" / f"{b}.jsonl")[:3]]
            for b in ("aime24", "hmmt25")}
-    gold = {r["id"]: r["answer"] for b in ids for r in load_benchmark(data_dir(cfg) / "benchmarks" / f"{b}.jsonl")}
+    gold = {r["id"]: r["answer"] for b in ids for r in read_benchmark(data_dir(cfg) / "benchmarks" / f"{b}.jsonl")}
     seed_of = {derive_seed(cfg.seed, f"eval/{b}/{pid}"): pid for b in ids for pid in ids[b]}
     aime_dir = eval_dir(cfg, "sft", "tiny", "aime24")
 
@@ -220,18 +243,18 @@ def test_engine_context_covers_the_longest_prompt_of_every_benchmark(tmp_path, t
     cfg = _config(tmp_path, tiny_model, "eval.benchmarks=[aime24,hmmt25]", "eval.max_problems=2",
                   "eval.problems_per_batch=1")
     _write_benchmarks(cfg, shared_data, ["aime24", "hmmt25"])
-    first = load_benchmark(data_dir(cfg) / "benchmarks" / "aime24.jsonl")[0]
+    first = read_benchmark(data_dir(cfg) / "benchmarks" / "aime24.jsonl")[0]
     longer = {"id": "long", "answer": "1", "prompt": [{"role": "user", "content": first["problem"] * 3}]}
     with open(data_dir(cfg) / "benchmarks" / "hmmt25.jsonl", "a", encoding="utf-8") as handle:
         handle.write(json.dumps(longer) + "\n")
-    rows = load_benchmark(data_dir(cfg) / "benchmarks" / "hmmt25.jsonl")
+    rows = read_benchmark(data_dir(cfg) / "benchmarks" / "hmmt25.jsonl")
     rows.insert(1, rows.pop())  # the long prompt is hmmt25's second problem: the third batch of the run
     with open(data_dir(cfg) / "benchmarks" / "hmmt25.jsonl", "w", encoding="utf-8") as handle:
         handle.writelines(json.dumps(row) + "\n" for row in rows)
     tokenizer = load_tokenizer(tiny_model)
     longest = max(len(tokenizer(render_prompt(tokenizer, row["prompt"]), add_special_tokens=False)["input_ids"])
                   for name in ("aime24", "hmmt25")
-                  for row in load_benchmark(data_dir(cfg) / "benchmarks" / f"{name}.jsonl")[:2])
+                  for row in read_benchmark(data_dir(cfg) / "benchmarks" / f"{name}.jsonl")[:2])
     lengths = []
 
     def factory(model_path, cfg_, max_model_len):
