@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from pipeline.tiny_model import random_qwen3
+from bench.tiny_model import random_qwen3
 
 SIZES = {
     # name: (hidden, intermediate, layers, heads, kv heads, head_dim, vocab)

@@ -62,8 +62,8 @@ def main() -> None:
 
     import torch
 
+    from bench.tiny_model import build_tiny_qwen3
     from eval.sample import HFSampler, VLLMSampler
-    from pipeline.tiny_model import build_tiny_qwen3
 
     with tempfile.TemporaryDirectory() as tmp:
         model = args.model or str(build_tiny_qwen3(tmp, hidden_size=256, num_layers=4, dtype=args.dtype))

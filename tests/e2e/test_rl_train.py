@@ -27,7 +27,7 @@ def build_start_model(folder: Path, *, steps: int = 60, seed: int = 0) -> Path:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from pipeline.tiny_model import build_tiny_qwen3
+    from bench.tiny_model import build_tiny_qwen3
 
     build_tiny_qwen3(folder, hidden_size=128, num_layers=2, dtype="float32", seed=seed)
     tokenizer = AutoTokenizer.from_pretrained(folder)

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from bench.tiny_model import build_tiny_tokenizer, random_qwen3
 from pipeline.config import compose
 from pipeline.manifest import read_manifest
 from pipeline.models import load_causal_lm, load_tokenizer
 from pipeline.paths import hf_export_dir, sft_dir
-from pipeline.tiny_model import build_tiny_tokenizer, random_qwen3
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (make test-gpu)")]

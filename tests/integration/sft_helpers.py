@@ -15,10 +15,10 @@ import pyarrow.parquet as pq
 import torch
 from safetensors.torch import load_file
 
+from bench.tiny_model import TRAINING_TEXTS, build_tiny_qwen3
 from pipeline.config import Config, compose
 from pipeline.manifest import stage_run
 from pipeline.paths import SFT_TOKENS_FILE, hf_export_dir, sft_dir, tokens_dir
-from pipeline.tiny_model import TRAINING_TEXTS, build_tiny_qwen3
 from sft.data import IGNORE_INDEX
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -27,7 +27,7 @@ WORDS = sorted(set(" ".join(TRAINING_TEXTS).split()))
 
 
 def build_tiny_model(folder: Path, seed: int = 0) -> Path:
-    """The tiny fp32 Qwen3 (hidden 128, 2 layers, 2 heads x 64) of :mod:`pipeline.tiny_model` in ``folder``.
+    """The tiny fp32 Qwen3 (hidden 128, 2 layers, 2 heads x 64) of :mod:`bench.tiny_model` in ``folder``.
 
     Its eos and generation config's eos are ``<|endoftext|>``, not the template's ``<|im_end|>``: the export must
     fix them.

@@ -10,8 +10,8 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from bench.tiny_model import build_tiny_qwen3
 from eval import report
-from pipeline.tiny_model import build_tiny_qwen3
 from pipeline.config import compose
 from pipeline.manifest import Manifest, stage_run, write_manifest
 from pipeline.paths import (

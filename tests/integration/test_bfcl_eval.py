@@ -6,12 +6,12 @@ import json
 
 import pytest
 
+from bench.tiny_model import build_tiny_qwen3
 from data.tool_use import CHATML_TOOLS_TEMPLATE
 from eval.bfcl import LIVE_CATEGORIES, BfclChecker, bfcl_python, evaluate
 from eval.sample import make_sampler
 from pipeline.config import compose
 from pipeline.models import load_tokenizer
-from pipeline.tiny_model import build_tiny_qwen3
 
 
 @pytest.fixture(scope="module")

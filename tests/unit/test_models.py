@@ -6,8 +6,8 @@ import pytest
 from tokenizers import Tokenizer, models
 from transformers import PreTrainedTokenizerFast
 
+from bench.tiny_model import CHATML_TEMPLATE, build_tiny_tokenizer
 from pipeline.models import ChatTemplateError, end_of_turn_token, load_tokenizer
-from pipeline.tiny_model import CHATML_TEMPLATE, build_tiny_tokenizer
 
 
 def test_eos_becomes_the_end_of_turn_and_pad_is_kept(tmp_path):

@@ -6,11 +6,11 @@ import json
 
 import pytest
 
+from bench.tiny_model import build_tiny_tokenizer
 from data.formatting import IGNORE_INDEX
 from data.tool_use import (CHATML_TOOLS_TEMPLATE, SYNTHETIC_CATEGORIES, SYNTHETIC_FUNCTIONS, SYNTHETIC_REFUSAL,
                            InvalidToolRowError, acebench_row, acebench_rows, build_tool_sft_example,
                            load_acebench_local, synthetic_tool_rows)
-from pipeline.tiny_model import build_tiny_tokenizer
 
 
 KETTLE = {"name": "kettle_boil", "description": "Boil water in a smart kettle.",

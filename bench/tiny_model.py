@@ -1,9 +1,10 @@
 """A tiny random Qwen3 (64-dim heads, what vLLM's CPU attention needs) with a byte-level BPE tokenizer and a ChatML
 template, saved as an HF folder.
 
-Used by the tests and the benches as a model that any ``from_pretrained`` and ``vllm.LLM`` load in well under a
-second. Its output is random text; what it exercises is the plumbing, not the quality. ``"\\n"`` is one token (the
-byte-level alphabet is in the vocabulary), digits are split one by one as in Qwen.
+Used by the tests and the benches (by no pipeline stage) as a model that any ``from_pretrained`` and ``vllm.LLM``
+load in well under a second; it lives beside the benches because they need it outside pytest (the name ``tests`` is
+taken by a package verl installs). Its output is random text; what it exercises is the plumbing, not the quality.
+``"\\n"`` is one token (the byte-level alphabet is in the vocabulary), digits are split one by one as in Qwen.
 """
 from __future__ import annotations
 
