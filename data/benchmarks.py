@@ -1,16 +1,11 @@
 """Evaluation benchmarks: loaded from the hub, from local JSONL files, or drawn from the toy world's held-out problems.
 
-Each benchmark is written as ``benchmarks/<name>.jsonl`` with one problem per line::
-
-    {"id": str, "problem": str, "answer": str, "answer_raw": str, "prompt": [system?, user]}
-
-``prompt`` is what evaluation samples from (chat messages; the system turn is ``data.system_prompt_path`` or the
-training rows' own system prompt). Answers that are integral numbers are normalised to plain integer strings
-(``142.0`` -> ``142``, ``025`` -> ``25``); everything else is kept as given (HMMT's LaTeX answers).
+The data stage writes each as a benchmark file (format and writer: :mod:`pipeline.benchmarks`). Answers that are
+integral numbers are normalised to plain integer strings (``142.0`` -> ``142``, ``025`` -> ``25``); everything else is
+kept as given (HMMT's LaTeX answers).
 """
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Any
@@ -36,11 +31,6 @@ def normalise_answer(value: Any) -> str:
     if _INTEGER.match(text):
         return str(int(float(text)))
     return text
-
-
-def benchmark_prompt(problem: str, system_prompt: str | None) -> list[dict[str, str]]:
-    messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
-    return messages + [{"role": "user", "content": problem}]
 
 
 def records_from_rows(name: str, rows, source: BenchmarkSource, where: str) -> list[dict[str, Any]]:
@@ -92,15 +82,3 @@ def check_count(name: str, count: int, expected: int, where: str) -> None:
     if expected and count != expected:
         raise BenchmarkError(f"{where}: {count} problems, but data.benchmarks.{name}.expected_count is {expected}")
 
-
-def write_benchmark(path: Path, records: list[dict[str, Any]], system_prompt: str | None) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", encoding="utf-8") as handle:
-        for record in records:
-            line = dict(record, prompt=benchmark_prompt(record["problem"], system_prompt))
-            handle.write(json.dumps(line, ensure_ascii=False) + "\n")
-
-
-def read_benchmark(path: str | Path) -> list[dict[str, Any]]:
-    with open(path, encoding="utf-8") as handle:
-        return [json.loads(line) for line in handle if line.strip()]

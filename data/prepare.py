@@ -28,9 +28,10 @@ from data.loading import LoadedRows, load_rows
 from data.schema import problem_key, problem_text, system_prompt
 from data.split import ids_digest, split_rows
 from data.toy import world, worlds
+from pipeline.benchmarks import write_benchmark
 from pipeline.config import Config, stage_main
 from pipeline.manifest import Manifest, read_manifest, sha256_path, sha256_text, stage_run
-from pipeline.paths import data_run
+from pipeline.paths import benchmark_file, data_run
 from pipeline.seeding import derive_seed
 
 TOY_ROWS = "source/toy_rows.jsonl"
@@ -79,7 +80,7 @@ def write_benchmarks(cfg: Config, out_dir: Path, system: str | None) -> dict:
             bench.check_count(name, len(records), source.expected_count, f"toy benchmark {name}")
         else:
             records, provenance = bench.load_benchmark(name, source, cfg.data)
-        bench.write_benchmark(out_dir / "benchmarks" / f"{name}.jsonl", records, system)
+        write_benchmark(out_dir / benchmark_file(name), records, system)
         written[name] = dict(provenance, count=len(records))
     return written
 
@@ -121,7 +122,7 @@ def run(cfg: Config) -> Manifest:
         system, system_record = benchmark_system_prompt(cfg, loaded)
         written = write_benchmarks(cfg, out_dir, system)
         for name in written:
-            stage.add_output(f"benchmarks/{name}.jsonl", f"benchmark {name}: id, problem, answer, prompt")
+            stage.add_output(benchmark_file(name), f"benchmark {name}: id, problem, answer, prompt")
 
         stage.manifest.details.update({
             "source": loaded.source,

@@ -132,6 +132,8 @@ TRAINING_METRICS_FILE = "metrics.jsonl"
 """One JSON line per logged step, written by every training stage (base pretraining, SFT, RL) and read by the report."""
 HF_EXPORT = "hf"
 """The HF folder (safetensors + tokenizer + generation config) a training stage hands downstream."""
+BENCHMARKS_SUBDIR = "benchmarks"
+"""The data run's folder of benchmark files, one :func:`benchmark_file` per benchmark, read by evaluation."""
 
 
 @dataclass(frozen=True)
@@ -376,6 +378,11 @@ def eval_dir(cfg: Config, phase: str, variant: str, benchmark: str) -> Path:
 
 def report_dir(cfg: Config) -> Path:
     return experiment_dir(cfg) / "report"
+
+
+def benchmark_file(name: str) -> str:
+    """A benchmark's JSONL file, relative to the data run folder (``pipeline.benchmarks`` reads it)."""
+    return f"{BENCHMARKS_SUBDIR}/{name}.jsonl"
 
 
 def hf_export_dir(stage_directory: Path) -> Path:

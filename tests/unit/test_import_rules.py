@@ -14,7 +14,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 STAGES = ("data", "sft", "rl", "eval")
 SHARED = ("pipeline/config", "pipeline/manifest.py", "pipeline/paths.py", "pipeline/tracking.py",
-          "pipeline/seeding.py", "pipeline/models.py")
+          "pipeline/seeding.py", "pipeline/models.py",
+          "pipeline/benchmarks.py")
 ALLOWED = {("rl", "eval.scoring")}
 HEAVY = ("verl", "vllm", "ray")
 
