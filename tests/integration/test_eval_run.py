@@ -13,7 +13,7 @@ import pytest
 
 from bench.tiny_model import build_tiny_qwen3
 from eval.run import SAMPLES_FILE, run
-from eval.sample import Completion, make_sampler, render_prompt
+from eval.sample import Completion, _EngineProcess, make_sampler, render_prompt
 from eval.scoring import extract_answer, verify
 from pipeline.benchmarks import read_benchmark
 from pipeline.config import Config, ConfigError, compose
@@ -296,3 +296,21 @@ def test_two_engines_sample_what_one_engine_samples(tmp_path, tiny_model, shared
                                                 if r["problem_id"] != lost))
     run(two)
     assert sorted(_samples(two, "aime24"), key=key) == expected
+
+
+def test_an_engine_that_fails_to_start_is_named_and_all_are_stopped(tmp_path, tiny_model):
+    """Two engine processes that cannot load their model: the error names the engine and carries its traceback, and
+    no engine process is left running."""
+    cfg = _config(tmp_path, tiny_model, "eval.backend=hf", "eval.data_parallel_size=2")
+    pool_processes = []
+    original = _EngineProcess.__init__
+
+    def recording_init(self, *args):
+        original(self, *args)
+        pool_processes.append(self.process)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(_EngineProcess, "__init__", recording_init)
+        with pytest.raises(RuntimeError, match=r"(?s)evaluation engine 0 failed:.*Traceback.*missing"):
+            make_sampler(str(tmp_path / "missing"), cfg, max_model_len=64)
+    assert len(pool_processes) == 2 and all(process.poll() is not None for process in pool_processes)
