@@ -15,9 +15,11 @@ import threading
 import time
 
 from pipeline.manifest import invalidate, is_current, read_manifest, write_json_atomic
+from pipeline.processes import start_in_new_session, stop_tree
 from pipeline.stages import StageCommand
 
 LAUNCH_RECORD = "launch.json"
+STOP_GRACE_S = 30.0
 _running: set[subprocess.Popen] = set()
 _running_lock = threading.Lock()
 
@@ -48,14 +50,8 @@ def stage_environment(device: str) -> dict[str, str]:
 
 
 def stop(process: subprocess.Popen) -> None:
-    """Interrupts a stage's whole process group (SIGINT, so it can record its state), then kills it after 30 s."""
-    try:
-        os.killpg(process.pid, signal.SIGINT)
-        process.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+    """Interrupts a stage's whole process tree (SIGINT, so it can record its state), then kills it after 30 s."""
+    stop_tree(process, STOP_GRACE_S, first_signal=signal.SIGINT)
 
 
 def stop_all() -> None:
@@ -76,8 +72,7 @@ def run_command(command: StageCommand, *, echo: bool = True) -> float:
     with open(log_path, "a", encoding="utf-8") as log:
         log.write(f"\n$ {' '.join(argv)}\n")
         log.flush()
-        process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                   env=stage_environment(command.config.profile.device), start_new_session=True)
+        process = start_in_new_session(argv, stage_environment(command.config.profile.device))
         with _running_lock:
             _running.add(process)
         try:

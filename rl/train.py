@@ -14,8 +14,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
-import subprocess
 import threading
 import time
 from pathlib import Path
@@ -25,6 +23,7 @@ from typing import Any, Callable
 from pipeline.config import Config, stage_main
 from pipeline.manifest import Manifest, input_records, read_manifest, stage_run
 from pipeline.paths import BASE_VARIANT, TRAINING_METRICS_FILE, hf_export_dir, rl_run
+from pipeline.processes import start_in_new_session, stop_tree
 from pipeline.seeding import derive_seed
 from pipeline.tracking import MetricsLogger, progress, read_metrics
 from rl.export import check_hf_export, latest_checkpoint_step, merge_actor
@@ -123,39 +122,6 @@ def preflight(cfg: Config, variant: str) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------------ the verl process
-def _group_alive(group: int) -> bool:
-    try:
-        os.killpg(group, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
-def _kill_tree(process: subprocess.Popen) -> None:
-    """SIGTERM, then SIGKILL, to the verl process group and every descendant (Ray's raylet, workers, vLLM)."""
-    import psutil
-
-    try:
-        descendants = psutil.Process(process.pid).children(recursive=True)
-    except psutil.NoSuchProcess:
-        descendants = []
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        if _group_alive(process.pid):
-            os.killpg(process.pid, sig)
-        for child in descendants:
-            try:
-                child.send_signal(sig)
-            except psutil.NoSuchProcess:
-                pass
-        _, descendants = psutil.wait_procs(descendants, timeout=KILL_GRACE_S)
-        deadline = time.monotonic() + KILL_GRACE_S
-        while _group_alive(process.pid) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        if not descendants and not _group_alive(process.pid):
-            break
-    process.wait()
-
-
 class StallWatchdog:
     """Calls ``on_stall`` once when verl shows no progress for ``timeout_s`` seconds (0: never).
 
@@ -228,9 +194,8 @@ def run_verl(cfg: Config, variant: str, stage: Path, already_done: int) -> int:
         log.write(f"\n# attempt {attempt} at {time.strftime('%Y-%m-%d %H:%M:%S')}\n$ {' '.join(command)}\n")
         log.flush()
         copier = _MetricsCopier(Path(env["VERL_FILE_LOGGER_PATH"]), metrics)
-        process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                   start_new_session=True, text=True, errors="replace", bufsize=1)
-        watchdog = StallWatchdog(cfg.rl.stall_timeout_s, lambda: _kill_tree(process))
+        process = start_in_new_session(command, env)
+        watchdog = StallWatchdog(cfg.rl.stall_timeout_s, lambda: stop_tree(process, KILL_GRACE_S))
         try:
             for line in process.stdout:
                 log.write(line)
@@ -242,13 +207,13 @@ def run_verl(cfg: Config, variant: str, stage: Path, already_done: int) -> int:
                 watchdog.saw_line(is_step)
             returncode = process.wait()
         except BaseException:
-            _kill_tree(process)
+            stop_tree(process, KILL_GRACE_S)
             raise
         finally:
             watchdog.stop()
             copier.poll()
         if returncode != 0:
-            _kill_tree(process)
+            stop_tree(process, KILL_GRACE_S)
             tail = log_path.read_text(encoding="utf-8", errors="replace").splitlines()[-15:]
             reason = (f"verl showed no progress for {cfg.rl.stall_timeout_s:.0f} s (rl.stall_timeout_s: no output line "
                       "during start-up, no new step after it) and was stopped; a Ray actor may have died (e.g. killed "

@@ -1,0 +1,58 @@
+"""Process trees: a command started in its own session, and stopped with everything it started.
+
+The orchestrator starts each stage command this way (``pipeline/launch.py``) and the RL stage starts verl this way
+(``rl/train.py``); both stop them with :func:`stop_tree`.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+
+
+def start_in_new_session(argv: list[str], env: dict[str, str]) -> subprocess.Popen:
+    """Starts ``argv`` as the leader of a new session and process group, its stdout and stderr merged into one text
+    pipe (undecodable bytes replaced), so that :func:`stop_tree` reaches every process it starts."""
+    return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            errors="replace", start_new_session=True)
+
+
+def _group_alive(group: int) -> bool:
+    try:
+        os.killpg(group, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def stop_tree(process: subprocess.Popen, grace_s: float, first_signal: int = signal.SIGTERM) -> int:
+    """Sends ``first_signal`` to the process group led by ``process`` and to every descendant (also those that left
+    the group, e.g. Ray's raylet and workers), waits up to ``grace_s`` seconds for all of them to exit, then sends
+    SIGKILL to whatever is left; returns the leader's exit status."""
+    import psutil
+
+    descendants = []
+    if process.poll() is None:  # unreaped, so its pid still names it
+        try:
+            descendants = psutil.Process(process.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            pass
+    for sig in (first_signal, signal.SIGKILL):
+        if _group_alive(process.pid):
+            os.killpg(process.pid, sig)
+        for child in descendants:
+            try:
+                child.send_signal(sig)
+            except psutil.NoSuchProcess:
+                pass
+        deadline = time.monotonic() + grace_s
+        _, descendants = psutil.wait_procs(descendants, timeout=grace_s)
+        while time.monotonic() < deadline:
+            process.poll()  # reaps an exited leader, which would otherwise keep its group alive as a zombie
+            if not _group_alive(process.pid):
+                break
+            time.sleep(0.2)
+        if not descendants and not _group_alive(process.pid):
+            break
+    return process.wait()
