@@ -17,29 +17,27 @@ split counts, a sha256 of each part's sorted ids and the SFT/RL problem overlap 
 from __future__ import annotations
 
 import json
-import random
 from collections import Counter
 from pathlib import Path
-
 
 from data import benchmarks as bench
 from data.formatting import verl_row
 from data.loading import LoadedRows, load_rows
 from data.schema import problem_key, problem_text, system_prompt
 from data.split import ids_digest, split_rows
-from data.toy import world, worlds
 from pipeline.benchmarks import write_benchmark
 from pipeline.config import Config, stage_main
 from pipeline.manifest import Manifest, read_manifest, sha256_path, sha256_text, stage_run
 from pipeline.paths import benchmark_file, data_run
 from pipeline.seeding import derive_seed
+from toy.worlds import benchmark_questions, training_rows
 
 TOY_ROWS = "source/toy_rows.jsonl"
 
 
 def write_toy_rows(cfg: Config, path: Path) -> None:
     toy = cfg.toy
-    rows = worlds.training_rows(toy, derive_seed(toy.world_seed, "rows"))
+    rows = training_rows(toy, derive_seed(toy.world_seed, "rows"))
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", encoding="utf-8") as handle:
         for row in rows:
@@ -66,10 +64,9 @@ def benchmark_system_prompt(cfg: Config, loaded: LoadedRows) -> tuple[str | None
 def toy_benchmark_records(cfg: Config, name: str) -> list[dict]:
     toy = cfg.toy
     seed = derive_seed(toy.world_seed, f"benchmark-{name}")
-    problems = worlds.benchmark_problems(toy, name, toy.num_benchmark_problems, seed)
-    rng = random.Random(seed)
-    return [{"id": f"{name}-{i:03d}", "problem": world.question(p, rng), "answer": str(p.answer),
-             "answer_raw": str(p.answer)} for i, p in enumerate(problems)]
+    questions = benchmark_questions(toy, name, toy.num_benchmark_problems, seed)
+    return [{"id": f"{name}-{i:03d}", "problem": question, "answer": str(answer), "answer_raw": str(answer)}
+            for i, (question, answer) in enumerate(questions)]
 
 
 def write_benchmarks(cfg: Config, out_dir: Path, system: str | None) -> dict:

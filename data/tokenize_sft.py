@@ -1,6 +1,6 @@
 """Stage ``data`` (second half): tokenise the SFT split with the base model's tokenizer.
 
-    python -m data.tokenize_sft experiment=demo profile=toy        # after data.prepare and data.toy_base
+    python -m data.tokenize_sft experiment=demo profile=toy        # after data.prepare and toy.base
 
 Reads ``sft.parquet`` (from a complete data manifest) and the tokenizer at ``pipeline.paths.base_model_path(cfg)``,
 and writes ``sft_tokens.parquet`` into ``pipeline.paths.tokens_run(cfg).directory`` with columns ``input_ids``, ``labels`` (-100 on the

@@ -26,7 +26,6 @@ from __future__ import annotations
 import atexit
 import json
 import os
-import re
 import select
 import subprocess
 import sys
@@ -35,6 +34,7 @@ import time
 from pathlib import Path
 
 from eval._judge_worker import READY
+from pipeline.answers import last_boxed
 
 TIMEOUT_S = 5.0
 """Wall-clock limit per sample, from the call to :func:`verify` to its verdict (queueing included), then it scores 0."""
@@ -56,8 +56,6 @@ STARTUP_TIMEOUT_S = 120.0
 """A judge process that has not imported math-verify after this long is a broken installation (an error)."""
 
 _THINK_OPEN, _THINK_CLOSE = "<think>", "</think>"
-_BOX_OR_BRACE = re.compile(r"(?P<box>\\boxed *\{)|\\[{}]|(?P<open>\{)|(?P<close>\})")
-"""A box opening (``\\boxed{``, spaces allowed before the brace), an escaped brace (not counted), or a brace."""
 _OPENERS, _CLOSERS = "{[(", "}])"
 _WORKER_SCRIPT = Path(__file__).with_name("_judge_worker.py")
 
@@ -70,30 +68,6 @@ def answer_region(solution_str: str) -> str | None:
     if _THINK_OPEN in solution_str:
         return None
     return solution_str
-
-
-def last_boxed(text: str) -> str | None:
-    """Content of the last complete ``\\boxed{…}`` (the one that opens last; braces balanced, ``\\{``/``\\}`` not
-    counted), or None.
-
-    One pass over the braces with a stack of the open ones, so the cost is linear in ``len(text)`` even for boxes
-    nested thousands deep. A box that never closes hides the boxes that open after it (they lie inside it); an
-    unclosed trailing box (truncated output) is skipped, so an earlier complete box counts.
-    """
-    open_braces: list[int] = []  # per open brace: where its box's content starts, or -1 if it opens no box
-    closed: list[tuple[int, int]] = []  # (content start, content end) of each complete box
-    for match in _BOX_OR_BRACE.finditer(text):
-        if match.lastgroup == "box":
-            open_braces.append(match.end())
-        elif match.lastgroup == "open":
-            open_braces.append(-1)
-        elif match.lastgroup == "close" and open_braces:
-            start = open_braces.pop()
-            if start >= 0:
-                closed.append((start, match.start()))
-    first_unclosed = next((start for start in open_braces if start >= 0), len(text) + 1)
-    last = max((box for box in closed if box[0] < first_unclosed), default=None)
-    return text[last[0]:last[1]] if last else None
 
 
 def extract_answer(solution_str: str) -> str | None:

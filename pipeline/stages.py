@@ -4,7 +4,7 @@ An experiment lists stages (``experiment.stages``) and SFT methods (``experiment
 models. The plan expands them::
 
     data      python -m data.prepare                                   (once)
-    base      python -m data.toy_base (toy models only), python -m data.tokenize_sft   (per model)
+    base      python -m toy.base (toy models only), python -m data.tokenize_sft        (per model)
     sft       [srun ...] torchrun ... -m sft.train  sft/method=<m>     (per model x method; srun: multi-node)
     eval_sft  python -m eval.run eval.phase=sft eval.variant=<v>       (per model x [base] + methods)
     rl        python -m rl.train rl.init=<v>                           (per model x [base] + methods)
@@ -141,7 +141,7 @@ def build_plan(cfg: Config, overrides: list[str]) -> list[StageCommand]:
         base_model = [f"base/{model}"] if base is not None else []
         if "base" in stages:
             if base is not None:
-                plan.append(StageCommand("base", f"base/{model}", _python_module("data.toy_base", model_overrides),
+                plan.append(StageCommand("base", f"base/{model}", _python_module("toy.base", model_overrides),
                                          [base], mcfg, {"toy": vars(mcfg.toy)}))
             plan.append(StageCommand("base", f"tokenize/{model}", _python_module("data.tokenize_sft", model_overrides),
                                      [tokens_run(mcfg)], mcfg, {"max_length": mcfg.data.max_length},

@@ -8,8 +8,8 @@ is right.
 Reads each evaluation's ``samples.jsonl`` (``eval/<model>/<phase>/<variant>/<benchmark>/``), classifies every
 sample and prints one Markdown row per evaluation: per style or strategy, the share of samples and their accuracy
 (share / accuracy). Arithmetic benchmarks (``toy_add``, ``toy_mixed``) are classified with
-``data.toy.world.solution_style``; forking benchmarks (``toy_fork_<family>``, one problem family each) with
-``data.toy.forking.solution_strategy``, so their rows are the strategy shares per family (``other``: a sample that
+``toy.world.solution_style``; forking benchmarks (``toy_fork_<family>``, one problem family each) with
+``toy.forking.solution_strategy``, so their rows are the strategy shares per family (``other``: a sample that
 opens with no strategy). Each world gets its own table. This is how SFT's and RL's effect on the toy worlds is read:
 which styles or strategies they up-weight, and whether these are the ones that are right (docs/toy_world.md).
 """
@@ -22,9 +22,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from data.toy.forking import BENCHMARK_PREFIX, solution_strategy  # noqa: E402
-from data.toy.world import STYLES, solution_style  # noqa: E402
 from pipeline.config.toy import FORK_STRATEGIES  # noqa: E402
+from toy.forking import BENCHMARK_PREFIX, solution_strategy  # noqa: E402
+from toy.world import STYLES, solution_style  # noqa: E402
 
 OTHER = "other"
 CLASSES = {"arithmetic": STYLES, "forking": FORK_STRATEGIES + (OTHER,)}

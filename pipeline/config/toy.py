@@ -6,12 +6,12 @@ from dataclasses import dataclass, field
 from pipeline.config.common import SUPERVISION, ConfigError, check_choice, check_range, computation_config
 
 TOY_STYLES = ("chain", "steps", "careful", "direct")
-"""Solution styles of the toy world (data/toy/world.py explains each)."""
+"""Solution styles of the toy world (toy/world.py explains each)."""
 
 TOY_WORLDS = ("arithmetic", "forking")
-"""``toy.world``: data/toy/world.py (the default) or data/toy/forking.py."""
+"""``toy.world``: toy/world.py (the default) or toy/forking.py."""
 FORK_FAMILIES = ("small", "carry", "plain")
-"""Problem families of the forking world (data/toy/forking.py explains each)."""
+"""Problem families of the forking world (toy/forking.py explains each)."""
 FORK_STRATEGIES = ("column", "place", "round")
 """Solution strategies of the forking world."""
 

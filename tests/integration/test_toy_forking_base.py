@@ -29,9 +29,9 @@ def cfg(tmp_path_factory):
 
 
 def test_base_manifest_records_the_entropy_profile(cfg):
-    from data import toy_base
+    from toy import base as base_stage
 
-    metrics = toy_base.run(cfg).metrics
+    metrics = base_stage.run(cfg).metrics
     assert metrics["steps"] == 20
     for name in ("fork", "digits", "other"):
         assert math.isfinite(metrics[f"entropy_{name}_nats"]) and metrics[f"entropy_{name}_nats"] >= 0

@@ -29,9 +29,9 @@ def cfg(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def base(cfg):
-    from data import toy_base
+    from toy import base as base_stage
 
-    return toy_base.run(cfg)
+    return base_stage.run(cfg)
 
 
 @pytest.fixture(scope="module")
@@ -61,9 +61,9 @@ def test_base_model_loads_with_transformers_and_generates(cfg, base):
 
 
 def test_base_stage_is_cached_by_config_hash(cfg, base):
-    from data import toy_base
+    from toy import base as base_stage
 
-    again = toy_base.run(cfg)
+    again = base_stage.run(cfg)
     assert again.started_at == base.started_at and again.config_hash == base.config_hash
 
 

@@ -8,9 +8,9 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from data.formatting import IGNORE_INDEX, PromptTooLongError, build_sft_example, render_prompt, verl_row
 from data.schema import VERL_COLUMNS
-from data.toy.tokenizer import train_tokenizer
-from data.toy.world import DocumentMix, documents
 from pipeline.models import end_of_turn_token
+from toy.tokenizer import train_tokenizer
+from toy.world import DocumentMix, documents
 
 CHATML = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>\n' }}{% endfor %}"
           "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")

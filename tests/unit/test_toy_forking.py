@@ -10,13 +10,13 @@ from collections import Counter
 import pytest
 import torch
 
-from data.toy import forking, worlds
-from data.toy.entropy import classify_tokens, token_entropy
-from data.toy.forking import Problem, family_problems, is_reliable, solve, strategy_answer
-from data.toy.pretrain import boxed_integer
-from data.toy.tokenizer import train_tokenizer
 from pipeline.config import ConfigError
 from pipeline.config.toy import FORK_FAMILIES, FORK_STRATEGIES, FORKING_FIELDS, ToyConfig
+from toy import forking, worlds
+from toy.entropy import classify_tokens, token_entropy
+from toy.forking import Problem, family_problems, is_reliable, solve, strategy_answer
+from toy.pretrain import boxed_integer
+from toy.tokenizer import train_tokenizer
 
 TEACHER = {"place": 0.8, "column": 0.1, "round": 0.1}
 MIX = forking.ForkingMix(chat_ratio=0.5, best_share=0.5)

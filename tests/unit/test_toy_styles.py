@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from data.toy import forking
-from data.toy.world import Problem, Term, solve
+from toy import forking
+from toy.world import Problem, Term, solve
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "toy_styles.py"
 spec = importlib.util.spec_from_file_location("toy_styles", SCRIPT)

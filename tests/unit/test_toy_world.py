@@ -7,10 +7,10 @@ import random
 import pytest
 
 from data.schema import check_row
-from data.toy.pretrain import boxed_integer, learning_rate
-from data.toy.tokenizer import train_tokenizer
-from data.toy.world import (DocumentMix, Problem, Term, benchmark_problems, chat_text, documents, reduce_problem,
-                            solution_style, solve, training_rows)
+from toy.pretrain import boxed_integer, learning_rate
+from toy.tokenizer import train_tokenizer
+from toy.world import (DocumentMix, Problem, Term, benchmark_problems, chat_text, documents, reduce_problem,
+                       solution_style, solve, training_rows)
 
 # 3 - 7 * 4 + (9 - 2) * 5 = 3 - 28 + 35 = 10
 PROBLEM = Problem((Term("number", (3,)), Term("product", (7, 4)), Term("group", (9, 2, 5), "-")), ("-", "+"))
@@ -45,6 +45,16 @@ def test_slips_propagate_in_chain_but_are_corrected_in_careful():
         assert boxed_integer(solve(PROBLEM, "steps", random.Random(seed), slip_rate=1.0)) != 10
     careful = solve(PROBLEM, "careful", random.Random(1), slip_rate=1.0)
     assert "No match, redo:" in careful
+
+
+def test_boxed_integer_reads_the_box_the_evaluation_judges():
+    assert boxed_integer("The answer is \\boxed{-12}.") == -12
+    assert boxed_integer("\\boxed{3}, so \\boxed{x + 1}") is None  # the last box holds no integer
+    assert boxed_integer("The answer is \\boxed {7}.") == 7  # a space before the brace, as eval.scoring allows
+    assert boxed_integer("\\boxed{ 7 }") == 7
+    assert boxed_integer("\\boxed{5} then \\boxed{6") == 5  # a truncated last box does not count
+    assert boxed_integer("\\boxed{\\frac{1}{2}}") is None
+    assert boxed_integer("no box") is None
 
 
 def test_held_out_problems_never_reach_training():

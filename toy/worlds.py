@@ -2,11 +2,12 @@
 (``forking.py``) for pretraining documents, LUFFY rows and held-out benchmark problems."""
 from __future__ import annotations
 
+import random
 from typing import Iterator
 
-from data.toy import forking, world
 from pipeline.config import ConfigError
 from pipeline.config.toy import FORK_FAMILIES, ToyConfig
+from toy import forking, world
 
 ARITHMETIC_BENCHMARKS = ("add", "mixed")
 """The arithmetic world's benchmarks ``toy_add`` and ``toy_mixed``."""
@@ -44,6 +45,13 @@ def benchmark_problems(toy: ToyConfig, name: str, count: int, seed: int) -> list
     if toy.world == "forking":
         return forking.benchmark_problems(name.removeprefix(forking.BENCHMARK_PREFIX), count, seed)
     return world.benchmark_problems(name.removeprefix("toy_"), count, seed, toy.min_terms, toy.max_terms)
+
+
+def benchmark_questions(toy: ToyConfig, name: str, count: int, seed: int) -> list[tuple[str, int]]:
+    """The :func:`benchmark_problems` as (question, answer) pairs, each question phrased with ``random.Random(seed)``
+    (the data stage's benchmark records)."""
+    rng = random.Random(seed)
+    return [(world.question(problem, rng), problem.answer) for problem in benchmark_problems(toy, name, count, seed)]
 
 
 def health_check_problems(toy: ToyConfig, count: int, seed: int) -> list:

@@ -14,7 +14,7 @@ The vocabulary is the toy tokenizer's (a few hundred entries), so the full softm
 records it in the base manifest, and the command line measures any exported model (e.g. an SFT model's fork
 entropy, prediction 2 in docs/toy_world.md):
 
-    python -m data.toy.entropy runs/forking/sft/toy/sft-<id>/hf [--problems 60] [--samples 4] [--seed 0]
+    python -m toy.entropy runs/forking/sft/toy/sft-<id>/hf [--problems 60] [--samples 4] [--seed 0]
 """
 from __future__ import annotations
 
@@ -25,11 +25,11 @@ from dataclasses import dataclass
 
 import torch
 
-from data.toy import forking, worlds
-from data.toy.pretrain import EVAL_MAX_NEW_TOKENS, boxed_integer
-from data.toy.world import SYSTEM_PROMPT, question
 from pipeline.config.toy import FORK_FAMILIES, FORK_STRATEGIES, ToyConfig
 from pipeline.seeding import derive_seed
+from toy import forking, worlds
+from toy.pretrain import EVAL_MAX_NEW_TOKENS, boxed_integer
+from toy.world import SYSTEM_PROMPT, question
 
 TOKEN_CLASSES = ("fork", "digits", "other")
 HIGH_ENTROPY_NATS = 0.1

@@ -43,8 +43,8 @@ import random
 from dataclasses import dataclass
 from typing import Iterator, Mapping
 
-from data.toy.world import SYSTEM_PROMPT, chat_text, is_held_out, luffy_row, question
 from pipeline.config.toy import FORK_FAMILIES, FORK_STRATEGIES
+from toy.world import SYSTEM_PROMPT, chat_text, is_held_out, luffy_row, question
 
 OPENINGS = {"column": "Column:", "place": "Place value:", "round": "Round:"}
 """The first words of each strategy's solution: the fork."""

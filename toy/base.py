@@ -1,6 +1,6 @@
 """Stage ``base`` (toy profile): build the toy tokenizer and pretrain the tiny Qwen3 base model on CPU.
 
-    python -m data.toy_base experiment=demo profile=toy [toy.pretrain_steps=...]
+    python -m toy.base experiment=demo profile=toy [toy.pretrain_steps=...]
 
 Writes a standard HF folder (safetensors, tokenizer with chat template, generation config whose eos is the
 template's ``<|im_end|>``) to ``toy_base_dir(cfg)/hf`` and a manifest to ``toy_base_dir(cfg)``. The folder is keyed
@@ -14,15 +14,14 @@ import itertools
 from dataclasses import asdict
 from pathlib import Path
 
-
-from data.toy import pretrain, worlds
-from data.toy.entropy import fork_profile
-from data.toy.tokenizer import END_OF_TURN, train_tokenizer
 from pipeline.config import Config, ConfigError, stage_main
 from pipeline.manifest import Manifest, read_manifest, stage_run
 from pipeline.paths import TRAINING_METRICS_FILE, base_run
 from pipeline.seeding import derive_seed, seed_everything
 from pipeline.tracking import MetricsLogger, configure_cpu_threads, progress
+from toy import pretrain, worlds
+from toy.entropy import fork_profile
+from toy.tokenizer import END_OF_TURN, train_tokenizer
 
 
 def build_base(cfg: Config, out_dir: Path, *, device: str = "cpu") -> dict:
@@ -76,7 +75,7 @@ def build_base(cfg: Config, out_dir: Path, *, device: str = "cpu") -> dict:
 
 def run(cfg: Config) -> Manifest:
     if cfg.model.source != "toy":
-        raise ConfigError(f"data.toy_base builds the toy base model; model.source is {cfg.model.source!r} "
+        raise ConfigError(f"toy.base builds the toy base model; model.source is {cfg.model.source!r} "
                           "(use model=toy profile=toy)")
     configure_cpu_threads(cfg.profile.num_threads)
     spec = base_run(cfg)

@@ -18,10 +18,11 @@ from typing import Callable, Iterable
 
 import torch
 
-from data.toy.tokenizer import DOCUMENT_SEPARATOR, END_OF_TURN, PAD
-from data.toy.world import SYSTEM_PROMPT, Problem, question
+from pipeline.answers import last_boxed
+from toy.tokenizer import DOCUMENT_SEPARATOR, END_OF_TURN, PAD
+from toy.world import SYSTEM_PROMPT, Problem, question
 
-BOXED_INTEGER = re.compile(r"\\boxed\{(-?\d+)\}")
+INTEGER = re.compile(r"-?\d+")
 WARMUP_STEPS = 30
 EVAL_MAX_NEW_TOKENS = 200
 """Response budget of the base model's health checks (greedy accuracy, entropy profile)."""
@@ -138,9 +139,10 @@ def bf16_autocast_pays(device: str) -> bool:
 
 
 def boxed_integer(text: str) -> int | None:
-    """The integer in the last ``\\boxed{...}`` of a completion (the toy world's answer format)."""
-    found = BOXED_INTEGER.findall(text)
-    return int(found[-1]) if found else None
+    """The integer in the last complete ``\\boxed{...}`` of a completion (the evaluation's extractor,
+    :func:`pipeline.answers.last_boxed`, surrounding spaces stripped), or None when that box holds no integer."""
+    answer = last_boxed(text)
+    return int(answer) if answer is not None and INTEGER.fullmatch(answer.strip()) else None
 
 
 @torch.no_grad()
