@@ -12,13 +12,20 @@ first imported.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 _PROBE = "END_OF_TURN_PROBE"
 
 
 class ChatTemplateError(ValueError):
     """The tokenizer has no chat template, or its template does not close an assistant turn with a special token."""
+
+
+class EosAlignment(NamedTuple):
+    """Which of the two objects :func:`align_eos` changed."""
+
+    tokenizer: bool
+    generation_config: bool
 
 
 def end_of_turn_token(tokenizer: Any) -> str:
@@ -35,6 +42,27 @@ def end_of_turn_token(tokenizer: Any) -> str:
             return tokenizer.convert_ids_to_tokens(token_id)
     raise ChatTemplateError(f"no special token follows the assistant message in the chat template (suffix "
                             f"{suffix!r}); cannot tell where a response ends")
+
+
+def align_eos(tokenizer: Any, generation_config: Any) -> EosAlignment:
+    """Makes generation stop where a response ends, for an exported model folder.
+
+    With E the chat template's end-of-turn token (:func:`end_of_turn_token`): the tokenizer's ``eos_token`` becomes
+    E, the generation config's ``eos_token_id`` becomes ``[id(E), *its other ids in their order]`` (a list, also
+    when it held one id or none), and its ``pad_token_id``, when unset, the tokenizer's.
+    """
+    end_of_turn = end_of_turn_token(tokenizer)
+    end_id = tokenizer.convert_tokens_to_ids(end_of_turn)
+    tokenizer_changed = tokenizer.eos_token != end_of_turn
+    if tokenizer_changed:
+        tokenizer.eos_token = end_of_turn
+    eos_ids = generation_config.eos_token_id
+    eos_ids = [] if eos_ids is None else [eos_ids] if isinstance(eos_ids, int) else list(eos_ids)
+    aligned = [end_id, *(i for i in eos_ids if i != end_id)]
+    pad_id = tokenizer.pad_token_id if generation_config.pad_token_id is None else generation_config.pad_token_id
+    generation_changed = (aligned, pad_id) != (generation_config.eos_token_id, generation_config.pad_token_id)
+    generation_config.eos_token_id, generation_config.pad_token_id = aligned, pad_id
+    return EosAlignment(tokenizer_changed, generation_changed)
 
 
 def local_model_dir(path: str) -> str:

@@ -2,8 +2,8 @@
 
 ``python -m verl.model_merger merge --backend fsdp`` writes the weights (verl merges to bfloat16 whatever the
 training dtype) with the config and tokenizer verl saved next to the checkpoint. :func:`check_hf_export` then
-loads it with transformers and makes the generation config stop at the chat template's end-of-turn token, so
-vLLM generation from the RL model ends where the SFT model's did.
+loads it with transformers and aligns its eos as the SFT export does (``pipeline.models.align_eos``), so vLLM
+generation from the RL model ends where the SFT model's did.
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pipeline.models import end_of_turn_token, load_causal_lm
+from pipeline.models import align_eos, load_causal_lm
 
 LATEST_ITERATION_FILE = "latest_checkpointed_iteration.txt"
 """verl's marker of the newest complete checkpoint in ``trainer.default_local_dir``."""
@@ -50,28 +50,21 @@ def merge_actor(checkpoint_dir: Path, step: int, target_dir: Path, env: dict[str
 
 
 def check_hf_export(hf_dir: Path) -> dict[str, Any]:
-    """Loads ``hf_dir`` with transformers, aligns eos with the chat template's end-of-turn token; returns facts."""
+    """Loads ``hf_dir`` with transformers, aligns its eos (:func:`pipeline.models.align_eos`, saving what changed);
+    returns facts."""
     from transformers import AutoTokenizer, GenerationConfig
 
     tokenizer = AutoTokenizer.from_pretrained(hf_dir)
-    end_token = end_of_turn_token(tokenizer)
-    end_id = tokenizer.convert_tokens_to_ids(end_token)
-    if tokenizer.eos_token != end_token:
-        tokenizer.eos_token = end_token
-        tokenizer.save_pretrained(hf_dir)
     try:
         generation = GenerationConfig.from_pretrained(hf_dir)
     except OSError:
         generation = GenerationConfig()
-    eos_ids = generation.eos_token_id if isinstance(generation.eos_token_id, list) else \
-        [i for i in [generation.eos_token_id] if i is not None]
-    fixed_generation_config = end_id not in eos_ids
-    if fixed_generation_config:
-        generation.eos_token_id = [end_id, *eos_ids] if eos_ids else end_id
-        if generation.pad_token_id is None and tokenizer.pad_token_id is not None:
-            generation.pad_token_id = tokenizer.pad_token_id
+    fixed = align_eos(tokenizer, generation)
+    if fixed.tokenizer:
+        tokenizer.save_pretrained(hf_dir)
+    if fixed.generation_config:
         generation.save_pretrained(hf_dir)
     model = load_causal_lm(hf_dir, dtype="auto")
     return {"dtype": str(model.dtype).removeprefix("torch."), "num_parameters": model.num_parameters(),
-            "end_of_turn_token": end_token, "eos_token_id": end_id,
-            "fixed_generation_config": fixed_generation_config}
+            "end_of_turn_token": tokenizer.eos_token, "eos_token_id": tokenizer.eos_token_id,
+            "fixed_generation_config": fixed.generation_config}

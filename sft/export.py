@@ -21,7 +21,7 @@ import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, PreTrainedTokenizerBase
 
-from pipeline.models import end_of_turn_token, load_causal_lm
+from pipeline.models import align_eos, load_causal_lm
 
 LOGPROB_TOLERANCE = {torch.float32: 1e-3, torch.bfloat16: 0.15}
 """Largest allowed |Δ log p| between the reloaded export and the in-memory model, by the lower of the export dtype
@@ -31,23 +31,6 @@ on real models)."""
 
 class ExportError(RuntimeError):
     """The exported folder failed a check; the message says which."""
-
-
-def align_eos(tokenizer: PreTrainedTokenizerBase, generation_config: GenerationConfig,
-              announce: Callable[[str], None] = print) -> str:
-    """Makes the tokenizer's EOS and the generation config's first EOS id the template's end-of-turn token."""
-    end_of_turn = end_of_turn_token(tokenizer)
-    end_id = tokenizer.convert_tokens_to_ids(end_of_turn)
-    if tokenizer.eos_token != end_of_turn:
-        announce(f"[export] tokenizer eos {tokenizer.eos_token!r} differs from the chat template's end-of-turn "
-                 f"{end_of_turn!r}; exporting with eos {end_of_turn!r}")
-        tokenizer.eos_token = end_of_turn
-    eos_ids = generation_config.eos_token_id
-    eos_ids = [] if eos_ids is None else [eos_ids] if isinstance(eos_ids, int) else list(eos_ids)
-    generation_config.eos_token_id = [end_id] + [i for i in eos_ids if i != end_id]
-    if generation_config.pad_token_id is None and tokenizer.pad_token_id is not None:
-        generation_config.pad_token_id = tokenizer.pad_token_id
-    return end_of_turn
 
 
 def gather_full_state_dict(policy: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -111,7 +94,11 @@ def export_hf(policy_logprobs: Callable[[torch.Tensor], torch.Tensor], policy: t
     state_dict = gather_full_state_dict(policy)
     if not is_main:
         return None
-    end_of_turn = align_eos(tokenizer, generation_config, announce)
+    previous_eos = tokenizer.eos_token
+    if align_eos(tokenizer, generation_config).tokenizer:
+        announce(f"[export] tokenizer eos {previous_eos!r} differs from the chat template's end-of-turn "
+                 f"{tokenizer.eos_token!r}; exporting with eos {tokenizer.eos_token!r}")
+    end_of_turn = tokenizer.eos_token
     staging = folder.with_name(folder.name + ".tmp")
     shutil.rmtree(staging, ignore_errors=True)
     write_hf_folder(policy.config, state_dict, tokenizer, generation_config, staging, dtype)

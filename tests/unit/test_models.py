@@ -1,13 +1,14 @@
 """The shared tokenizer loader: eos is the chat template's end-of-turn token, a pad token always exists, and a
-tokenizer without a chat template is refused with its path; the tiny BPE tokenizer's fixed ids."""
+tokenizer without a chat template is refused with its path; the exports' eos alignment on hand-made generation
+configs; the tiny BPE tokenizer's fixed ids."""
 from __future__ import annotations
 
 import pytest
 from tokenizers import Tokenizer, models
-from transformers import PreTrainedTokenizerFast
+from transformers import GenerationConfig, PreTrainedTokenizerFast
 
 from bench.tiny_model import CHATML_TEMPLATE, build_tiny_tokenizer
-from pipeline.models import ChatTemplateError, end_of_turn_token, load_tokenizer
+from pipeline.models import ChatTemplateError, EosAlignment, align_eos, end_of_turn_token, load_tokenizer
 
 
 def test_eos_becomes_the_end_of_turn_and_pad_is_kept(tmp_path):
@@ -24,6 +25,27 @@ def test_missing_pad_becomes_the_end_of_turn(tmp_path):
                             additional_special_tokens=["<|im_start|>", "<|im_end|>"]).save_pretrained(tmp_path)
     tokenizer = load_tokenizer(tmp_path)
     assert tokenizer.eos_token == tokenizer.pad_token == "<|im_end|>"
+
+
+# ids of the tiny tokenizer: <|endoftext|> 0 (also its pad), <|im_start|> 1, <|im_end|> 2 (the end-of-turn)
+@pytest.mark.parametrize("eos_ids, pad_id, aligned_ids, aligned_pad, changed", [
+    (0, None, [2, 0], 0, True),  # a Qwen base model's: the end-of-turn goes first, pad from the tokenizer
+    ([0, 2], 0, [2, 0], 0, True),  # present but not first: moved first
+    (None, 7, [2], 7, True),  # none: the end-of-turn alone, a set pad is kept
+    (2, 0, [2], 0, True),  # one id as an int becomes a list
+    ([2, 0], 0, [2, 0], 0, False),  # aligned already: nothing to save
+])
+def test_align_eos(eos_ids, pad_id, aligned_ids, aligned_pad, changed):
+    tokenizer = build_tiny_tokenizer(eos_token="<|im_end|>")
+    generation_config = GenerationConfig(eos_token_id=eos_ids, pad_token_id=pad_id)
+    assert align_eos(tokenizer, generation_config) == EosAlignment(tokenizer=False, generation_config=changed)
+    assert (generation_config.eos_token_id, generation_config.pad_token_id) == (aligned_ids, aligned_pad)
+
+
+def test_align_eos_fixes_a_tokenizer_whose_eos_is_not_the_end_of_turn():
+    tokenizer = build_tiny_tokenizer(eos_token="<|endoftext|>")
+    assert align_eos(tokenizer, GenerationConfig(eos_token_id=[2, 0], pad_token_id=0)) == EosAlignment(True, False)
+    assert (tokenizer.eos_token, tokenizer.eos_token_id) == ("<|im_end|>", 2)
 
 
 def test_no_chat_template_names_the_path(tmp_path):

@@ -1,15 +1,13 @@
-"""The trainer's file contracts: bad rows of the tokenised split are named, and the export's EOS follows the chat
-template's end-of-turn token."""
+"""The trainer's file contracts: bad rows of the tokenised split are named, and the end-of-turn token is the one the
+chat template writes (the export's EOS alignment: tests/unit/test_models.py)."""
 from __future__ import annotations
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from transformers import GenerationConfig
 
 from pipeline.models import ChatTemplateError, end_of_turn_token
 from sft.data import SFTDataError, read_sft_tokens
-from sft.export import align_eos
 
 GOOD = {"row_id": ["r0"], "input_ids": [[1, 5, 6, 2]], "labels": [[-100, -100, 6, 2]], "num_response_tokens": [2],
         "truncated": [False]}
@@ -60,16 +58,6 @@ def _chatml_tokenizer(eos: str):
 
 def test_end_of_turn_is_the_token_closing_the_assistant_message():
     assert end_of_turn_token(_chatml_tokenizer("<|endoftext|>")) == "<|im_end|>"
-
-
-def test_align_eos_puts_the_end_of_turn_first():
-    tokenizer = _chatml_tokenizer("<|endoftext|>")
-    generation_config = GenerationConfig(eos_token_id=0)
-    messages = []
-    assert align_eos(tokenizer, generation_config, announce=messages.append) == "<|im_end|>"
-    assert tokenizer.eos_token == "<|im_end|>"
-    assert generation_config.eos_token_id == [2, 0]
-    assert "differs from the chat template's end-of-turn" in messages[0]
 
 
 def test_no_chat_template_is_an_error():
