@@ -56,9 +56,11 @@ def main() -> None:
     parser.add_argument("--kv-cache-bytes", type=int, default=1 << 30, help="vLLM KV cache on CPU")
     args = parser.parse_args()
     if args.device == "cpu":
+        from pipeline.tracking import bound_openmp_spin
+
         os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch and vllm are imported
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        os.environ.setdefault("GOMP_SPINCOUNT", "10000")
+        bound_openmp_spin()
 
     import torch
 

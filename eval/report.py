@@ -62,7 +62,7 @@ from pipeline.models import local_model_dir
 from pipeline.paths import (
     BASE_VARIANT,
     TRAINING_METRICS_FILE,
-    base_model_path,
+    base_run,
     eval_dir,
     hf_export_dir,
     model_configs,
@@ -71,7 +71,6 @@ from pipeline.paths import (
     rl_dir,
     sft_dir,
     sft_tokens_path,
-    toy_base_dir,
     variants,
 )
 from pipeline.tracking import progress, start_wandb
@@ -203,9 +202,9 @@ def trained_exports(cfg: Config, phase: str, labels: list[str]) -> dict[str, Pat
 
 def base_model_folder(cfg: Config) -> tuple[Path | None, Path | None]:
     """(HF folder of the base model, folder of its manifest) or None where there is no local safetensors copy."""
-    if cfg.model.source == "toy":
-        manifest = read_manifest(toy_base_dir(cfg))
-        return (Path(base_model_path(cfg)), toy_base_dir(cfg)) if manifest and manifest.complete else (None, None)
+    if (base := base_run(cfg)) is not None:  # a base model built by a stage of ours
+        manifest = read_manifest(base.directory)
+        return (hf_export_dir(base.directory), base.directory) if manifest and manifest.complete else (None, None)
     if cfg.model.source != "hub":
         return None, None
     try:

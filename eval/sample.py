@@ -22,6 +22,7 @@ from typing import Any, Protocol, Sequence
 
 from pipeline.config import Config, ConfigError
 from pipeline.models import load_causal_lm, load_tokenizer
+from pipeline.tracking import bound_openmp_spin
 
 
 @dataclass
@@ -55,7 +56,7 @@ def configure_vllm_cpu_environment() -> None:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
-    os.environ.setdefault("GOMP_SPINCOUNT", "10000")
+    bound_openmp_spin()
 
 
 class VLLMSampler:

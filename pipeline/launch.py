@@ -17,6 +17,7 @@ import time
 from pipeline.manifest import invalidate, is_current, read_manifest, write_json_atomic
 from pipeline.processes import start_in_new_session, stop_tree
 from pipeline.stages import StageCommand
+from pipeline.tracking import bound_openmp_spin
 
 LAUNCH_RECORD = "launch.json"
 STOP_GRACE_S = 30.0
@@ -44,8 +45,7 @@ def stage_environment(device: str) -> dict[str, str]:
     env = dict(os.environ)
     env.setdefault("PYTHONUNBUFFERED", "1")
     if device == "cpu":
-        # Bounded OpenMP spinning: the default made steps 10-60x slower on a loaded 2-core machine.
-        env.setdefault("GOMP_SPINCOUNT", "10000")
+        bound_openmp_spin(env)
     return env
 
 

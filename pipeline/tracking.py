@@ -6,7 +6,7 @@ import math
 import os
 import time
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, MutableMapping
 
 from tqdm.auto import tqdm
 
@@ -95,9 +95,22 @@ def progress(iterable: Iterable | None = None, *, total: int | None = None, desc
                 dynamic_ncols=True, mininterval=1.0)
 
 
+CPU_OPENMP_ENV = {"GOMP_SPINCOUNT": "10000"}
+"""Bounded OpenMP spinning for every CPU process: on a loaded 2-core box the default spin made steps 10-60x slower.
+libgomp reads it when torch first loads, so it belongs in a child's environment or before ``import torch`` (the
+Makefile and ``.ci/run`` export the same value for what they start)."""
+
+
+def bound_openmp_spin(env: MutableMapping[str, str] = os.environ) -> MutableMapping[str, str]:
+    """``env`` (this process's environment by default) with :data:`CPU_OPENMP_ENV` wherever it is unset."""
+    for key, value in CPU_OPENMP_ENV.items():
+        env.setdefault(key, value)
+    return env
+
+
 def configure_cpu_threads(num_threads: int) -> None:
-    """Bounded OpenMP spinning and a fixed thread count: on a loaded 2-core box the default spin made steps 10-60x slower."""
-    os.environ.setdefault("GOMP_SPINCOUNT", "10000")
+    """Bounded OpenMP spinning (:func:`bound_openmp_spin`) and a fixed thread count."""
+    bound_openmp_spin()
     import torch
 
     torch.set_num_threads(num_threads)

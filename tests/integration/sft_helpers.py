@@ -19,6 +19,7 @@ from bench.tiny_model import TRAINING_TEXTS, build_tiny_qwen3
 from pipeline.config import Config, compose
 from pipeline.manifest import stage_run
 from pipeline.paths import SFT_TOKENS_FILE, hf_export_dir, sft_dir, tokens_dir
+from pipeline.tracking import CPU_OPENMP_ENV
 from sft.data import IGNORE_INDEX
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -91,7 +92,7 @@ def sft_command(overrides: list[str], nproc: int) -> list[str]:
 
 
 def child_env() -> dict[str, str]:
-    return {**os.environ, "GOMP_SPINCOUNT": "10000", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    return {**os.environ, **CPU_OPENMP_ENV, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 
 
 def run_torchrun(overrides: list[str], nproc: int, timeout: int = 240) -> subprocess.CompletedProcess:
