@@ -7,8 +7,8 @@ A token loss (``sft.losses``) never sees the vocabulary. It names the per-token 
 
 * pass A (no graph, fp32 unless the loss asks for the model dtype): the loss's statistics, a few floats per row;
   skipped entirely (no head matmul) when the loss names none (plain SFT, DFT). It runs its chunks last to first
-  and hands the first chunk's policy logits to pass B, which starts with that chunk: the same matmul is not done
-  twice (with one chunk per micro-batch, pass A adds no policy head matmul at all);
+  and hands the first chunk's policy and reference logits to pass B, which starts with that chunk: the same
+  matmuls are not done twice (with one chunk per micro-batch, pass A adds only the reference's head matmul);
 * selection and weighting on those ``N`` scalars (``TokenLoss.weigh``);
 * pass B: ``Σ_rows Σ_terms coef · term`` with gradients, as a custom autograd function that forms each chunk's
   logit gradient in the forward from the closed forms below (in the chunk's own logits buffer) and accumulates
@@ -17,8 +17,10 @@ A token loss (``sft.losses``) never sees the vocabulary. It names the per-token 
   ``TokenLoss.head_metrics`` reports what a loss without a pass A logs (SFT's and DFT's ``ce``).
 
 Reference logits are built in pass B only for the rows whose reference-term coefficients are non-zero (for
-EKSFT: the masked set M). :func:`dense_loss` computes the same loss on given full logits with plain autograd
-through :func:`row_terms` (the reference API); tests hold the two to ≤ 1e-5.
+EKSFT: the masked set M); for the first chunk they are those rows of pass A's reference logits, the very values
+the selection ranked (a separate product of only those rows can round differently: BLAS picks kernels by shape).
+:func:`dense_loss` computes the same loss on given full logits with plain autograd through :func:`row_terms` (the
+reference API); tests hold the two to ≤ 1e-5.
 
 Legend: B sequences, L positions, V vocabulary, d hidden size, N prediction rows of a micro-batch (shifted:
 row ``(b, i)`` predicts ``labels[b, i+1]``), C rows of one chunk. ``*_nd`` hidden rows, ``*_cv`` chunk logits.
@@ -341,11 +343,12 @@ def _head_logits(hidden: Tensor, weight_cd: Tensor) -> Tensor:
 
 @dataclass
 class _FirstChunkLogits:
-    """Pass A's policy logits ``hidden @ Wᵀ`` (compute dtype, not yet cast to the statistics dtype) for the rows of
-    the first chunk, the same product pass B needs first; pass B takes them (and drops them) instead of
-    recomputing it."""
+    """Pass A's policy and reference logits ``hidden @ Wᵀ`` (compute dtype, not yet cast to the statistics dtype)
+    for the rows of the first chunk, the products pass B needs first; pass B takes them instead of recomputing
+    them, and drops them after that chunk."""
 
     policy: Tensor | None
+    reference: Tensor | None
 
 
 def _chunked_stats(loss: TokenLossLike, hidden_nd: Tensor, weight: Tensor, targets: Tensor, chunk_size: int,
@@ -363,21 +366,22 @@ def _chunked_stats(loss: TokenLossLike, hidden_nd: Tensor, weight: Tensor, targe
     needs_old = bool(OLD_POLICY_TERMS & set(names))
     starts = range(0, hidden_nd.shape[0], chunk_size)
     parts: dict[str, list[Tensor]] = {name: [] for name in names}
-    logits = None
+    logits = ref_logits = None
     with torch.autocast(hidden_nd.device.type, enabled=False):
         for start in reversed(starts):
             chunk = slice(start, start + chunk_size)
             logits = _head_logits(hidden_nd[chunk], weight)
+            ref_logits = _head_logits(ref_nd[chunk], ref_w) if needs_ref else None
             values = row_terms(
                 logits.to(stats_dtype), targets[chunk], names,
-                ref_logits=_head_logits(ref_nd[chunk], ref_w).to(stats_dtype) if needs_ref else None,
+                ref_logits=ref_logits.to(stats_dtype) if needs_ref else None,
                 old_logits=_head_logits(old_nd[chunk], old_w).to(stats_dtype) if needs_old else None,
                 **loss.term_options)
             for name in names:
                 parts[name].append(values[name].float())
     empty = hidden_nd.new_zeros(0, dtype=torch.float32)
     stats = {name: torch.cat(chunks[::-1]) if chunks else empty for name, chunks in parts.items()}
-    return stats, None if logits is None else _FirstChunkLogits(policy=logits)
+    return stats, None if logits is None else _FirstChunkLogits(policy=logits, reference=ref_logits)
 
 
 @dataclass
@@ -404,6 +408,13 @@ class _HeadPlan:
         else:
             logits = hidden_cd @ weight_cd.T
         return logits.float()
+
+    def _reference_logits(self, chunk: slice, active: Tensor) -> Tensor:
+        """fp32 reference logits of the chunk's ``active`` rows; for the first chunk, those rows of pass A's."""
+        if chunk.start == 0 and self.first_chunk is not None and self.first_chunk.reference is not None:
+            ref_logits, self.first_chunk.reference = self.first_chunk.reference, None
+            return ref_logits.index_select(0, active).float()
+        return _head_logits(self.ref_hidden[chunk].index_select(0, active), self.ref_head_weight).float()
 
     def chunk_value_and_grad(self, logits_cv: Tensor, chunk: slice, need_grad: bool) -> tuple[Tensor, Tensor | None]:
         """``Σ_rows Σ_terms coef · term`` of one chunk of fp32 logits (overwritten in place) and, if ``need_grad``,
@@ -483,7 +494,7 @@ class _HeadPlan:
         active = torch.stack([coefs[name] != 0 for name in ref_names]).any(0).nonzero().squeeze(1)
         if not active.numel():
             return None, value, None
-        ref_logits = _head_logits(self.ref_hidden[chunk].index_select(0, active), self.ref_head_weight).float()
+        ref_logits = self._reference_logits(chunk, active)
         logq = ref_logits.sub_(torch.logsumexp(ref_logits, dim=-1, keepdim=True))
         probs_a, logp_a = probs.index_select(0, active), logp.index_select(0, active)
         grad = torch.zeros_like(probs_a) if need_grad else None
@@ -530,6 +541,7 @@ class _ChunkedHeadObjective(torch.autograd.Function):
                 hidden_cd = hidden_nd[chunk].detach().to(compute_dtype)
                 value, grad_logits = plan.chunk_value_and_grad(plan.policy_logits(chunk, hidden_cd, weight_cd), chunk,
                                                                need_hidden_grad or need_weight_grad)
+                plan.first_chunk = None
                 total = total + value
                 if grad_logits is not None:
                     grad_logits = grad_logits.to(compute_dtype)
