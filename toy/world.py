@@ -29,7 +29,6 @@ SYSTEM_PROMPT = "Please reason step by step, and put your final answer within \\
 """The toy world's system turn (the same sentence MathArena uses)."""
 DATA_SOURCE = "toy"
 STYLES = ("chain", "steps", "careful", "direct")
-REASONING_STYLES = ("chain", "steps", "careful")
 CAREFUL_OPENING = "Let me compute one step at a time and check each result."
 PHRASINGS = ("Compute {expr}.", "What is {expr}?", "Evaluate: {expr}", "Calculate the value of {expr}.")
 SLIP_DELTAS = (-10, -2, -1, 1, 2, 10)
