@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from pipeline.config import Config, compose
+from pipeline.config import Config, ConfigError, compose
 from pipeline.paths import (
     BASE_VARIANT,
     RunSpec,
@@ -29,10 +29,12 @@ from pipeline.paths import (
     data_run,
     eval_run,
     method_label,
+    model_configs,
     report_run,
     rl_run,
     sft_run,
     tokens_run,
+    variants,
 )
 
 
@@ -122,13 +124,17 @@ def _rl_settings(cfg: Config, variant: str) -> dict[str, object]:
 def build_plan(cfg: Config, overrides: list[str]) -> list[StageCommand]:
     """Expands ``cfg.experiment`` into the ordered list of stage commands (user ``overrides`` go to every stage).
 
-    SFT, evaluation and RL commands run once per seed of ``cfg.run_seeds()`` (``seed=<s>`` is added when the
-    experiment lists ``experiment.seeds``). Each command's ``needs`` names the commands in this plan that produce its
-    inputs; a producer left out of ``experiment.stages`` is not waited for (the stage itself checks its inputs).
+    The grid is the report's (:func:`pipeline.paths.model_configs`, :func:`pipeline.paths.variants`); each command
+    composes its own config from ``overrides``, and an override that would make the two differ is refused. SFT,
+    evaluation and RL commands run once per seed of ``cfg.run_seeds()`` (``seed=<s>`` is added when the experiment
+    lists ``experiment.seeds``). Each command's ``needs`` names the commands in this plan that produce its inputs; a
+    producer left out of ``experiment.stages`` is not waited for (the stage itself checks its inputs).
     """
     stages = set(cfg.experiment.stages)
     seeds = cfg.run_seeds()
     per_seed = bool(cfg.experiment.seeds)
+    grid_models = {mcfg.model.name: mcfg.model for mcfg in model_configs(cfg)}
+    grid_variants = variants(cfg)
     plan: list[StageCommand] = []
     if "data" in stages:
         plan.append(StageCommand("data", "data", _python_module("data.prepare", overrides), [data_run(cfg)], cfg,
@@ -137,6 +143,9 @@ def build_plan(cfg: Config, overrides: list[str]) -> list[StageCommand]:
     for model in cfg.profile.models:
         model_overrides = [*overrides, f"model={model}"]
         mcfg = compose(model_overrides)
+        if mcfg.model != grid_models[model]:
+            raise ConfigError(f"profile.models: a model.* override in {overrides} reaches {model} in its stage "
+                              f"commands but only {cfg.model.name} in the report; run one model per experiment")
         base = base_run(mcfg)
         base_model = [f"base/{model}"] if base is not None else []
         if "base" in stages:
@@ -150,22 +159,23 @@ def build_plan(cfg: Config, overrides: list[str]) -> list[StageCommand]:
             suffix = f"/seed{seed}" if per_seed else ""
             seed_overrides = [*model_overrides, f"seed={seed}"] if per_seed else model_overrides
             seed_cfg = compose(seed_overrides) if per_seed else mcfg
-            labels = []
-            for method in cfg.experiment.methods:
+            for method, label in zip(cfg.experiment.methods, grid_variants[1:]):
                 method_overrides = [*seed_overrides, f"sft/method={method}"]
                 scfg = compose(method_overrides)
-                label = method_label(scfg.sft.method)
-                labels.append(label)
+                if method_label(scfg.sft.method) != label:
+                    raise ConfigError(f"experiment.methods: an sft.method.* override in {overrides} makes {method} "
+                                      f"train as {method_label(scfg.sft.method)} but the report looks for {label} (it "
+                                      f"applies only to {cfg.sft.method.name} there); use sft.* settings, or run one "
+                                      "method per experiment")
                 if "sft" in stages:
                     argv = [*node_launcher(scfg), *torchrun_prefix(scfg), "-m", "sft.train", *method_overrides]
                     plan.append(StageCommand("sft", f"sft/{model}/{label}{suffix}", argv, [sft_run(scfg)], scfg,
                                              _sft_settings(scfg), needs=[f"tokenize/{model}"]))
-            variants = [BASE_VARIANT, *labels]
             start_model = {variant: ["data", *base_model] if variant == BASE_VARIANT else
-                           [f"sft/{model}/{variant}{suffix}"] for variant in variants}
+                           [f"sft/{model}/{variant}{suffix}"] for variant in grid_variants}
             if "eval_sft" in stages:
-                plan.extend(_eval_commands(seed_cfg, seed_overrides, "sft", variants, start_model, suffix))
-            for variant in variants:
+                plan.extend(_eval_commands(seed_cfg, seed_overrides, "sft", grid_variants, start_model, suffix))
+            for variant in grid_variants:
                 if "rl" in stages:
                     rl_overrides = [*seed_overrides, f"rl.init={variant}"]
                     plan.append(StageCommand("rl", f"rl/{model}/{variant}{suffix}",

@@ -1,0 +1,38 @@
+"""One experiment grid: the plan's commands cover the models x variants the report reads (pipeline.paths), and an
+override that would make a stage command's run differ from the report's is refused before anything runs."""
+from __future__ import annotations
+
+import pytest
+
+from pipeline.config import ConfigError, compose
+from pipeline.paths import model_configs, variants
+from pipeline.stages import build_plan
+
+TWO_METHODS = ["experiment=table1", "profile=toy", "experiment.methods=[sft,eksft]"]
+
+
+def test_the_plan_trains_and_evaluates_the_variants_the_report_reads():
+    cfg = compose(TWO_METHODS)
+    plan = build_plan(cfg, TWO_METHODS)
+    assert variants(cfg) == ["base", "sft", "eksft"] and [m.model.name for m in model_configs(cfg)] == ["toy"]
+    assert [c.name for c in plan if c.stage == "sft"] == ["sft/toy/sft", "sft/toy/eksft"]
+    assert [c.name for c in plan if c.stage == "eval_sft"] == ["eval/toy/sft/base", "eval/toy/sft/sft",
+                                                               "eval/toy/sft/eksft"]
+
+
+def test_a_method_override_that_the_report_would_not_see_is_refused():
+    # sft.method.loss_norm reached both methods' SFT runs (sft_loss_normmicro_batch_sum, ...) while the report looked
+    # for sft and eksft_loss_normmicro_batch_sum, so the table silently lost the sft row.
+    overrides = [*TWO_METHODS, "sft.method.loss_norm=micro_batch_sum"]
+    with pytest.raises(ConfigError, match=r"makes sft train as sft_loss_normmicro_batch_sum but the report looks for "
+                                          r"sft .*use sft\.\* settings"):
+        build_plan(compose(overrides), overrides)
+    one_method = [*overrides[:2], "experiment.methods=[eksft]", "sft.method.loss_norm=micro_batch_sum"]
+    names = [c.name for c in build_plan(compose(one_method), one_method) if c.stage == "sft"]
+    assert names == ["sft/toy/eksft_loss_normmicro_batch_sum"]
+
+
+def test_a_model_override_that_the_report_would_not_see_is_refused():
+    overrides = ["experiment=table1", "profile=paper", "experiment.methods=[sft]", "model.attn_implementation=eager"]
+    with pytest.raises(ConfigError, match=r"profile.models: a model.\* override .* reaches qwen3_8b"):
+        build_plan(compose(overrides), overrides)
