@@ -1,4 +1,5 @@
-"""avg@n and the unbiased pass@k estimator (Chen et al. 2021), per problem and over a benchmark.
+"""avg@n and the unbiased pass@k estimator (Chen et al. 2021), per problem and over a benchmark; the mean
+sampled-token entropy (:func:`mean_token_entropy`).
 
 For a problem with ``n`` samples of which ``c`` are correct, ``pass@k = 1 − C(n−c, k) / C(n, k)``: the chance that
 k samples drawn without replacement from the n contain a correct one. It is computed as the product
@@ -42,3 +43,19 @@ def benchmark_metrics(correct_counts: Sequence[int], n: int, ks: Sequence[int] |
     for k in ks if ks is not None else k_values(n):
         metrics[f"pass@{k}"] = sum(pass_at_k(n, c, k) for c in correct_counts) / problems
     return metrics
+
+
+MEAN_TOKEN_ENTROPY = "mean_token_entropy_nats"
+"""Metric key: the mean per-token entropy of the sampling distribution over a benchmark's samples, in nats."""
+
+
+def mean_token_entropy(neg_logprob_sums: Sequence[float | None], num_tokens: Sequence[int]) -> float | None:
+    """``Σ_samples (−Σ_t log p(x_t)) / Σ_samples num_tokens``: the mean of ``−log p`` over every sampled token.
+
+    A token ``x ~ p`` has ``E[−log p(x)] = H(p)``, so this is an unbiased Monte-Carlo estimate of the mean entropy (of
+    the distribution each token was drawn from) per sampled token. None when any sample lacks its ``neg_logprob_sum``
+    (a backend that does not report it, or samples written before it was recorded) or there are no tokens.
+    """
+    if any(value is None for value in neg_logprob_sums) or sum(num_tokens) == 0:
+        return None
+    return sum(neg_logprob_sums) / sum(num_tokens)

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 
-from eval.metrics import benchmark_metrics
+from eval.metrics import MEAN_TOKEN_ENTROPY, benchmark_metrics, mean_token_entropy
 from eval.sample import (
     Sampler,
     configure_vllm_cpu_environment,
@@ -138,7 +138,7 @@ def score_problem(row: dict[str, Any], completions: list, prefix: str, seed: int
     scored_texts = [prefix + c.text for c in completions]
     verdicts = list(pool.map(verify, scored_texts, [row["answer"]] * len(completions)))
     return [{"problem_id": row["id"], "sample_index": index, "seed": seed, "text": c.text,
-             "num_tokens": c.num_tokens, "finish_reason": c.finish_reason,
+             "num_tokens": c.num_tokens, "neg_logprob_sum": c.neg_logprob_sum, "finish_reason": c.finish_reason,
              "answer": extract_answer(text), "correct": int(verdict)}
             for index, (c, text, verdict) in enumerate(zip(completions, scored_texts, verdicts))]
 
@@ -236,7 +236,7 @@ def evaluate_benchmark(cfg: Config, benchmark: str, engine: _Engine, model_recor
                            **protocol, "backend_version": _backend_version(engine, run.manifest)}}
         _write_atomic(out_dir / METRICS_FILE, json.dumps(metrics_doc, indent=2, sort_keys=True) + "\n")
         run.add_output(SAMPLES_FILE, "one line per sample: problem_id, sample_index, seed, text, num_tokens, "
-                                     "finish_reason, answer (extracted), correct (0/1)")
+                                     "neg_logprob_sum, finish_reason, answer (extracted), correct (0/1)")
         run.add_output(METRICS_FILE, "avg@n, pass@k, per-problem correct counts, protocol")
         run.manifest.metrics = {key: value for key, value in metrics.items() if key != "correct_counts"}
         if engine.started is not None:
@@ -255,14 +255,17 @@ def _backend_version(engine: _Engine, manifest: Manifest) -> str:
 
 
 def summarize(records_by_problem: list[list[dict[str, Any]]], n: int) -> dict[str, Any]:
-    """avg@n, pass@k (k = 1, 2, 4, …, n), correct counts per problem, truncation and no-answer rates."""
+    """avg@n, pass@k (k = 1, 2, 4, …, n), correct counts per problem, truncation and no-answer rates, mean response
+    tokens and the mean sampled-token entropy (None for samples without ``neg_logprob_sum``)."""
     counts = [sum(r["correct"] for r in records) for records in records_by_problem]
     samples = [r for records in records_by_problem for r in records]
     return {"num_problems": len(counts), "n": n, **benchmark_metrics(counts, n),
             "correct_counts": {records[0]["problem_id"]: c for records, c in zip(records_by_problem, counts)},
             "truncated_rate": sum(r["finish_reason"] == "length" for r in samples) / len(samples),
             "no_answer_rate": sum(r["answer"] is None for r in samples) / len(samples),
-            "mean_response_tokens": sum(r["num_tokens"] for r in samples) / len(samples)}
+            "mean_response_tokens": sum(r["num_tokens"] for r in samples) / len(samples),
+            MEAN_TOKEN_ENTROPY: mean_token_entropy([r.get("neg_logprob_sum") for r in samples],
+                                                   [r["num_tokens"] for r in samples])}
 
 
 def run(cfg: Config, sampler_factory: Callable[..., Sampler] = make_sampler) -> Manifest:

@@ -33,6 +33,10 @@ class Completion:
     num_tokens: int
     finish_reason: str
     """stop (end of sequence) or length (hit max_tokens)."""
+    neg_logprob_sum: float | None = None
+    """``−Σ_t log p(x_t)`` over its tokens under the distribution each was sampled from (temperature and top-p
+    applied); its sum over samples / their tokens estimates the mean token entropy (``eval.metrics``). None where
+    the backend does not report it."""
 
 
 class Sampler(Protocol):
@@ -60,7 +64,11 @@ def configure_vllm_cpu_environment() -> None:
 
 
 class VLLMSampler:
-    """``vllm.LLM`` with one ``SamplingParams(n, temperature, top_p, max_tokens, seed)`` per prompt."""
+    """``vllm.LLM`` with one ``SamplingParams(n, temperature, top_p, max_tokens, seed, logprobs=0)`` per prompt.
+
+    ``logprobs=0`` returns the sampled token's log-probability (which does not change what is sampled), under
+    ``logprobs_mode="processed_logprobs"``: the distribution after temperature and top-p, the one sampled from.
+    """
 
     backend = "vllm"
 
@@ -72,11 +80,11 @@ class VLLMSampler:
 
         self.version = vllm.__version__
         self._sampling = {"temperature": cfg.eval.temperature, "top_p": cfg.eval.top_p,
-                          "max_tokens": cfg.eval.max_tokens}
+                          "max_tokens": cfg.eval.max_tokens, "logprobs": 0}
         engine: dict[str, Any] = {"model": model_path, "tokenizer": model_path, "dtype": cfg.model.dtype,
                                   "max_model_len": max_model_len, "enforce_eager": cfg.eval.enforce_eager,
                                   "tensor_parallel_size": cfg.eval.tensor_parallel_size, "seed": cfg.seed,
-                                  "disable_log_stats": True}
+                                  "disable_log_stats": True, "logprobs_mode": "processed_logprobs"}
         if cfg.eval.kv_cache_memory_bytes:
             engine["kv_cache_memory_bytes"] = cfg.eval.kv_cache_memory_bytes
         else:
@@ -94,8 +102,8 @@ class VLLMSampler:
     def sample(self, prompts: Sequence[list[int]], seeds: Sequence[int], n: int) -> list[list[Completion]]:
         params = [self._vllm.SamplingParams(n=n, seed=seed, **self._sampling) for seed in seeds]
         outputs = self._llm.generate([{"prompt_token_ids": list(ids)} for ids in prompts], params, use_tqdm=False)
-        return [[Completion(c.text, len(c.token_ids), c.finish_reason or "length") for c in out.outputs]
-                for out in outputs]
+        return [[Completion(c.text, len(c.token_ids), c.finish_reason or "length", -c.cumulative_logprob)
+                 for c in out.outputs] for out in outputs]
 
     def close(self) -> None:
         del self._llm
@@ -103,7 +111,10 @@ class VLLMSampler:
 
 
 class HFSampler:
-    """transformers ``generate`` (``do_sample``, ``num_return_sequences=n``), one prompt per call seeded by ``torch.manual_seed``."""
+    """transformers ``generate`` (``do_sample``, ``num_return_sequences=n``), one prompt per call seeded by ``torch.manual_seed``.
+
+    Reports no ``neg_logprob_sum``: ``output_scores`` would keep a ``n × vocab`` tensor per generated token.
+    """
 
     backend = "hf"
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from bench.tiny_model import build_tiny_qwen3
+from eval.metrics import MEAN_TOKEN_ENTROPY
 from eval.run import SAMPLES_FILE, run
 from eval.sample import Completion, _EngineProcess, make_sampler, render_prompt
 from eval.scoring import extract_answer, verify
@@ -91,6 +92,7 @@ def test_verdicts_and_metrics_by_hand(tmp_path, tiny_model, shared_data):
     assert metrics["pass@4"] == pytest.approx(0.5)
     assert metrics["no_answer_rate"] == pytest.approx(4 / 8)
     assert metrics["protocol"]["think_prefix"] is True and metrics["protocol"]["n"] == 4
+    assert metrics[MEAN_TOKEN_ENTROPY] is None  # the scripted completions carry no log-probabilities
     assert [r["correct"] for r in _samples(cfg, "hmmt25")] == [1, 1, 0, 0, 0, 0, 0, 0]
     assert summary.complete and summary.metrics["hmmt25"]["pass@4"] == pytest.approx(0.5)
     assert not (out.parent / "wandb").exists()  # logging.wandb_mode=disabled: wandb writes nothing
@@ -211,7 +213,11 @@ def test_vllm_sampling_metrics_resume_and_seeds(tmp_path, tiny_model, shared_dat
         manifest = read_manifest(out)
         assert manifest.complete and manifest.details["backend"]["version"] == vllm.__version__
         assert manifest.details["backend"]["engine"]["enable_chunked_prefill"] is False
-        assert manifest.details["backend"]["sampling"] == {"temperature": 1.0, "top_p": 1.0, "max_tokens": 24}
+        assert manifest.details["backend"]["sampling"] == {"temperature": 1.0, "top_p": 1.0, "max_tokens": 24,
+                                                           "logprobs": 0}
+        assert all(r["neg_logprob_sum"] > 0 for r in records)
+        assert 0 < metrics[MEAN_TOKEN_ENTROPY] == pytest.approx(
+            sum(r["neg_logprob_sum"] for r in records) / sum(r["num_tokens"] for r in records))
     assert _samples(cfg, "aime24")[:4] == [json.loads(line) for line in first_lines[:4]]
 
     # Same seed, same samples; another seed, other samples (one engine, same batch).

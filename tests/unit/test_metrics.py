@@ -6,7 +6,8 @@ from math import comb
 
 import pytest
 
-from eval.metrics import benchmark_metrics, k_values, pass_at_k
+from eval.metrics import MEAN_TOKEN_ENTROPY, benchmark_metrics, k_values, mean_token_entropy, pass_at_k
+from eval.run import summarize
 
 
 def _brute_force(n: int, c: int, k: int) -> float:
@@ -55,3 +56,27 @@ def test_benchmark_metrics_hand_computed():
     assert metrics["pass@2"] == pytest.approx((0 + 0.5 + 1) / 3)
     assert metrics["pass@4"] == pytest.approx(2 / 3)
     assert set(metrics) == {"avg@4", "pass@1", "pass@2", "pass@4"}
+
+
+def test_mean_token_entropy_pools_tokens_over_samples():
+    # Three samples: 2 tokens with -log p = 0.5 + 1.5, 1 token with 0.7, 3 tokens summing to 3.2 -> (2 + 0.7 + 3.2) / 6.
+    assert mean_token_entropy([2.0, 0.7, 3.2], [2, 1, 3]) == pytest.approx(5.9 / 6)
+    # Pooled over tokens, not a mean of per-sample means ((1 + 0.7 + 3.2/3) / 3 would be 0.922...).
+    assert mean_token_entropy([2.0, 0.7, 3.2], [2, 1, 3]) != pytest.approx((1 + 0.7 + 3.2 / 3) / 3)
+
+
+def test_mean_token_entropy_is_none_without_every_samples_logprobs():
+    assert mean_token_entropy([2.0, None], [2, 1]) is None  # a sample written before the field existed
+    assert mean_token_entropy([0.0], [0]) is None
+
+
+def test_summary_reads_samples_with_and_without_neg_logprob_sum():
+    def record(pid, index, tokens, **extra):
+        return {"problem_id": pid, "sample_index": index, "num_tokens": tokens, "finish_reason": "stop",
+                "answer": "1", "correct": 1, **extra}
+
+    new = [[record("a", 0, 4, neg_logprob_sum=2.0), record("a", 1, 2, neg_logprob_sum=1.0)],
+           [record("b", 0, 2, neg_logprob_sum=0.6), record("b", 1, 2, neg_logprob_sum=0.4)]]
+    assert summarize(new, 2)[MEAN_TOKEN_ENTROPY] == pytest.approx(4.0 / 10)
+    old = [[record("a", 0, 4), record("a", 1, 2)]]  # samples.jsonl from before: no neg_logprob_sum
+    assert summarize(old, 2)[MEAN_TOKEN_ENTROPY] is None
