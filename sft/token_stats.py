@@ -8,7 +8,7 @@ A token loss (``sft.losses``) never sees the vocabulary. It names the per-token 
 * pass A (no graph, fp32 unless the loss asks for the model dtype): the loss's statistics, a few floats per row;
   skipped entirely (no head matmul) when the loss names none (plain SFT, DFT). It runs its chunks last to first
   and hands the first chunk's policy and reference logits to pass B, which starts with that chunk: the same
-  matmuls are not done twice (with one chunk per micro-batch, pass A adds only the reference's head matmul);
+  matmuls are not done twice (with one chunk per micro-batch each head's forward matmul runs once);
 * selection and weighting on those ``N`` scalars (``TokenLoss.weigh``);
 * pass B: ``Σ_rows Σ_terms coef · term`` with gradients, as a custom autograd function that forms each chunk's
   logit gradient in the forward from the closed forms below (in the chunk's own logits buffer) and accumulates
