@@ -11,7 +11,8 @@ Collects every ``metrics.json`` the eval stages wrote for the experiment's model
 * ``plots/passk_<model>_<phase>_<benchmark>.png``: pass@k curves with 95% bands, one line per method
   (:mod:`eval.plots`);
 * ``plots/curves_<model>_{sft,rl}.png``: training curves of the SFT and RL runs (:mod:`eval.analyses.curves`), and
-  the RL-headroom table (Spearman ρ of pre-RL pass@1 / pass@n with the RL gain, across arms and seeds);
+  the RL-headroom table (Spearman ρ of pre-RL pass@1 / pass@n / mean sample entropy with the RL gain, across arms
+  and seeds);
 * the analyses of ``eval.analysis.run`` (:mod:`eval.analyses`, :mod:`eval.sweep`), each skipped with a note in
   ``report.md`` when its inputs are missing: ``drift_<model>_<phase>.{json,csv}`` and ``plots/drift_*.png``
   (parameter drift of every SFT / RL export vs the base model), ``iou_<model>.{md,json}`` and ``plots/iou_*.png``
@@ -40,6 +41,7 @@ from eval.analyses.drift import compare_checkpoints, fraction_above, plot_drift,
 from eval.analyses.iou import iou_markdown, iou_series, plot_iou
 from eval.analyses.curves import RL_PANELS, SFT_PANELS, logged_panels, plot_curves, read_runs
 from eval.intervals import per_problem_values, spearman
+from eval.metrics import MEAN_TOKEN_ENTROPY
 from eval.plots import plot_heatmap, plot_pass_at_k
 from eval.run import METRICS_FILE
 from eval.sweep import Sweep, evaluated_methods, find_sweeps, format_values, plot_sweep
@@ -349,7 +351,8 @@ def curves_section(cfg: Config, mcfg: Config, labels: list[str], out_dir: Path, 
 
 
 def headroom_section(collected: dict) -> tuple[list[str], dict]:
-    """Spearman correlation, across RL arms and seeds, of pre-RL diagnostics with the RL gain in Avg pass@1."""
+    """Spearman correlation, across RL arms and seeds, of pre-RL diagnostics with the RL gain in Avg pass@1 (the
+    entropy's over the pairs whose pre-RL samples all carry log-probabilities)."""
     if "sft" not in collected or "rl" not in collected:
         return ["Skipped: needs both Table 1 (before RL) and Table 2 (after RL) evaluations.", ""], {}
     before, after = collected["sft"][0], collected["rl"][0]
@@ -358,14 +361,18 @@ def headroom_section(collected: dict) -> tuple[list[str], dict]:
         for row_before, row_after in zip(block_before.rows, block_after.rows):
             pass1 = row_before.per_seed.get((AVERAGE, "pass@1"), {})
             after_rl = row_after.per_seed.get((AVERAGE, "pass@1"), {})
-            pass_n = pass_at_n_per_seed(row_before, [c for c in before.columns if c != AVERAGE])
+            columns = [c for c in before.columns if c != AVERAGE]
+            pass_n = pass_at_n_per_seed(row_before, columns)
+            entropy = entropy_per_seed(row_before, columns)
             for seed in sorted(set(pass1) & set(after_rl) & set(pass_n)):
                 points.append((block_before.title, row_before.label, seed, pass1[seed], *pass_n[seed],
-                               after_rl[seed] - pass1[seed]))
+                               entropy.get(seed), after_rl[seed] - pass1[seed]))
     if not points:
         return ["Skipped: no arm and seed has both its Table 1 and Table 2 evaluations on every benchmark.", ""], {}
-    gain = [p[6] for p in points]
-    rho = {"pass1": spearman([p[3] for p in points], gain), "pass_n": spearman([p[4] for p in points], gain)}
+    gain = [p[7] for p in points]
+    with_entropy = [p for p in points if p[6] is not None]
+    rho = {"pass1": spearman([p[3] for p in points], gain), "pass_n": spearman([p[4] for p in points], gain),
+           "entropy": spearman([p[6] for p in with_entropy], [p[7] for p in with_entropy])}
 
     def show(value: float) -> str:
         return "n/a (fewer than 3 points, or a constant side)" if math.isnan(value) else f"{value:+.2f}"
@@ -375,12 +382,15 @@ def headroom_section(collected: dict) -> tuple[list[str], dict]:
              "| pre-RL diagnostic | Spearman ρ with the RL gain |", "|---|:---:|",
              f"| Avg pass@1 | {show(rho['pass1'])} |",
              f"| Avg pass@n (k = n, all samples) | {show(rho['pass_n'])} |",
-             "| mean token entropy of the samples | not computed (samples.jsonl holds no per-token entropy) |",
+             "| mean sample entropy (nats/token) | " + (
+                 f"{show(rho['entropy'])} ({len(with_entropy)} of {len(points)} pairs) |" if with_entropy else
+                 "not computed (no pre-RL samples with log-probabilities: hf backend, or sampled before) |"),
              "| held-out NLL on a held-out slice of the SFT set | not computed (no held-out evaluation stage) |", "",
-             "| model | arm | seed | pre-RL pass@1 | pre-RL pass@n (n) | RL gain |",
-             "|---|---|:---:|:---:|:---:|:---:|",
-             *(f"| {model} | {label} | {seed} | {p1:.1f} | {pn:.1f} ({n}) | {g:+.1f} |"
-               for model, label, seed, p1, pn, n, g in points), ""]
+             "| model | arm | seed | pre-RL pass@1 | pre-RL pass@n (n) | pre-RL entropy (nats/token) | RL gain |",
+             "|---|---|:---:|:---:|:---:|:---:|:---:|",
+             *(f"| {model} | {label} | {seed} | {p1:.1f} | {pn:.1f} ({n}) | "
+               f"{'n/a' if entropy is None else f'{entropy:.3f}'} | {g:+.1f} |"
+               for model, label, seed, p1, pn, n, entropy, g in points), ""]
     return lines, {"points": len(points), **{f"spearman_{key}": None if math.isnan(value) else value
                                               for key, value in rho.items()}}
 
@@ -395,6 +405,18 @@ def pass_at_n_per_seed(row: Row, columns: list[str]) -> dict[int, tuple[float, i
         docs = [row.evaluations[column][seed] for column in columns]
         values = [per_problem_values(list(doc["correct_counts"].values()), doc["n"], doc["n"]).mean() for doc in docs]
         result[seed] = (100 * sum(values) / len(values), min(doc["n"] for doc in docs))
+    return result
+
+
+def entropy_per_seed(row: Row, columns: list[str]) -> dict[int, float]:
+    """seed → mean over benchmarks of their ``mean_token_entropy_nats``, for the seeds that have it on every column."""
+    if any(column not in row.evaluations for column in columns):
+        return {}
+    result = {}
+    for seed in set.intersection(*(set(row.evaluations[column]) for column in columns)):
+        values = [row.evaluations[column][seed].get(MEAN_TOKEN_ENTROPY) for column in columns]
+        if None not in values:
+            result[seed] = sum(values) / len(values)
     return result
 
 

@@ -15,10 +15,10 @@ from pipeline.paths import eval_dir, report_dir, rl_dir, sft_dir
 pytestmark = pytest.mark.integration
 
 
-def _write_metrics(cfg, phase, variant, benchmark, counts: dict[str, int], n: int = 4) -> None:
+def _write_metrics(cfg, phase, variant, benchmark, counts: dict[str, int], n: int = 4, **extra) -> None:
     folder = eval_dir(cfg, phase, variant, benchmark)
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "metrics.json").write_text(json.dumps({"n": n, "correct_counts": counts}))
+    (folder / "metrics.json").write_text(json.dumps({"n": n, "correct_counts": counts, **extra}))
 
 
 def test_report_stage_on_the_toy_world(tmp_path):
@@ -98,11 +98,13 @@ def test_report_training_curves_and_rl_headroom(tmp_path):
     # One problem per benchmark (both benchmarks alike), n = 4: correct counts per (arm, seed) before / after RL.
     before = {"base": (0, 1), "sft": (2, 3), "eksft": (1, 2)}
     after = {"base": (2, 2), "sft": (3, 3), "eksft": (4, 3)}
+    entropy = {"base": (1.0, 0.8), "sft": (0.6, 0.4), "eksft": (1.2, 0.9)}  # pre-RL, nats/token: the benchmarks' mean
     for phase, counts in (("sft", before), ("rl", after)):
         for variant, per_seed in counts.items():
             for seed, count in zip((0, 1), per_seed):
-                for bench in ("toy_add", "toy_mixed"):
-                    _write_metrics(replace(cfg, seed=seed), phase, variant, bench, {"p": count})
+                for bench, shift in (("toy_add", 0.1), ("toy_mixed", -0.1)):
+                    _write_metrics(replace(cfg, seed=seed), phase, variant, bench, {"p": count},
+                                   mean_token_entropy_nats=entropy[variant][seed] + shift)
     for seed in (0, 1):
         scfg = replace(cfg, seed=seed)
         sft_log = [{"step": step, "loss": 2.0 / step, "stats/ce": 1.0 / step, "stats/entropy_mean_M": 1.0,
@@ -133,7 +135,10 @@ def test_report_training_curves_and_rl_headroom(tmp_path):
     assert headroom["spearman_pass1"] == pytest.approx(-13 / (16.5 * 15.5) ** 0.5)
     assert headroom["spearman_pass_n"] == pytest.approx(-4.5 / (7.5 * 15.5) ** 0.5)
     assert "| Avg pass@1 | -0.81 |" in text and "| Avg pass@n (k = n, all samples) | -0.42 |" in text
-    assert "| Toy-Qwen3-0.8M | EKSFT (paper eq.) | 0 | 25.0 | 100.0 (4) | +75.0 |" in text
+    # entropy 1.0, 0.8 | 0.6, 0.4 | 1.2, 0.9: ranks (5, 3, 2, 1, 6, 4) against the gain ranks: ρ = 15.5 / sqrt(17.5 · 15.5).
+    assert headroom["spearman_entropy"] == pytest.approx(15.5 / (17.5 * 15.5) ** 0.5)
+    assert "| mean sample entropy (nats/token) | +0.94 (6 of 6 pairs) |" in text
+    assert "| Toy-Qwen3-0.8M | EKSFT (paper eq.) | 0 | 25.0 | 100.0 (4) | 1.200 | +75.0 |" in text
     assert "held-out NLL on a held-out slice of the SFT set | not computed" in text
 
 
