@@ -30,6 +30,8 @@ CHECKPOINT_SUBDIR = "checkpoints"
 VAL_GENERATIONS_SUBDIR = "val_generations"
 HYDRA_SUBDIR = "verl_hydra"
 """verl's own Hydra output (resolved config, overrides, main_ppo.log), kept in the RL run folder, not ./outputs/."""
+PRECISION_NAMES = {"bfloat16": "bf16", "float32": "fp32"}
+"""``model.dtype`` as verl's precision names."""
 CPU_FAKE_GPUS_PER_NODE = 1
 """The CPU profile gives Ray one fake GPU per trainer process so verl's GPU placement groups can be scheduled."""
 CPU_RAY_LOGICAL_CPUS = 16
@@ -74,13 +76,15 @@ def _model_path(cfg: Config, variant: str) -> str:
 
 
 def format_value(value: Any) -> str:
-    """A Python value as a Hydra override value: true/false, repr floats, [a,b] lists, quoted odd strings."""
+    """A Python value as a Hydra override value: true/false, repr floats, [a,b] lists, {k:v} dicts, quoted odd strings."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, (int, float)):
         return repr(value)
     if isinstance(value, (list, tuple)):
         return "[" + ",".join(format_value(item) for item in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{key}:{format_value(item)}" for key, item in value.items()) + "}"
     text = str(value)
     if text == "" or any(char in text for char in " ,[]{}()='\"\\$*?<>|&;#"):
         return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
@@ -141,6 +145,11 @@ def _dapo_keys(cfg: Config, variant: str) -> dict[str, Any]:
         "actor_rollout_ref.actor.use_dynamic_bsz": rl.use_dynamic_bsz,
         "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": max_tokens_per_gpu,
         "actor_rollout_ref.actor.fsdp_config.seed": derive_seed(cfg.seed, "rl/train"),
+        # compute precision = model.dtype for actor, reference and rollout (verl's default is bf16 everywhere, which
+        # a CPU without native bf16 emulates: the toy profile runs fp32)
+        "+actor_rollout_ref.actor.fsdp_config.mixed_precision": {"param_dtype": PRECISION_NAMES[cfg.model.dtype]},
+        "+actor_rollout_ref.ref.fsdp_config.mixed_precision": {"param_dtype": PRECISION_NAMES[cfg.model.dtype]},
+        "actor_rollout_ref.rollout.dtype": cfg.model.dtype,
         "actor_rollout_ref.actor.data_loader_seed": derive_seed(cfg.seed, "rl/minibatch"),
         # rollout: vLLM, G samples per prompt
         "actor_rollout_ref.rollout.name": "vllm",

@@ -145,7 +145,7 @@ class ModelConfig:
     display_name: str = field(default="", metadata=SUPERVISION)
     """Name shown in tables (e.g. Qwen3-4B)."""
     dtype: str = "bfloat16"
-    """Weights dtype for generation and exports: bfloat16 or float32."""
+    """Weights and compute dtype for generation, RL (actor, reference, rollout) and exports: bfloat16 or float32."""
     export_dtype: str = ""
     """Weights dtype of the SFT export when it differs from ``dtype`` (the toy model exports float32 so the exported
     log-probs match the trained model's exactly)."""

@@ -82,6 +82,15 @@ def test_toy_profile_adds_the_cpu_embedding():
     assert verl_env(cfg)["RAY_worker_niceness"] == "0"
 
 
+@pytest.mark.parametrize("profile, verl_precision, dtype", [("paper", "bf16", "bfloat16"), ("toy", "fp32", "float32")])
+def test_actor_reference_and_rollout_compute_in_the_model_dtype(profile, verl_precision, dtype):
+    """verl's default is bf16 everywhere; the toy model is float32 (bf16 is emulated on CPUs without it)."""
+    keys = _as_dict(build_overrides(compose([f"profile={profile}"]), "sft"))
+    for role in ("actor", "ref"):
+        assert keys[f"+actor_rollout_ref.{role}.fsdp_config.mixed_precision"] == f"{{param_dtype:{verl_precision}}}"
+    assert keys["actor_rollout_ref.rollout.dtype"] == dtype
+
+
 @pytest.mark.parametrize("profile, attention", [("paper", "sdpa"), ("toy", "sdpa")])
 def test_attention_is_ours_on_every_profile(profile, attention):
     """verl's actor/ref default to flash_attention_2 (the flash-attn package); the model config decides instead."""
@@ -118,8 +127,8 @@ def test_user_overrides_pass_through_and_win():
 
 
 def test_format_value():
-    assert [format_value(v) for v in (True, 3, 1e-6, ["console", "file"], "a b", "plain/path")] == \
-        ["true", "3", "1e-06", "[console,file]", "'a b'", "plain/path"]
+    assert [format_value(v) for v in (True, 3, 1e-6, ["console", "file"], "a b", "plain/path", {"a": "bf16", "b": 1})] \
+        == ["true", "3", "1e-06", "[console,file]", "'a b'", "plain/path", "{a:bf16,b:1}"]
 
 
 @pytest.mark.parametrize("override, key", [("rl.clip_ratio_c=1.0", "rl.clip_ratio_c"),
