@@ -289,11 +289,12 @@ def test_two_engines_sample_what_one_engine_samples(tmp_path, tiny_model, shared
     key = lambda r: (r["problem_id"], r["sample_index"])  # noqa: E731
     expected = sorted(_samples(one, "aime24"), key=key)
     assert len(expected) == 12 and len({r["text"] for r in expected}) > 1
-    assert sorted(_samples(two, "aime24"), key=key) == expected
+    assert_same_samples(sorted(_samples(two, "aime24"), key=key), expected)
     metrics_one, metrics_two = (json.loads((out / "metrics.json").read_text()) for out in (out_one, out_two))
     for doc in (metrics_one, metrics_two):
         doc.pop("model_path"), doc.pop("protocol")
-    assert metrics_two == metrics_one
+    entropy_one, entropy_two = (doc.pop(MEAN_TOKEN_ENTROPY) for doc in (metrics_one, metrics_two))
+    assert metrics_two == metrics_one and entropy_two == pytest.approx(entropy_one, rel=1e-6)
     backend = read_manifest(out_two).details["backend"]
     assert backend["data_parallel"]["engines"] == 2 and backend["engine"]["enable_chunked_prefill"] is False
 
@@ -301,7 +302,15 @@ def test_two_engines_sample_what_one_engine_samples(tmp_path, tiny_model, shared
     (out_two / SAMPLES_FILE).write_text("".join(json.dumps(r) + "\n" for r in _samples(two, "aime24")
                                                 if r["problem_id"] != lost))
     run(two)
-    assert sorted(_samples(two, "aime24"), key=key) == expected
+    assert_same_samples(sorted(_samples(two, "aime24"), key=key), expected)
+
+
+def assert_same_samples(got: list[dict], expected: list[dict]) -> None:
+    """The same samples, tokens and scores exactly; their log-probabilities to float32 round-off (engine processes
+    accumulate them in a different order: 92.70017099 against 92.70017004 nats)."""
+    drop = lambda rows: [{k: v for k, v in r.items() if k != "neg_logprob_sum"} for r in rows]  # noqa: E731
+    assert drop(got) == drop(expected)
+    assert [r["neg_logprob_sum"] for r in got] == pytest.approx([r["neg_logprob_sum"] for r in expected], rel=1e-6)
 
 
 def test_an_engine_that_fails_to_start_is_named_and_all_are_stopped(tmp_path, tiny_model):
