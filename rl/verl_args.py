@@ -76,7 +76,8 @@ def _model_path(cfg: Config, variant: str) -> str:
 
 
 def format_value(value: Any) -> str:
-    """A Python value as a Hydra override value: true/false, repr floats, [a,b] lists, {k:v} dicts, quoted odd strings."""
+    """A Python value as a Hydra override value: true/false, repr floats, [a,b] lists, {k:v} dicts, quoted odd
+    strings."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, (int, float)):
