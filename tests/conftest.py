@@ -52,3 +52,14 @@ def shared_data() -> Path:
     if not SHARED_DATA.is_dir():
         pytest.skip(f"{SHARED_DATA} not found (the shared reference data sits beside the checkout)")
     return SHARED_DATA
+
+
+@pytest.fixture(scope="module")
+def checker():
+    """A running BFCL checker (``eval.bfcl.BfclChecker`` in its own venv); skips when ``make bfcl-env`` has not run."""
+    from eval.bfcl import BfclChecker, bfcl_python
+
+    if not bfcl_python().exists():
+        pytest.skip(f"no BFCL checker venv at {bfcl_python()} (make bfcl-env)")
+    with BfclChecker() as running:
+        yield running

@@ -4,22 +4,12 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 from bench.tiny_model import build_tiny_qwen3
 from data.tool_use import CHATML_TOOLS_TEMPLATE
-from eval.bfcl import LIVE_CATEGORIES, BfclChecker, bfcl_python, evaluate
+from eval.bfcl import LIVE_CATEGORIES, evaluate
 from eval.sample import make_sampler
 from pipeline.config import compose
 from pipeline.models import load_tokenizer
-
-
-@pytest.fixture(scope="module")
-def checker():
-    if not bfcl_python().exists():
-        pytest.skip(f"no BFCL checker venv at {bfcl_python()} (make bfcl-env)")
-    with BfclChecker() as running:
-        yield running
 
 
 def test_tiny_model_on_bfcl_subset(tmp_path, checker):

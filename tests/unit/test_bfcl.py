@@ -9,8 +9,8 @@ import math
 
 import pytest
 
-from eval.bfcl import (BfclChecker, BfclUnavailableError, CategoryScore, bfcl_python, category_scores, live_overall,
-                       prompt_of, summary)
+from eval.bfcl import (BfclChecker, BfclUnavailableError, CategoryScore, category_scores, live_overall, prompt_of,
+                       summary)
 
 
 def test_category_scores_count_each_category():
@@ -57,14 +57,6 @@ def test_missing_checker_venv_names_the_make_target(tmp_path):
 
 def _call(name, arguments):
     return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>"
-
-
-@pytest.fixture(scope="module")
-def checker():
-    if not bfcl_python().exists():
-        pytest.skip(f"no BFCL checker venv at {bfcl_python()} (make bfcl-env)")
-    with BfclChecker() as running:
-        yield running
 
 
 # Real BFCL v4 live entries (bfcl-eval 2026.3.23) and outputs written by hand for them.
