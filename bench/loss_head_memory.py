@@ -36,7 +36,7 @@ def _rss_bytes() -> int:
 def _measure(args: argparse.Namespace) -> dict:
     import torch
 
-    from pipeline.config.sft import EKSFTMethod
+    from common.config.sft import EKSFTMethod
     from sft.losses import build_loss
     from sft.token_stats import chunked_loss, dense_loss
 

@@ -49,7 +49,7 @@ def worker(args: argparse.Namespace) -> None:
     """One rank of one variant: loads, then rank 0 writes every rank's figures to ``args.out`` as JSON."""
     import torch.distributed as dist
 
-    from pipeline.config import compose
+    from common.config import compose
     from sft.train import build_root
     from sft.trainer import close_distributed, init_distributed
 

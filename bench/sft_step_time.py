@@ -57,7 +57,7 @@ def random_micro_batches(args: argparse.Namespace, vocab: int, device: torch.dev
 
 
 def build_trainer(method, args: argparse.Namespace, env, cached_reference: bool = False):
-    from pipeline.config import SFTConfig
+    from common.config import SFTConfig
     from sft.losses import build_loss
     from sft.trainer import PolicyWithTokenLoss, build_optimizer, freeze, frozen_head_copy, shard_models
 
@@ -140,8 +140,8 @@ def main() -> None:
         fast_bf16 = args.device == "cuda" or "AVX512" in torch.backends.cpu.get_cpu_capability()
         args.mixed_precision = "bf16" if fast_bf16 else "fp32"
 
-    from pipeline.config.sft import EKSFTMethod, SFTMethod
-    from pipeline.tracking import configure_cpu_threads
+    from common.config.sft import EKSFTMethod, SFTMethod
+    from common.tracking import configure_cpu_threads
     from sft.trainer import close_distributed, init_distributed, train_step
 
     configure_cpu_threads(args.threads)

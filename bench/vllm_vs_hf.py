@@ -17,7 +17,7 @@ import time
 
 
 def _config(model: str, args: argparse.Namespace):
-    from pipeline.config import compose
+    from common.config import compose
 
     return compose([f"eval.model_path={model}", "eval.variant=bench", f"eval.n={args.n}",
                     f"eval.max_tokens={args.max_tokens}", f"profile.device={args.device}", f"model.dtype={args.dtype}",
@@ -25,7 +25,7 @@ def _config(model: str, args: argparse.Namespace):
 
 
 def _prompts(model: str, count: int) -> list[list[int]]:
-    from pipeline.models import load_tokenizer
+    from common.models import load_tokenizer
 
     tokenizer = load_tokenizer(model)
     prompts = []
@@ -56,7 +56,7 @@ def main() -> None:
     parser.add_argument("--kv-cache-bytes", type=int, default=1 << 30, help="vLLM KV cache on CPU")
     args = parser.parse_args()
     if args.device == "cpu":
-        from pipeline.tracking import bound_openmp_spin
+        from common.tracking import bound_openmp_spin
 
         os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch and vllm are imported
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")

@@ -1,6 +1,6 @@
 """Evaluation benchmarks: loaded from the hub, from local JSONL files, or drawn from the toy world's held-out problems.
 
-The data stage writes each as a benchmark file (format and writer: :mod:`pipeline.benchmarks`). Answers that are
+The data stage writes each as a benchmark file (format and writer: :mod:`common.benchmarks`). Answers that are
 integral numbers are normalised to plain integer strings (``142.0`` -> ``142``, ``025`` -> ``25``); everything else is
 kept as given (HMMT's LaTeX answers).
 """
@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from pipeline.config.data import BenchmarkSource, DataConfig
+from common.config.data import BenchmarkSource, DataConfig
 
 _INTEGER = re.compile(r"^[+-]?\d+(\.0+)?$")
 

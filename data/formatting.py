@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from pipeline.models import end_of_turn_token
+from common.models import end_of_turn_token
 
 IGNORE_INDEX = -100
 THINK_PREFIX = "<think>\n"

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from data.schema import InvalidRowError, check_row, problem_key, problem_text
-from pipeline.config.data import DataConfig
+from common.config.data import DataConfig
 
 MAX_RECORDED_INVALID_ROWS = 20
 MAX_RECORDED_DUPLICATE_GROUPS = 20

@@ -4,7 +4,7 @@
     python -m data.prepare experiment=table1 profile=paper data=openr1_local data.path=/data/openr1.parquet
 
 Needs no model (the SFT token ids are written afterwards by ``python -m data.tokenize_sft``). Outputs, in
-``pipeline.paths.data_run(cfg).directory``:
+``common.paths.data_run(cfg).directory``:
 
 * ``sft.parquet``      LUFFY rows of the SFT split, plus ``row_id`` (the row's index in the source)
 * ``rl.parquet``       verl RLHF rows (no ``target``) of the RL split; ``rl_val.parquet`` the held-out RL rows
@@ -25,11 +25,11 @@ from data.formatting import verl_row
 from data.loading import LoadedRows, load_rows
 from data.schema import problem_key, problem_text, system_prompt
 from data.split import ids_digest, split_rows
-from pipeline.benchmarks import write_benchmark
-from pipeline.config import Config, stage_main
-from pipeline.manifest import Manifest, read_manifest, sha256_path, sha256_text, stage_run
-from pipeline.paths import benchmark_file, data_run
-from pipeline.seeding import derive_seed
+from common.benchmarks import write_benchmark
+from common.config import Config, stage_main
+from common.manifest import Manifest, read_manifest, sha256_path, sha256_text, stage_run
+from common.paths import benchmark_file, data_run
+from common.seeding import derive_seed
 from toy.worlds import benchmark_questions, training_rows
 
 TOY_ROWS = "source/toy_rows.jsonl"

@@ -2,8 +2,8 @@
 
     python -m data.tokenize_sft experiment=demo profile=toy        # after data.prepare and toy.base
 
-Reads ``sft.parquet`` (from a complete data manifest) and the tokenizer at ``pipeline.paths.base_model_path(cfg)``,
-and writes ``sft_tokens.parquet`` into ``pipeline.paths.tokens_run(cfg).directory`` with columns ``input_ids``, ``labels`` (-100 on the
+Reads ``sft.parquet`` (from a complete data manifest) and the tokenizer at ``common.paths.base_model_path(cfg)``,
+and writes ``sft_tokens.parquet`` into ``common.paths.tokens_run(cfg).directory`` with columns ``input_ids``, ``labels`` (-100 on the
 prompt), ``num_response_tokens``, ``truncated`` and ``row_id``, plus its own manifest: the SFT trainer reads only
 token ids. Formatting rules: :mod:`data.formatting`.
 """
@@ -13,11 +13,11 @@ from pathlib import Path
 
 
 from data.formatting import PromptTooLongError, build_sft_example
-from pipeline.config import Config, stage_main
-from pipeline.manifest import Manifest, read_manifest, stage_run
-from pipeline.models import load_tokenizer
-from pipeline.paths import SFT_TOKENS_FILE, base_model_path, data_dir, tokens_run
-from pipeline.tracking import progress
+from common.config import Config, stage_main
+from common.manifest import Manifest, read_manifest, stage_run
+from common.models import load_tokenizer
+from common.paths import SFT_TOKENS_FILE, base_model_path, data_dir, tokens_run
+from common.tracking import progress
 
 
 def write_tokens(path: Path, columns: dict[str, list]) -> None:

@@ -40,7 +40,7 @@ import re
 from typing import Any, Iterable, Mapping, Sequence
 
 from data.formatting import SFTExample, example_from_texts
-from pipeline.models import end_of_turn_token
+from common.models import end_of_turn_token
 
 TOOL_ROW_COLUMNS = ("id", "source", "category", "messages", "tools", "calls", "reply")
 ACEBENCH_HUB_ID = "oliveirabruno01/acebench"

@@ -58,10 +58,10 @@ from eval.tables import (
     to_latex,
     to_markdown,
 )
-from pipeline.config import Config, ConfigError, stage_main
-from pipeline.manifest import Manifest, StageInputError, read_manifest, stage_run
-from pipeline.models import local_model_dir
-from pipeline.paths import (
+from common.config import Config, ConfigError, stage_main
+from common.manifest import Manifest, StageInputError, read_manifest, stage_run
+from common.models import local_model_dir
+from common.paths import (
     BASE_VARIANT,
     TRAINING_METRICS_FILE,
     base_run,
@@ -75,7 +75,7 @@ from pipeline.paths import (
     sft_tokens_path,
     variants,
 )
-from pipeline.tracking import progress, start_wandb
+from common.tracking import progress, start_wandb
 
 PHASES = {"sft": ("table1", "Method", "Table 1 (stage 1: without RL)"),
           "rl": ("table2", "Method(+DAPO)", "Table 2 (stage 2: after RL)")}

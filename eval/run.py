@@ -9,7 +9,7 @@ every sample with :func:`eval.scoring.verify`, and writes into ``eval_dir(cfg, p
   finished problem; a re-run keeps the finished problems and samples only the missing ones.
 * ``metrics.json``: avg@n, pass@k for k = 1, 2, 4, …, n, per-problem correct counts, truncation and no-answer
   rates, and the protocol (n, temperature, top_p, max_tokens, seed, backend and its version).
-* ``manifest.json`` (``pipeline.manifest.stage_run``): config, input hashes, engine settings, headline metrics.
+* ``manifest.json`` (``common.manifest.stage_run``): config, input hashes, engine settings, headline metrics.
 
 Sampling runs on ``eval.data_parallel_size`` engines side by side (``eval.sample.EnginePool``, one process per
 ``tensor_parallel_size`` GPUs), which get the batches a one-engine run would generate; this process alone writes the
@@ -38,17 +38,17 @@ from eval.sample import (
     response_prefix,
 )
 from eval.scoring import MAX_WORKERS, extract_answer, verify
-from pipeline.benchmarks import read_benchmark
-from pipeline.config import Config, ConfigError, stage_main
-from pipeline.manifest import (
+from common.benchmarks import read_benchmark
+from common.config import Config, ConfigError, stage_main
+from common.manifest import (
     Manifest,
     StageInputError,
     read_manifest,
     require_complete,
     stage_run,
 )
-from pipeline.models import load_tokenizer
-from pipeline.paths import (
+from common.models import load_tokenizer
+from common.paths import (
     BASE_VARIANT,
     base_run,
     benchmark_file,
@@ -60,9 +60,9 @@ from pipeline.paths import (
     sft_dir,
     with_method,
 )
-from pipeline.preflight import require_stage
-from pipeline.seeding import derive_seed
-from pipeline.tracking import progress, start_wandb
+from common.preflight import require_stage
+from common.seeding import derive_seed
+from common.tracking import progress, start_wandb
 
 SAMPLES_FILE = "samples.jsonl"
 METRICS_FILE = "metrics.json"
@@ -274,7 +274,7 @@ def run(cfg: Config, sampler_factory: Callable[..., Sampler] = make_sampler) -> 
     Returns a summary manifest (not written: the per-benchmark manifests are the record) whose metrics map each
     benchmark to its headline numbers and whose status is complete when every benchmark is.
     """
-    require_stage(cfg, f"eval_{cfg.eval.phase}")  # pipeline/preflight.py: GPUs, a CUDA vLLM, the model path
+    require_stage(cfg, f"eval_{cfg.eval.phase}")  # common/preflight.py: GPUs, a CUDA vLLM, the model path
     if cfg.eval.backend == "vllm" and cfg.profile.device == "cpu":
         configure_vllm_cpu_environment()  # before the tokenizer below imports torch
     benchmarks = benchmark_names(cfg)

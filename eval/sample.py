@@ -20,9 +20,9 @@ from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any, Protocol, Sequence
 
-from pipeline.config import Config, ConfigError
-from pipeline.models import load_causal_lm, load_tokenizer
-from pipeline.tracking import bound_openmp_spin
+from common.config import Config, ConfigError
+from common.models import load_causal_lm, load_tokenizer
+from common.tracking import bound_openmp_spin
 
 
 @dataclass

@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 from eval._judge_worker import READY
-from pipeline.answers import last_boxed
+from common.answers import last_boxed
 
 TIMEOUT_S = 5.0
 """Wall-clock limit per sample, from the call to :func:`verify` to its verdict (queueing included), then it scores 0."""

@@ -1,7 +1,7 @@
 """Sweep aggregation: finds the points of a Hydra multirun sweep among an experiment's evaluations and lays them out
 like the paper's ratio table (rows = swept values, columns = benchmarks pass@1 / pass@k + Avg) and plot.
 
-Every sweep point writes its own ``eval/<model>/<phase>/<label>-<id>/`` folders (``pipeline.paths``). The report
+Every sweep point writes its own ``eval/<model>/<phase>/<label>-<id>/`` folders (``common.paths``). The report
 reads every complete evaluation manifest of a model and phase, each of which records the variant label and the SFT
 method it evaluated (``details.variant``, ``details.sft_method``), and groups them by method: a method evaluated
 with two or more labels is a sweep over the fields whose values differ among them (``rho`` for ``eksft``,
@@ -16,8 +16,8 @@ from typing import Mapping
 
 from eval.analyses import pyplot, save_figure
 from eval.tables import AVERAGE, ResultTable
-from pipeline.config.sft import SFT_METHOD_SCHEMAS, SFTMethod
-from pipeline.manifest import MANIFEST_NAME, StageInputError, read_manifest
+from common.config.sft import SFT_METHOD_SCHEMAS, SFTMethod
+from common.manifest import MANIFEST_NAME, StageInputError, read_manifest
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """Runs one stage command as a subprocess: the only place the orchestrator starts processes.
 
 A command is done when every run it writes is current by the same rule the stages apply to themselves
-(:func:`pipeline.manifest.is_current`: complete, same config, inputs unchanged, outputs intact); then the orchestrator
+(:func:`common.manifest.is_current`: complete, same config, inputs unchanged, outputs intact); then the orchestrator
 skips it without starting a process. A successful command leaves ``launch.json`` beside its manifest (argv, wall time),
 written atomically, as a record of how it was run.
 """
@@ -14,10 +14,10 @@ import sys
 import threading
 import time
 
-from pipeline.manifest import invalidate, is_current, read_manifest, write_json_atomic
-from pipeline.processes import start_in_new_session, stop_tree
+from common.manifest import invalidate, is_current, read_manifest, write_json_atomic
+from common.processes import start_in_new_session, stop_tree
 from pipeline.stages import StageCommand
-from pipeline.tracking import bound_openmp_spin
+from common.tracking import bound_openmp_spin
 
 LAUNCH_RECORD = "launch.json"
 STOP_GRACE_S = 30.0

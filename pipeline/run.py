@@ -1,7 +1,7 @@
 """The orchestrator: ``python -m pipeline.run experiment=<demo|table1|table2> [profile=toy|paper] [overrides]``.
 
 Builds the experiment's stage plan (pipeline/stages.py) and runs it in order, holding the experiment's lock. A
-command whose runs are all current by the run contract's rule (``pipeline.manifest.run_state``: complete, same
+command whose runs are all current by the run contract's rule (``common.manifest.run_state``: complete, same
 identity, inputs and outputs unchanged) is skipped without starting a process; any other command is started and
 the stage resumes or restarts by the same rule. A failed stage stops the run with its reason and leaves every other
 folder intact; Ctrl-C, SIGTERM and SIGHUP stop every running stage's process group. ``dry_run=true`` prints every
@@ -24,12 +24,12 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from pipeline.config import CONF_DIR, Config, ConfigError, to_config
+from common.config import CONF_DIR, Config, ConfigError, to_config
 from pipeline.launch import StageFailed, force_restart, is_done, run_command, stop_all
-from pipeline.locks import DirectoryLock
-from pipeline.manifest import StageInputError, read_manifest
-from pipeline.paths import experiment_dir
-from pipeline.preflight import PreflightError, require_plan
+from common.locks import DirectoryLock
+from common.manifest import StageInputError, read_manifest
+from common.paths import experiment_dir
+from common.preflight import PreflightError, require_plan
 from pipeline.stages import StageCommand, build_plan
 
 STATUS_EVERY_S = 60

@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from pipeline.config import Config, ConfigError, compose
-from pipeline.paths import (
+from common.config import Config, ConfigError, compose
+from common.paths import (
     BASE_VARIANT,
     RunSpec,
     base_run,
@@ -49,7 +49,7 @@ class StageCommand:
     argv: list[str]
     """The exact command line."""
     runs: list[RunSpec]
-    """The runs whose manifests the command writes; all current (``pipeline.manifest.run_state``) means done."""
+    """The runs whose manifests the command writes; all current (``common.manifest.run_state``) means done."""
     config: Config
     """The config the command composes (for display and the stage environment)."""
     settings: dict[str, object] = field(default_factory=dict)
@@ -124,7 +124,7 @@ def _rl_settings(cfg: Config, variant: str) -> dict[str, object]:
 def build_plan(cfg: Config, overrides: list[str]) -> list[StageCommand]:
     """Expands ``cfg.experiment`` into the ordered list of stage commands (user ``overrides`` go to every stage).
 
-    The grid is the report's (:func:`pipeline.paths.model_configs`, :func:`pipeline.paths.variants`); each command
+    The grid is the report's (:func:`common.paths.model_configs`, :func:`common.paths.variants`); each command
     composes its own config from ``overrides``, and an override that would make the two differ is refused. SFT,
     evaluation and RL commands run once per seed of ``cfg.run_seeds()`` (``seed=<s>`` is added when the experiment
     lists ``experiment.seeds``). Each command's ``needs`` names the commands in this plan that produce its inputs; a

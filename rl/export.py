@@ -2,7 +2,7 @@
 
 ``python -m verl.model_merger merge --backend fsdp`` writes the weights (verl merges to bfloat16 whatever the
 training dtype) with the config and tokenizer verl saved next to the checkpoint. :func:`check_hf_export` then
-loads it with transformers and aligns its eos as the SFT export does (``pipeline.models.align_eos``), so vLLM
+loads it with transformers and aligns its eos as the SFT export does (``common.models.align_eos``), so vLLM
 generation from the RL model ends where the SFT model's did.
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pipeline.models import align_eos, load_causal_lm
+from common.models import align_eos, load_causal_lm
 
 LATEST_ITERATION_FILE = "latest_checkpointed_iteration.txt"
 """verl's marker of the newest complete checkpoint in ``trainer.default_local_dir``."""
@@ -50,7 +50,7 @@ def merge_actor(checkpoint_dir: Path, step: int, target_dir: Path, env: dict[str
 
 
 def check_hf_export(hf_dir: Path) -> dict[str, Any]:
-    """Loads ``hf_dir`` with transformers, aligns its eos (:func:`pipeline.models.align_eos`, saving what changed);
+    """Loads ``hf_dir`` with transformers, aligns its eos (:func:`common.models.align_eos`, saving what changed);
     returns facts."""
     from transformers import AutoTokenizer, GenerationConfig
 

@@ -20,12 +20,12 @@ from pathlib import Path
 from typing import Any, Callable
 
 
-from pipeline.config import Config, stage_main
-from pipeline.manifest import Manifest, input_records, read_manifest, stage_run
-from pipeline.paths import BASE_VARIANT, TRAINING_METRICS_FILE, hf_export_dir, rl_run
-from pipeline.processes import start_in_new_session, stop_tree
-from pipeline.seeding import derive_seed
-from pipeline.tracking import MetricsLogger, progress, read_metrics
+from common.config import Config, stage_main
+from common.manifest import Manifest, input_records, read_manifest, stage_run
+from common.paths import BASE_VARIANT, TRAINING_METRICS_FILE, hf_export_dir, rl_run
+from common.processes import start_in_new_session, stop_tree
+from common.seeding import derive_seed
+from common.tracking import MetricsLogger, progress, read_metrics
 from rl.export import check_hf_export, latest_checkpoint_step, merge_actor
 from rl.verl_args import (
     CHECKPOINT_SUBDIR,

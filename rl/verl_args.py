@@ -15,11 +15,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pipeline.config import Config
-from pipeline.config.rl import REWARD_STYLES
-from pipeline.paths import BASE_VARIANT, base_model_path, data_dir, hf_export_dir, method_label, rl_dir, sft_dir
-from pipeline.seeding import derive_seed
-from pipeline.tracking import CPU_OPENMP_ENV
+from common.config import Config
+from common.config.rl import REWARD_STYLES
+from common.paths import BASE_VARIANT, base_model_path, data_dir, hf_export_dir, method_label, rl_dir, sft_dir
+from common.seeding import derive_seed
+from common.tracking import CPU_OPENMP_ENV
 
 MAIN_PPO_MODULE = "verl.trainer.main_ppo"
 REWARD_FILE = Path(__file__).resolve().with_name("reward.py")

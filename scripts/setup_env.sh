@@ -12,7 +12,7 @@
 #   lock-gpu: the same for the gpu and dev extras into requirements/gpu.constraints (run it on the cluster's
 #         Python and platform; pip reads package metadata, it installs nothing).
 # Re-running is cheap: a stamp records what was installed, and the installed stack is read from the packages'
-# metadata every time (python -m pipeline.preflight stack), so a venv holding the other stack is refused, not
+# metadata every time (python -m common.preflight stack), so a venv holding the other stack is refused, not
 # silently overwritten.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,7 +29,7 @@ lock_excluded='^(torchvision|torchaudio|torchcodec|triton)$'
 say() { echo "[setup_env] $*"; }
 die() { echo "[setup_env] $*" >&2; exit 1; }
 pip_in() { "$1/bin/python" -m pip --disable-pip-version-check -q "${@:2}"; }
-stack_of() { "$1/bin/python" -m pipeline.preflight stack; }
+stack_of() { "$1/bin/python" -m common.preflight stack; }
 
 # Pip options under which `torch==$1` resolves: none when a local wheel is found, else the PyTorch CPU index.
 torch_source() {

@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipeline.config.toy import FORK_STRATEGIES  # noqa: E402
+from common.config.toy import FORK_STRATEGIES  # noqa: E402
 from toy.forking import BENCHMARK_PREFIX, solution_strategy  # noqa: E402
 from toy.world import STYLES, solution_style  # noqa: E402
 

@@ -1,6 +1,6 @@
 """The tokenised SFT split and the trainer's deterministic micro-batches.
 
-Input contract (written by the data stage): ``pipeline.paths.sft_tokens_path(cfg)`` with columns
+Input contract (written by the data stage): ``common.paths.sft_tokens_path(cfg)`` with columns
 ``input_ids`` (list[int]), ``labels`` (list[int], HF convention: unshifted, ``-100`` on prompt tokens,
 ``labels[i] == input_ids[i]`` elsewhere), ``row_id``, ``num_response_tokens``, ``truncated``.
 
@@ -24,7 +24,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import torch
 
-from pipeline.seeding import derive_seed
+from common.seeding import derive_seed
 
 REQUIRED_COLUMNS = ("input_ids", "labels", "row_id", "num_response_tokens", "truncated")
 IGNORE_INDEX = -100

@@ -20,14 +20,14 @@ from typing import Any, Callable, Mapping
 import torch
 from torch import Tensor
 
-from pipeline.config.common import ConfigError
-from pipeline.config.sft import SFT_METHOD_SCHEMAS, EKSFTMethod, SFTMethod
-from pipeline.seeding import derive_seed
+from common.config.common import ConfigError
+from common.config.sft import SFT_METHOD_SCHEMAS, EKSFTMethod, SFTMethod
+from common.seeding import derive_seed
 from sft.token_stats import TokenStats, TokenWeights, dense_loss
 
 
 class TokenLoss:
-    """Base of every registered token loss; built from its config dataclass (``pipeline.config.sft``)."""
+    """Base of every registered token loss; built from its config dataclass (``common.config.sft``)."""
 
     name: str = ""
     needs_reference: bool = False
@@ -70,7 +70,7 @@ class TokenLoss:
 
 
 TOKEN_LOSSES: dict[str, type[TokenLoss]] = {}
-"""Registry name → loss class; the names equal ``pipeline.config.sft.SFT_METHOD_SCHEMAS``."""
+"""Registry name → loss class; the names equal ``common.config.sft.SFT_METHOD_SCHEMAS``."""
 
 
 def register_token_loss(name: str) -> Callable[[type[TokenLoss]], type[TokenLoss]]:

@@ -4,9 +4,9 @@ The reference model (the base model, never refreshed) sees the same sequences ev
 is computed once (``sft.reference_cache=true``); each training step then reads its micro-batch's rows and only the
 reference's LM head runs, chunk by chunk, in ``sft.token_stats``. Losses that do not ``needs_reference`` ignore it.
 
-Layout (one folder per identity, ``pipeline.paths.reference_cache_dir``)::
+Layout (one folder per identity, ``common.paths.reference_cache_dir``)::
 
-    manifest.json              pipeline.manifest: config = the identity below, status running | complete,
+    manifest.json              common.manifest: config = the identity below, status running | complete,
                                details = shards, rows, tokens, bytes, build time
     shard_00000.safetensors    rows [start, end) of the split: tensor "<row index>" = [row length, hidden]
 
@@ -43,7 +43,7 @@ import torch.distributed as dist
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from pipeline.manifest import Manifest, config_hash, read_manifest, write_manifest
+from common.manifest import Manifest, config_hash, read_manifest, write_manifest
 
 CACHE_STAGE = "sft_reference_cache"
 """``Manifest.stage`` of a cache folder."""

@@ -5,7 +5,7 @@
 
 Multi-node uses torchrun's rendezvous (docs/sft.md). Reads the tokenised SFT split and the base model, trains with
 :mod:`sft.trainer`, exports a verified HF folder with :mod:`sft.export`, and writes the stage manifest in
-``pipeline.paths.sft_dir(cfg)``. An incomplete run with the same config resumes from its latest checkpoint.
+``common.paths.sft_dir(cfg)``. An incomplete run with the same config resumes from its latest checkpoint.
 """
 from __future__ import annotations
 
@@ -30,10 +30,10 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from pipeline.config import Config, ConfigError, stage_main
-from pipeline.manifest import Manifest, input_records, read_manifest, stage_run
-from pipeline.models import load_causal_lm, load_tokenizer, local_model_dir
-from pipeline.paths import (
+from common.config import Config, ConfigError, stage_main
+from common.manifest import Manifest, input_records, read_manifest, stage_run
+from common.models import load_causal_lm, load_tokenizer, local_model_dir
+from common.paths import (
     TRAINING_METRICS_FILE,
     base_model_path,
     hf_export_dir,
@@ -41,10 +41,10 @@ from pipeline.paths import (
     sft_run,
     sft_tokens_path,
 )
-from pipeline.preflight import require_stage
-from pipeline.manifest import sha256_path
-from pipeline.seeding import derive_seed, seed_everything
-from pipeline.tracking import MetricsLogger, configure_cpu_threads
+from common.preflight import require_stage
+from common.manifest import sha256_path
+from common.seeding import derive_seed, seed_everything
+from common.tracking import MetricsLogger, configure_cpu_threads
 from sft.data import DataOrder, TokenisedRow, read_sft_tokens
 from sft.export import export_hf
 from sft.losses import build_loss
@@ -233,7 +233,7 @@ def export_policy(cfg: Config, root: PolicyWithTokenLoss, tokenizer: PreTrainedT
 
 def run(cfg: Config) -> Manifest:
     """Trains, exports and records one SFT method on one base model; returns the stage manifest."""
-    require_stage(cfg, "sft")  # pipeline/preflight.py: no CUDA/GPUs, flash-attn, model path, before any rank starts
+    require_stage(cfg, "sft")  # common/preflight.py: no CUDA/GPUs, flash-attn, model path, before any rank starts
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     configure_cpu_threads(max(1, cfg.profile.num_threads // local_world))
     env = init_distributed(cfg.profile.device)

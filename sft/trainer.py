@@ -15,7 +15,7 @@ own full-logits forward is never used for training: the trunk's final hidden sta
 One optimiser step has three phases (torchtitan's ``train_step``): count the step's supervised tokens on every rank
 (before any forward), forward/backward each micro-batch with its ``sft.loss_norm`` weight, then clip and step.
 
-Run folder (``pipeline.paths.sft_dir``)::
+Run folder (``common.paths.sft_dir``)::
 
     checkpoints/step_<N>/    DCP shards (policy, optimiser, old policy) + rank<r>.pt (RNG, scheduler)
                              + trainer_state.json (written last: the checkpoint's completion marker)
@@ -51,8 +51,8 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 from transformers import PreTrainedModel
 
-from pipeline.config import SFTConfig
-from pipeline.tracking import MetricsLogger, progress
+from common.config import SFTConfig
+from common.tracking import MetricsLogger, progress
 from sft.data import DataOrder, TokenisedRow, collate, supervised_token_count
 from sft.reference_cache import ReferenceCache
 from sft.token_stats import LossResult, chunked_loss

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.tracking import bound_openmp_spin
+from common.tracking import bound_openmp_spin
 
 # vLLM-CPU: in-process engine with one OpenMP thread starts in ~4 s (vs 25-60 s spawned); docs/evaluation.md.
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")

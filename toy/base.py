@@ -14,11 +14,11 @@ import itertools
 from dataclasses import asdict
 from pathlib import Path
 
-from pipeline.config import Config, ConfigError, stage_main
-from pipeline.manifest import Manifest, read_manifest, stage_run
-from pipeline.paths import TRAINING_METRICS_FILE, base_run
-from pipeline.seeding import derive_seed, seed_everything
-from pipeline.tracking import MetricsLogger, configure_cpu_threads, progress
+from common.config import Config, ConfigError, stage_main
+from common.manifest import Manifest, read_manifest, stage_run
+from common.paths import TRAINING_METRICS_FILE, base_run
+from common.seeding import derive_seed, seed_everything
+from common.tracking import MetricsLogger, configure_cpu_threads, progress
 from toy import pretrain, worlds
 from toy.entropy import fork_profile
 from toy.tokenizer import END_OF_TURN, train_tokenizer

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 
 import torch
 
-from pipeline.config.toy import FORK_FAMILIES, FORK_STRATEGIES, ToyConfig
-from pipeline.seeding import derive_seed
+from common.config.toy import FORK_FAMILIES, FORK_STRATEGIES, ToyConfig
+from common.seeding import derive_seed
 from toy import forking, worlds
 from toy.pretrain import EVAL_MAX_NEW_TOKENS, boxed_integer
 from toy.world import SYSTEM_PROMPT, question

@@ -43,7 +43,7 @@ import random
 from dataclasses import dataclass
 from typing import Iterator, Mapping
 
-from pipeline.config.toy import FORK_FAMILIES, FORK_STRATEGIES
+from common.config.toy import FORK_FAMILIES, FORK_STRATEGIES
 from toy.world import SYSTEM_PROMPT, chat_text, is_held_out, luffy_row, question
 
 OPENINGS = {"column": "Column:", "place": "Place value:", "round": "Round:"}

@@ -18,7 +18,7 @@ from typing import Callable, Iterable
 
 import torch
 
-from pipeline.answers import last_boxed
+from common.answers import last_boxed
 from toy.tokenizer import DOCUMENT_SEPARATOR, END_OF_TURN, PAD
 from toy.world import SYSTEM_PROMPT, Problem, question
 
@@ -140,7 +140,7 @@ def bf16_autocast_pays(device: str) -> bool:
 
 def boxed_integer(text: str) -> int | None:
     """The integer in the last complete ``\\boxed{...}`` of a completion (the evaluation's extractor,
-    :func:`pipeline.answers.last_boxed`, surrounding spaces stripped), or None when that box holds no integer."""
+    :func:`common.answers.last_boxed`, surrounding spaces stripped), or None when that box holds no integer."""
     answer = last_boxed(text)
     return int(answer) if answer is not None and INTEGER.fullmatch(answer.strip()) else None
 

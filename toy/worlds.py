@@ -5,8 +5,8 @@ from __future__ import annotations
 import random
 from typing import Iterator
 
-from pipeline.config import ConfigError
-from pipeline.config.toy import FORK_FAMILIES, ToyConfig
+from common.config import ConfigError
+from common.config.toy import FORK_FAMILIES, ToyConfig
 from toy import forking, world
 
 ARITHMETIC_BENCHMARKS = ("add", "mixed")

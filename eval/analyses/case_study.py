@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from eval.analyses import AnalysisInputError, pyplot, save_figure
-from pipeline.models import load_causal_lm
+from common.models import load_causal_lm
 
 IGNORE_INDEX = -100
 """Label of positions without a target in the tokenised split (the data stage's contract)."""

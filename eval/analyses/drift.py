@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from eval.analyses import AnalysisInputError, pyplot, save_figure
-from pipeline.tracking import progress
+from common.tracking import progress
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from eval.analyses import AnalysisInputError, pyplot, save_figure
-from pipeline.tracking import read_metrics
+from common.tracking import read_metrics
 
 IOU_KEY = "stats/iou"
 SET_KEYS = {"M_H": "stats/num_M_H", "M_KL": "stats/num_M_KL", "M": "stats/num_M"}

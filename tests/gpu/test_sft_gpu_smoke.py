@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from bench.tiny_model import build_tiny_tokenizer, random_qwen3
-from pipeline.config import compose
-from pipeline.manifest import read_manifest
-from pipeline.models import load_causal_lm, load_tokenizer
-from pipeline.paths import hf_export_dir, sft_dir
+from common.config import compose
+from common.manifest import read_manifest
+from common.models import load_causal_lm, load_tokenizer
+from common.paths import hf_export_dir, sft_dir
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (make test-gpu)")]

@@ -16,10 +16,10 @@ import torch
 from safetensors.torch import load_file
 
 from bench.tiny_model import TRAINING_TEXTS, build_tiny_qwen3
-from pipeline.config import Config, compose
-from pipeline.manifest import stage_run
-from pipeline.paths import SFT_TOKENS_FILE, hf_export_dir, sft_dir, tokens_dir
-from pipeline.tracking import CPU_OPENMP_ENV
+from common.config import Config, compose
+from common.manifest import stage_run
+from common.paths import SFT_TOKENS_FILE, hf_export_dir, sft_dir, tokens_dir
+from common.tracking import CPU_OPENMP_ENV
 from sft.data import IGNORE_INDEX
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

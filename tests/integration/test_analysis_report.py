@@ -12,9 +12,9 @@ import torch
 
 from bench.tiny_model import build_tiny_qwen3
 from eval import report
-from pipeline.config import compose
-from pipeline.manifest import Manifest, stage_run, write_manifest
-from pipeline.paths import (
+from common.config import compose
+from common.manifest import Manifest, stage_run, write_manifest
+from common.paths import (
     base_model_path,
     eval_dir,
     hf_export_dir,

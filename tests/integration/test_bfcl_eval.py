@@ -8,8 +8,8 @@ from bench.tiny_model import build_tiny_qwen3
 from data.tool_use import CHATML_TOOLS_TEMPLATE
 from eval.bfcl import LIVE_CATEGORIES, evaluate
 from eval.sample import make_sampler
-from pipeline.config import compose
-from pipeline.models import load_tokenizer
+from common.config import compose
+from common.models import load_tokenizer
 
 
 def test_tiny_model_on_bfcl_subset(tmp_path, checker):

@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 
 from data.benchmarks import BenchmarkError, load_benchmark
-from pipeline.benchmarks import read_benchmark, write_benchmark
-from pipeline.config import compose
+from common.benchmarks import read_benchmark, write_benchmark
+from common.config import compose
 
 LUFFY_PROMPT_SHA = "a8747f1674d341836ab8fae3c29263fee4dd555f07259cdbc6dadf4104ea8926"
 

@@ -9,8 +9,8 @@ import torch
 
 from bench.tiny_model import build_tiny_qwen3
 from eval.sample import VLLMSampler
-from pipeline.config import compose
-from pipeline.models import load_causal_lm
+from common.config import compose
+from common.models import load_causal_lm
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm]
 TEMPERATURE = 0.7

@@ -8,9 +8,9 @@ import pytest
 from dataclasses import replace
 
 from eval import report
-from pipeline.config import compose
-from pipeline.manifest import read_manifest
-from pipeline.paths import eval_dir, report_dir, rl_dir, sft_dir
+from common.config import compose
+from common.manifest import read_manifest
+from common.paths import eval_dir, report_dir, rl_dir, sft_dir
 
 pytestmark = pytest.mark.integration
 

@@ -16,12 +16,12 @@ from eval.metrics import MEAN_TOKEN_ENTROPY
 from eval.run import SAMPLES_FILE, run
 from eval.sample import Completion, _EngineProcess, make_sampler, render_prompt
 from eval.scoring import extract_answer, verify
-from pipeline.benchmarks import read_benchmark
-from pipeline.config import Config, ConfigError, compose
-from pipeline.manifest import StageInputError, read_manifest
-from pipeline.models import load_tokenizer
-from pipeline.paths import data_dir, eval_dir
-from pipeline.seeding import derive_seed
+from common.benchmarks import read_benchmark
+from common.config import Config, ConfigError, compose
+from common.manifest import StageInputError, read_manifest
+from common.models import load_tokenizer
+from common.paths import data_dir, eval_dir
+from common.seeding import derive_seed
 
 pytestmark = pytest.mark.integration
 SYSTEM = "Please reason step by step, and put your final answer within \\boxed{}."

@@ -14,12 +14,12 @@ from concurrent.futures import ThreadPoolExecutor, wait
 import pytest
 import torch
 
-from pipeline.config import compose
+from common.config import compose
 from pipeline.launch import run_command, stop_all
-from pipeline.manifest import read_manifest
-from pipeline.paths import TRAINING_METRICS_FILE, sft_dir, sft_run
+from common.manifest import read_manifest
+from common.paths import TRAINING_METRICS_FILE, sft_dir, sft_run
 from pipeline.stages import StageCommand, torchrun_prefix
-from pipeline.tracking import read_metrics
+from common.tracking import read_metrics
 from sft_helpers import build_tiny_model, final_weights, prepare_run, run_torchrun
 
 pytestmark = pytest.mark.integration

@@ -9,11 +9,11 @@ import pytest
 import torch
 from torch.distributed.tensor import DTensor
 
-from pipeline.config import compose
-from pipeline.config.sft import SFT_METHOD_SCHEMAS
-from pipeline.manifest import read_manifest
-from pipeline.paths import TRAINING_METRICS_FILE, sft_dir
-from pipeline.tracking import read_metrics
+from common.config import compose
+from common.config.sft import SFT_METHOD_SCHEMAS
+from common.manifest import read_manifest
+from common.paths import TRAINING_METRICS_FILE, sft_dir
+from common.tracking import read_metrics
 from sft import train
 from sft.data import DataOrder, collate, read_sft_tokens
 from sft.losses import build_loss

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.config import compose
+from common.config import compose
 from rl.verl_args import build_overrides, validate_with_verl
 
 

@@ -9,8 +9,8 @@ import pytest
 from safetensors.torch import load_file
 from transformers import AutoTokenizer, GenerationConfig
 
-from pipeline.paths import TRAINING_METRICS_FILE, hf_export_dir, sft_dir
-from pipeline.tracking import read_metrics
+from common.paths import TRAINING_METRICS_FILE, hf_export_dir, sft_dir
+from common.tracking import read_metrics
 from sft.losses import TOKEN_LOSSES
 from sft.train import run
 from sft_helpers import build_tiny_model, final_weights, prepare_run

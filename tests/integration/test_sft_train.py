@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline.config import compose
-from pipeline.manifest import read_manifest, write_manifest
-from pipeline.paths import TRAINING_METRICS_FILE, hf_export_dir, sft_dir
-from pipeline.tracking import read_metrics
+from common.config import compose
+from common.manifest import read_manifest, write_manifest
+from common.paths import TRAINING_METRICS_FILE, hf_export_dir, sft_dir
+from common.tracking import read_metrics
 import sft.train
 from sft.train import run
 from sft.trainer import CHECKPOINTS_DIR, TRAINER_STATE_FILE, ResumeError, TrainSummary

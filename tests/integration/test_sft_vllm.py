@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from pipeline.paths import hf_export_dir, sft_dir
+from common.paths import hf_export_dir, sft_dir
 from sft.train import run
 from sft_helpers import build_tiny_model, prepare_run
 

@@ -46,7 +46,7 @@ def worker(model_dir: str, out_dir: str, gguf_file: str = "") -> None:
     buffers, tied-weight identities and the sharded reference trunk's hidden states."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    from pipeline.config import compose
+    from common.config import compose
     from sft import train
     from sft.trainer import close_distributed, init_distributed
 
@@ -85,7 +85,7 @@ def source(request, tmp_path_factory) -> tuple[str, str]:
     """(model folder, GGUF file name or "")."""
     if request.param == "tiny_qwen3":
         return str(build_tiny_model(tmp_path_factory.mktemp("tiny_qwen3"))), ""
-    from pipeline.config import compose
+    from common.config import compose
 
     gguf_file = compose(["model=smollm2_135m"]).model.gguf_file
     if not (SMOLLM2_DIR / gguf_file).is_file() or importlib.util.find_spec("gguf") is None:
@@ -111,7 +111,7 @@ def sharded(source, tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def full_model(source):
     """A plain full load (``from_pretrained`` in float32, GGUF dequantised)."""
-    from pipeline.models import load_causal_lm
+    from common.models import load_causal_lm
 
     model_dir, gguf_file = source
     return load_causal_lm(model_dir, gguf_file=gguf_file, attn_implementation="sdpa", dtype=torch.float32).eval()

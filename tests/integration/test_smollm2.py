@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.config import compose
-from pipeline.paths import eval_dir, hf_export_dir, sft_dir, sft_tokens_path
+from common.config import compose
+from common.paths import eval_dir, hf_export_dir, sft_dir, sft_tokens_path
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm]
 

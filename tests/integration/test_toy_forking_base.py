@@ -10,9 +10,9 @@ import math
 
 import pytest
 
-from pipeline.config import compose
-from pipeline.config.toy import FORK_FAMILIES, FORK_STRATEGIES
-from pipeline.paths import data_run
+from common.config import compose
+from common.config.toy import FORK_FAMILIES, FORK_STRATEGIES
+from common.paths import data_run
 
 pytestmark = pytest.mark.integration
 

@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from pipeline.config import compose
-from pipeline.manifest import read_manifest
-from pipeline.paths import base_model_path, data_dir, sft_tokens_path, tokens_dir, toy_base_dir
+from common.config import compose
+from common.manifest import read_manifest
+from common.paths import base_model_path, data_dir, sft_tokens_path, tokens_dir, toy_base_dir
 
 pytestmark = pytest.mark.integration
 

@@ -8,8 +8,8 @@ import pytest
 
 from eval import report
 from eval.sweep import Sweep, find_sweeps
-from pipeline.config import compose
-from pipeline.config.sft import (
+from common.config import compose
+from common.config.sft import (
     SFT_METHOD_SCHEMAS,
     EAFTMethod,
     EKSFTMethod,
@@ -19,8 +19,8 @@ from pipeline.config.sft import (
     SEDSFTMethod,
     SFTMethod,
 )
-from pipeline.manifest import Manifest, write_manifest
-from pipeline.paths import eval_dir, method_label, parse_method_label
+from common.manifest import Manifest, write_manifest
+from common.paths import eval_dir, method_label, parse_method_label
 
 
 @pytest.mark.parametrize("name", sorted(SFT_METHOD_SCHEMAS))

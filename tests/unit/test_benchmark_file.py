@@ -1,4 +1,4 @@
-"""The benchmark hand-off (pipeline.benchmarks): what the data stage writes at pipeline.paths.benchmark_file, evaluation
+"""The benchmark hand-off (common.benchmarks): what the data stage writes at common.paths.benchmark_file, evaluation
 reads; a bad file is named with its line and key."""
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from pipeline.benchmarks import read_benchmark, write_benchmark
-from pipeline.manifest import StageInputError
-from pipeline.paths import benchmark_file
+from common.benchmarks import read_benchmark, write_benchmark
+from common.manifest import StageInputError
+from common.paths import benchmark_file
 
 PROMPT = [{"role": "user", "content": "1+1?"}]
 

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.config import CONF_DIR, ConfigError, compose
-from pipeline.config.sft import SFT_METHOD_SCHEMAS
+from common.config import CONF_DIR, ConfigError, compose
+from common.config.sft import SFT_METHOD_SCHEMAS
 
 EXPERIMENTS = sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
 METHOD_PRESETS = sorted(p.stem for p in (CONF_DIR / "sft" / "method").glob("*.yaml"))

@@ -1,9 +1,9 @@
-"""Bounded OpenMP spinning, defined once (``pipeline.tracking.CPU_OPENMP_ENV``): set where unset, never over a value
+"""Bounded OpenMP spinning, defined once (``common.tracking.CPU_OPENMP_ENV``): set where unset, never over a value
 the user chose, and in the environment of every CPU stage the orchestrator starts."""
 from __future__ import annotations
 
 from pipeline.launch import stage_environment
-from pipeline.tracking import CPU_OPENMP_ENV, bound_openmp_spin
+from common.tracking import CPU_OPENMP_ENV, bound_openmp_spin
 
 
 def test_spin_bound_is_set_where_unset_and_kept_where_chosen():

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.config import ConfigError, compose
+from common.config import ConfigError, compose
 
 
 def test_toy_benchmarks_need_the_toy_source():

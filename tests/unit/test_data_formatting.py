@@ -8,7 +8,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from data.formatting import IGNORE_INDEX, PromptTooLongError, build_sft_example, render_prompt, verl_row
 from data.schema import VERL_COLUMNS
-from pipeline.models import end_of_turn_token
+from common.models import end_of_turn_token
 from toy.tokenizer import train_tokenizer
 from toy.world import DocumentMix, documents
 

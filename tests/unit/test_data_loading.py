@@ -9,8 +9,8 @@ import pytest
 
 from data.loading import load_rows
 from data.schema import InvalidRowError
-from pipeline.config import ConfigError, compose
-from pipeline.config.data import DataConfig
+from common.config import ConfigError, compose
+from common.config.data import DataConfig
 
 GOOD = {
     "data_source": "",

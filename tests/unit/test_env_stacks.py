@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.preflight import installed_stack
+from common.preflight import installed_stack
 
 REPO = Path(__file__).resolve().parents[2]
 GPU_TARGETS = [

@@ -4,9 +4,9 @@ from __future__ import annotations
 import pytest
 
 from eval.sample import engine_count, visible_gpus
-from pipeline import preflight
-from pipeline.config import ConfigError, compose
-from pipeline.paths import eval_run, report_run
+from common import preflight
+from common.config import ConfigError, compose
+from common.paths import eval_run, report_run
 
 
 def test_engine_count_uses_every_visible_gpu_when_zero(monkeypatch):

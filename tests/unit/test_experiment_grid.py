@@ -1,11 +1,11 @@
-"""One experiment grid: the plan's commands cover the models x variants the report reads (pipeline.paths), and an
+"""One experiment grid: the plan's commands cover the models x variants the report reads (common.paths), and an
 override that would make a stage command's run differ from the report's is refused before anything runs."""
 from __future__ import annotations
 
 import pytest
 
-from pipeline.config import ConfigError, compose
-from pipeline.paths import model_configs, variants
+from common.config import ConfigError, compose
+from common.paths import model_configs, variants
 from pipeline.stages import build_plan
 
 TWO_METHODS = ["experiment=table1", "profile=toy", "experiment.methods=[sft,eksft]"]

@@ -6,8 +6,8 @@ import math
 import pytest
 import torch
 
-from pipeline.config import CONF_DIR, ConfigError, compose
-from pipeline.config.sft import SFT_METHOD_SCHEMAS, EKSFTMethod, SFTConfig, SFTMethod
+from common.config import CONF_DIR, ConfigError, compose
+from common.config.sft import SFT_METHOD_SCHEMAS, EKSFTMethod, SFTConfig, SFTMethod
 from sft.losses import (
     TOKEN_LOSSES,
     EKSFTLoss,

@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from pipeline import manifest as mf
-from pipeline.locks import LockHeld
+from common import manifest as mf
+from common.locks import LockHeld
 
 
 def _body_runs(directory, config, inputs=None):
@@ -190,7 +190,7 @@ def test_corrupt_json_names_its_path(tmp_path, name):
 def test_second_writer_fails_fast_naming_the_holder(tmp_path):
     # Issue 10.3: two processes "resumed" each other's live stage and wrote every sample twice.
     holder = subprocess.Popen([sys.executable, "-c", (
-        "import sys, time; from pipeline.manifest import stage_run\n"
+        "import sys, time; from common.manifest import stage_run\n"
         f"with stage_run({str(tmp_path)!r}, stage='s', variant='v', config={{}}, announce=print):\n"
         "    print('holding', flush=True); time.sleep(60)")], stdout=subprocess.PIPE, text=True)
     try:

@@ -8,7 +8,7 @@ from tokenizers import Tokenizer, models
 from transformers import GenerationConfig, PreTrainedTokenizerFast
 
 from bench.tiny_model import CHATML_TEMPLATE, build_tiny_tokenizer
-from pipeline.models import ChatTemplateError, EosAlignment, align_eos, end_of_turn_token, load_tokenizer
+from common.models import ChatTemplateError, EosAlignment, align_eos, end_of_turn_token, load_tokenizer
 
 
 def test_eos_becomes_the_end_of_turn_and_pad_is_kept(tmp_path):

@@ -11,11 +11,11 @@ import time
 
 import pytest
 
-from pipeline.config import ConfigError, compose
+from common.config import ConfigError, compose
 from pipeline.launch import StageFailed, is_done, run_command
-from pipeline.locks import DirectoryLock
-from pipeline.manifest import invalidate, read_manifest, stage_run, write_manifest
-from pipeline.paths import RunSpec, experiment_dir, sft_dir, sft_run
+from common.locks import DirectoryLock
+from common.manifest import invalidate, read_manifest, stage_run, write_manifest
+from common.paths import RunSpec, experiment_dir, sft_dir, sft_run
 from pipeline.run import critical_path_lengths, execute, run, stage_overrides, status_line
 from pipeline.stages import StageCommand, build_plan
 
@@ -57,7 +57,7 @@ def test_overrides_the_plan_owns_are_refused_with_a_hint():
 def _fake_stage(tmp_path, body: str, name: str = "stage", needs: tuple[str, ...] = ()) -> StageCommand:
     """A stage command running ``body`` under the run contract; it reads the folders of the commands it needs."""
     inputs = {need: tmp_path / need for need in needs}
-    script = ("import sys, time; from pipeline.manifest import stage_run\n"
+    script = ("import sys, time; from common.manifest import stage_run\n"
               f"with stage_run(r'{tmp_path / name}', stage='x', variant='{name}', config={{}}, "
               f"inputs={{k: r'{tmp_path}/' + k for k in {list(needs)!r}}}) as run:\n"
               f"    if run is not None:\n"

@@ -12,9 +12,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from pipeline import preflight
-from pipeline.config import compose
-from pipeline.preflight import Problem, PreflightError
+from common import preflight
+from common.config import compose
+from common.preflight import Problem, PreflightError
 
 FAST_S = 5.0
 REAL_PROBE = preflight.probe

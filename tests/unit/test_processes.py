@@ -1,4 +1,4 @@
-"""pipeline.processes: a command in its own session, and its whole tree stopped (grace, then SIGKILL)."""
+"""common.processes: a command in its own session, and its whole tree stopped (grace, then SIGKILL)."""
 from __future__ import annotations
 
 import os
@@ -9,7 +9,7 @@ import time
 
 import psutil
 
-from pipeline.processes import start_in_new_session, stop_tree
+from common.processes import start_in_new_session, stop_tree
 
 
 def _gone(process: psutil.Process) -> bool:

@@ -6,9 +6,9 @@ import re
 import shlex
 from pathlib import Path
 
-from pipeline.config import compose
-from pipeline.paths import data_dir
-from pipeline.preflight import model_paths
+from common.config import compose
+from common.paths import data_dir
+from common.preflight import model_paths
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 

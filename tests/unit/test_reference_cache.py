@@ -7,7 +7,7 @@ from collections import namedtuple
 import pytest
 import torch
 
-from pipeline.manifest import read_manifest, write_manifest
+from common.manifest import read_manifest, write_manifest
 from sft import reference_cache
 from sft.reference_cache import (
     ReferenceCache,

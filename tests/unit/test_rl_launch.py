@@ -6,9 +6,9 @@ import time
 
 import pytest
 
-from pipeline.config import compose
-from pipeline.models import end_of_turn_token
-from pipeline.paths import rl_run
+from common.config import compose
+from common.models import end_of_turn_token
+from common.paths import rl_run
 from rl import train
 from rl.export import latest_checkpoint_step
 

@@ -6,8 +6,8 @@ import re
 
 import pytest
 
-from pipeline.config import ConfigError, compose
-from pipeline.paths import data_dir
+from common.config import ConfigError, compose
+from common.paths import data_dir
 from rl.verl_args import build_command, build_overrides, format_value, verl_env
 
 

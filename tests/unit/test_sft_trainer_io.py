@@ -6,7 +6,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.models import ChatTemplateError, end_of_turn_token
+from common.models import ChatTemplateError, end_of_turn_token
 from sft.data import SFTDataError, read_sft_tokens
 
 GOOD = {"row_id": ["r0"], "input_ids": [[1, 5, 6, 2]], "labels": [[-100, -100, 6, 2]], "num_response_tokens": [2],

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pipeline.config.sft import (
+from common.config.sft import (
     SFT_METHOD_SCHEMAS,
     DFTMethod,
     EKSFTMethod,

@@ -10,8 +10,8 @@ from collections import Counter
 import pytest
 import torch
 
-from pipeline.config import ConfigError
-from pipeline.config.toy import FORK_FAMILIES, FORK_STRATEGIES, FORKING_FIELDS, ToyConfig
+from common.config import ConfigError
+from common.config.toy import FORK_FAMILIES, FORK_STRATEGIES, FORKING_FIELDS, ToyConfig
 from toy import forking, worlds
 from toy.entropy import classify_tokens, token_entropy
 from toy.forking import Problem, family_problems, is_reliable, solve, strategy_answer

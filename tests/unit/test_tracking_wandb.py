@@ -4,7 +4,7 @@ from __future__ import annotations
 import sys
 from types import SimpleNamespace
 
-from pipeline.tracking import MetricsLogger
+from common.tracking import MetricsLogger
 
 
 def test_wandb_run_gets_project_and_experiment_group(tmp_path, monkeypatch):

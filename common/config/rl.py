@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pipeline.config.common import SUPERVISION, ConfigError, check_choice, check_range
+from common.config.common import SUPERVISION, ConfigError, check_choice, check_range
 
 REWARD_STYLES = {"plus_minus_one": (1.0, -1.0), "zero_one": (1.0, 0.0)}
 """Reward style -> (score of a correct answer, score of a wrong one)."""

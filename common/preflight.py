@@ -36,11 +36,17 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING, Iterable, Protocol
 
 if TYPE_CHECKING:
-    from pipeline.config import Config
-    from pipeline.stages import StageCommand
+    from common.config import Config
+
+
+class PlannedStage(Protocol):
+    """What the checks read of one orchestrator command (``pipeline.stages.StageCommand``)."""
+    stage: str
+    config: "Config"
+
 
 PROBE_TIMEOUT_S = 3.0
 """Longest wait for one network answer (the hub, Ray's head node)."""
@@ -217,7 +223,7 @@ def hub_problems(check: str, repos: list[tuple[str, str, str]], fix: str) -> lis
 def model_paths(cfg: "Config", stage: str) -> list[tuple[str, str]]:
     """(config key, path) of the models ``stage`` loads from outside the run folder: the hub/gguf base model
     (SFT; RL from ``base``; evaluation of ``base``) and ``eval.model_path``."""
-    from pipeline.paths import BASE_VARIANT
+    from common.paths import BASE_VARIANT
 
     if stage.startswith("eval") and cfg.eval.model_path:
         return [("eval.model_path", cfg.eval.model_path)]
@@ -332,7 +338,7 @@ def model_parameters(cfg: "Config") -> int | None:
     return int(float(match.group(1)) * 1e9) if match else None
 
 
-def estimate_bytes(commands: Iterable["StageCommand"]) -> dict[str, int]:
+def estimate_bytes(commands: Iterable[PlannedStage]) -> dict[str, int]:
     """Bytes the pending ``commands`` write: per SFT run P × (2 + 12 × ``sft.keep_checkpoints``), per RL run
     P × (2 + 12 × ``rl.max_checkpoints_to_keep``) (:data:`EXPORT_BYTES_PER_PARAM`,
     :data:`CHECKPOINT_BYTES_PER_PARAM`), per uncached hub base model P × :data:`HUB_BYTES_PER_PARAM`
@@ -419,7 +425,7 @@ def require_stage(cfg: "Config", stage: str) -> None:
         raise PreflightError(problems)
 
 
-def require_plan(cfg: "Config", pending: list["StageCommand"]) -> None:
+def require_plan(cfg: "Config", pending: list[PlannedStage]) -> None:
     """The orchestrator, before the first stage: every check the ``pending`` commands need, each problem once."""
     problems: list[Problem] = []
     seen: set[tuple[str, str]] = set()
@@ -438,5 +444,5 @@ def require_plan(cfg: "Config", pending: list["StageCommand"]) -> None:
 
 if __name__ == "__main__":
     if sys.argv[1:] != ["stack"]:
-        sys.exit("usage: python -m pipeline.preflight stack")
+        sys.exit("usage: python -m common.preflight stack")
     print(installed_stack())

@@ -9,7 +9,7 @@ fingerprints), headline metrics and start/end times. It is written atomically (t
 recorded (an upstream run folder is identified by its manifest's ``run_id`` and output fingerprints, a plain file
 by its fingerprint), and every output it declared is still there with the recorded fingerprint. A run whose
 outputs were damaged, or that stopped part-way with the same config, is *resumed* (the stage redoes what is
-missing); anything else is *restarted*. :func:`stage_run` also holds the folder's lock (:mod:`pipeline.locks`),
+missing); anything else is *restarted*. :func:`stage_run` also holds the folder's lock (:mod:`common.locks`),
 so one process writes a run folder at a time.
 """
 from __future__ import annotations
@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
-from pipeline.locks import DirectoryLock
+from common.locks import DirectoryLock
 
 SCHEMA_VERSION = 2
 MANIFEST_NAME = "manifest.json"

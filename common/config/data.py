@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pipeline.config.common import ConfigError, check_choice, check_range
+from common.config.common import ConfigError, check_choice, check_range
 
 
 @dataclass

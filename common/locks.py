@@ -1,6 +1,6 @@
 """One writer per folder: an exclusive ``flock`` on ``<folder>/.lock``, held for as long as a process writes there.
 
-The stage process holds its run folder's lock (``pipeline.manifest.stage_run``), the orchestrator its experiment's.
+The stage process holds its run folder's lock (``common.manifest.stage_run``), the orchestrator its experiment's.
 A second process fails at once with :class:`LockHeld`, naming the PID, host and command of the holder. The kernel
 releases a ``flock`` when its holder dies, so a dead process's lock is taken over, with a message naming it. On
 network file systems this relies on their ``flock`` support (NFSv4, Lustre with ``flock`` mounts).

@@ -10,7 +10,7 @@ from typing import Any, Optional
 
 from omegaconf import MISSING
 
-from pipeline.config.common import SUPERVISION, ConfigError, check_choice, check_range
+from common.config.common import SUPERVISION, ConfigError, check_choice, check_range
 
 
 LOSS_NORMS = ("micro_batch_mean", "global_token_mean", "micro_batch_sum")

@@ -1,4 +1,4 @@
-"""The benchmark hand-off: the data stage writes one JSONL file per benchmark (at :func:`pipeline.paths.benchmark_file`
+"""The benchmark hand-off: the data stage writes one JSONL file per benchmark (at :func:`common.paths.benchmark_file`
 in its run folder) with :func:`write_benchmark`, evaluation reads it back with :func:`read_benchmark`. One problem per
 line::
 
@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from pipeline.manifest import StageInputError
+from common.manifest import StageInputError
 
 
 def benchmark_prompt(problem: str, system_prompt: str | None) -> list[dict[str, str]]:

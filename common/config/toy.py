@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pipeline.config.common import SUPERVISION, ConfigError, check_choice, check_range, computation_config
+from common.config.common import SUPERVISION, ConfigError, check_choice, check_range, computation_config
 
 TOY_STYLES = ("chain", "steps", "careful", "direct")
 """Solution styles of the toy world (toy/world.py explains each)."""

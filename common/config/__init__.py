@@ -19,7 +19,7 @@ import hydra
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from pipeline.config.common import (
+from common.config.common import (
     ConfigError,
     ExperimentConfig,
     LoggingConfig,
@@ -28,11 +28,11 @@ from pipeline.config.common import (
     check_choice,
     check_range,
 )
-from pipeline.config.data import DataConfig
-from pipeline.config.eval import EvalConfig
-from pipeline.config.rl import RLConfig
-from pipeline.config.sft import SFT_METHOD_SCHEMAS, SFTConfig
-from pipeline.config.toy import ToyConfig
+from common.config.data import DataConfig
+from common.config.eval import EvalConfig
+from common.config.rl import RLConfig
+from common.config.sft import SFT_METHOD_SCHEMAS, SFTConfig
+from common.config.toy import ToyConfig
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 
@@ -84,7 +84,7 @@ class Config:
     dry_run: bool = False
     """Print every stage and its exact command without running anything."""
     preflight: bool = False
-    """Orchestrator only: run the checks of pipeline/preflight.py for the pending stages, then stop (they also run
+    """Orchestrator only: run the checks of common/preflight.py for the pending stages, then stop (they also run
     before the first stage of every run)."""
     force: list[str] = field(default_factory=list)
     """Orchestrator only: commands to redo from scratch, as glob patterns over command names or stage names

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pipeline.config.common import SUPERVISION, ConfigError, check_choice, check_name, check_range
+from common.config.common import SUPERVISION, ConfigError, check_choice, check_name, check_range
 
 ANALYSES = ("drift", "iou", "case_study", "sweep")
 """Analyses the report stage can add next to the tables and pass@k curves."""
@@ -11,7 +11,7 @@ PAPER_ROW_LABELS = {"base": "Base", "sft": "SFT", "dft": "DFT", "iwsft": "IW-SFT
                     "eksft": "EKSFT (paper eq.)", "eksft_compatofficial_code": "EKSFT (official code)",
                     "asft": "ASFT", "gem": "GEM", "sedsft": "SED-SFT", "eaft": "EAFT",
                     "highentropy": "CE on top-ρ H (ours)"}
-"""Row titles by method label (``pipeline.paths.method_label``): ``eksft`` is EKSFT as the paper's equations write it,
+"""Row titles by method label (``common.paths.method_label``): ``eksft`` is EKSFT as the paper's equations write it,
 ``eksft_compatofficial_code`` (``sft/method=eksft_official``) as the public code runs it (docs/methods.md)."""
 
 

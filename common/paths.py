@@ -10,10 +10,10 @@
     <run_root>/<experiment>/report/                                        tables, plots, report.md
 
 Every folder holds a ``manifest.json``. ``<id>`` is the first 8 hex digits of the hash of the run's *identity*: its
-computation config (:func:`pipeline.config.common.computation_config`: seeds, optimiser, budgets, method fields,
+computation config (:func:`common.config.common.computation_config`: seeds, optimiser, budgets, method fields,
 model, sampling protocol; never timeouts, checkpoint cadence or logging) plus the folder names of the runs it reads,
 so two computations never share a folder and a changed setting upstream gives new folders downstream. The same
-identity is the manifest's ``config``; :func:`pipeline.manifest.run_state` compares it, and the upstream manifests'
+identity is the manifest's ``config``; :func:`common.manifest.run_state` compares it, and the upstream manifests'
 run ids and output fingerprints, before any skip.
 
 ``variant`` is ``base`` (the untrained base model) or an SFT method label; ``phase`` is ``sft`` (Table 1) or
@@ -26,10 +26,10 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Iterator
 
-from pipeline.config import Config, ConfigError, compose
-from pipeline.config.common import check_name, computation_config
-from pipeline.config.sft import SFT_METHOD_SCHEMAS, SFTMethod
-from pipeline.manifest import MANIFEST_NAME, config_hash
+from common.config import Config, ConfigError, compose
+from common.config.common import check_name, computation_config
+from common.config.sft import SFT_METHOD_SCHEMAS, SFTMethod
+from common.manifest import MANIFEST_NAME, config_hash
 
 BASE_VARIANT = "base"
 """Variant name of the untrained base model (the 'Base' rows of Tables 1 and 2)."""
@@ -381,7 +381,7 @@ def report_dir(cfg: Config) -> Path:
 
 
 def benchmark_file(name: str) -> str:
-    """A benchmark's JSONL file, relative to the data run folder (``pipeline.benchmarks`` reads it)."""
+    """A benchmark's JSONL file, relative to the data run folder (``common.benchmarks`` reads it)."""
     return f"{BENCHMARKS_SUBDIR}/{name}.jsonl"
 
 
