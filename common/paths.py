@@ -198,8 +198,16 @@ def method_labels(cfg: Config) -> list[str]:
 
 
 def variants(cfg: Config) -> list[str]:
-    """``base`` then every method label: the rows of Tables 1 and 2."""
+    """``base`` then every method label: the rows of Table 1."""
     return [BASE_VARIANT, *method_labels(cfg)]
+
+
+def rl_variants(cfg: Config) -> list[str]:
+    """``base`` then the label of every ``experiment.rl_methods`` entry (all methods when empty): the RL arms, the
+    rows of Table 2."""
+    chosen = cfg.experiment.rl_methods or cfg.experiment.methods
+    return [BASE_VARIANT, *(label for name, label in zip(cfg.experiment.methods, method_labels(cfg))
+                            if name in chosen)]
 
 
 # ------------------------------------------------------------------------------------------ the runs

@@ -71,6 +71,7 @@ from common.paths import (
     report_dir,
     report_run,
     rl_dir,
+    rl_variants,
     sft_dir,
     sft_tokens_path,
     variants,
@@ -483,7 +484,8 @@ def run(cfg: Config) -> Manifest:
     out_dir = report_dir(cfg)
     models, labels = model_configs(cfg), variants(cfg)
     analyses = cfg.eval.analysis.run
-    collected = {phase: collect(cfg, phase, models, labels) for phase in PHASES}
+    rows = {"sft": labels, "rl": rl_variants(cfg)}
+    collected = {phase: collect(cfg, phase, models, rows[phase]) for phase in PHASES}
     collected = {phase: c for phase, c in collected.items() if c[1]}
     if not collected:
         raise StageInputError(f"no eval metrics found for experiment '{cfg.experiment.name}' "

@@ -7,8 +7,8 @@ models. The plan expands them::
     base      python -m toy.base (toy models only), python -m data.tokenize_sft        (per model)
     sft       [srun ...] torchrun ... -m sft.train  sft/method=<m>     (per model x method; srun: multi-node)
     eval_sft  python -m eval.run eval.phase=sft eval.variant=<v>       (per model x [base] + methods)
-    rl        python -m rl.train rl.init=<v>                           (per model x [base] + methods)
-    eval_rl   python -m eval.run eval.phase=rl eval.variant=<v>        (per model x [base] + methods)
+    rl        python -m rl.train rl.init=<v>                           (per model x [base] + rl_methods)
+    eval_rl   python -m eval.run eval.phase=rl eval.variant=<v>        (per model x [base] + rl_methods)
     report    python -m eval.report                                    (once)
 
 Every command carries the user's overrides plus its own, so each stage composes exactly the config the
@@ -32,6 +32,7 @@ from common.paths import (
     model_configs,
     report_run,
     rl_run,
+    rl_variants,
     sft_run,
     tokens_run,
     variants,
@@ -112,7 +113,11 @@ def _sft_settings(cfg: Config) -> dict[str, object]:
 
 
 def _eval_settings(cfg: Config) -> dict[str, object]:
-    return {"sampling": vars(cfg.eval)}
+    """The sampling settings; the command's own phase and variant are on its command line, the report's labels and
+    analyses are not sampling."""
+    shown = {key: value for key, value in vars(cfg.eval).items()
+             if key not in ("phase", "variant", "benchmark_labels", "row_labels", "analysis")}
+    return {"sampling": shown}
 
 
 def _rl_settings(cfg: Config, variant: str) -> dict[str, object]:
@@ -175,7 +180,7 @@ def build_plan(cfg: Config, overrides: list[str]) -> list[StageCommand]:
                            [f"sft/{model}/{variant}{suffix}"] for variant in grid_variants}
             if "eval_sft" in stages:
                 plan.extend(_eval_commands(seed_cfg, seed_overrides, "sft", grid_variants, start_model, suffix))
-            for variant in grid_variants:
+            for variant in rl_variants(cfg):
                 if "rl" in stages:
                     rl_overrides = [*seed_overrides, f"rl.init={variant}"]
                     plan.append(StageCommand("rl", f"rl/{model}/{variant}{suffix}",

@@ -14,6 +14,9 @@ STAGES = ("data", "base", "sft", "eval_sft", "rl", "eval_rl", "report")
 SUPERVISION = {"supervision": True}
 """Field metadata of a setting that changes how a run is supervised (timeouts, checkpoint cadence, threads, display),
 not what it computes: :func:`computation_config` leaves it out, so it never changes a run's identity."""
+IDENTITY_WHEN_SET = {"identity_when_set": True}
+"""Field metadata of a setting added after runs already exist: :func:`computation_config` leaves it out while it
+holds its default, so existing run identities do not change, and includes it once set."""
 SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.=+-]*")
 """Names that become path components: letters, digits and ``_ . = + -``, not starting with a dot."""
 
@@ -23,10 +26,12 @@ class ConfigError(ValueError):
 
 
 def computation_config(section: Any) -> Any:
-    """A config section as plain data without its :data:`SUPERVISION` fields (what identifies a run)."""
+    """A config section as plain data without its :data:`SUPERVISION` fields, nor its :data:`IDENTITY_WHEN_SET`
+    fields at their defaults (what identifies a run)."""
     if is_dataclass(section):
         return {f.name: computation_config(getattr(section, f.name)) for f in fields(section)
-                if not f.metadata.get("supervision")}
+                if not f.metadata.get("supervision")
+                and not (f.metadata.get("identity_when_set") and getattr(section, f.name) == f.default)}
     if isinstance(section, dict):
         return {key: computation_config(value) for key, value in section.items()}
     if isinstance(section, (list, tuple)):
@@ -73,6 +78,9 @@ class ExperimentConfig:
     """Stages to run, a subset of data, base, sft, eval_sft, rl, eval_rl, report (run in that order)."""
     methods: list[str] = field(default_factory=lambda: ["sft"])
     """SFT methods (``conf/sft/method/*.yaml`` names) trained, evaluated and handed to RL."""
+    rl_methods: list[str] = field(default_factory=list)
+    """The ``methods`` whose SFT models go on to RL and its evaluation (Table 2); empty: all of them. The base model
+    always gets an RL arm."""
     run_root: str = "runs"
     """Folder holding every run directory (``<run_root>/<experiment>/<stage>/<variant>``)."""
     train_in: str = ""
@@ -97,6 +105,10 @@ class ExperimentConfig:
             raise ConfigError("experiment.methods must list at least one SFT method")
         if len(set(self.methods)) != len(self.methods):
             raise ConfigError(f"experiment.methods has duplicates: {self.methods}")
+        for method in self.rl_methods:
+            check_choice("experiment.rl_methods[]", method, self.methods)
+        if len(set(self.rl_methods)) != len(self.rl_methods):
+            raise ConfigError(f"experiment.rl_methods has duplicates: {self.rl_methods}")
         for seed in self.seeds:
             check_range("experiment.seeds[]", seed, 0, 2**31 - 1)
         if len(set(self.seeds)) != len(self.seeds):

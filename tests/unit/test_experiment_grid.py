@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from common.config import ConfigError, compose
-from common.paths import model_configs, variants
+from common.paths import model_configs, rl_variants, variants
 from pipeline.stages import build_plan
 
 TWO_METHODS = ["experiment=table1", "profile=toy", "experiment.methods=[sft,eksft]"]
@@ -18,6 +18,26 @@ def test_the_plan_trains_and_evaluates_the_variants_the_report_reads():
     assert [c.name for c in plan if c.stage == "sft"] == ["sft/toy/sft", "sft/toy/eksft"]
     assert [c.name for c in plan if c.stage == "eval_sft"] == ["eval/toy/sft/base", "eval/toy/sft/sft",
                                                                "eval/toy/sft/eksft"]
+
+
+def test_rl_methods_choose_the_rl_arms_and_base_always_gets_one():
+    overrides = [*TWO_METHODS, "experiment.methods=[sft,dft,eksft]", "experiment.rl_methods=[eksft]",
+                 "experiment.stages=[sft,rl,eval_rl]"]
+    cfg = compose(overrides)
+    plan = build_plan(cfg, overrides)
+    assert rl_variants(cfg) == ["base", "eksft"]
+    assert rl_variants(compose(TWO_METHODS)) == variants(compose(TWO_METHODS))
+    assert [c.name for c in plan if c.stage == "sft"] == ["sft/toy/sft", "sft/toy/dft", "sft/toy/eksft"]
+    assert [c.name for c in plan if c.stage == "rl"] == ["rl/toy/base", "rl/toy/eksft"]
+    assert [c.name for c in plan if c.stage == "eval_rl"] == ["eval/toy/rl/base", "eval/toy/rl/eksft"]
+
+
+@pytest.mark.parametrize("rl_methods, message", [
+    ("[psft]", r"experiment.rl_methods\[\] must be one of \['sft', 'eksft'\]; got 'psft'"),
+    ("[sft,sft]", "experiment.rl_methods has duplicates")])
+def test_rl_methods_outside_methods_are_refused(rl_methods, message):
+    with pytest.raises(ConfigError, match=message):
+        compose([*TWO_METHODS, f"experiment.rl_methods={rl_methods}"])
 
 
 def test_a_method_override_that_the_report_would_not_see_is_refused():
