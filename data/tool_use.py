@@ -183,25 +183,6 @@ def load_acebench_hub(hub_id: str = ACEBENCH_HUB_ID, revision: str | None = None
     return acebench_rows(rows, None, categories)
 
 
-CHATML_TOOLS_TEMPLATE = (
-    "{%- if tools %}{{ '<|im_start|>system\\n' }}{% if messages[0].role == 'system' %}"
-    "{{ messages[0].content + '\\n\\n' }}{% endif %}{{ '# Tools\\n<tools>' }}"
-    "{% for t in tools %}{{ '\\n' + (t | tojson) }}{% endfor %}{{ '\\n</tools><|im_end|>\\n' }}"
-    "{%- elif messages[0].role == 'system' %}{{ '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}"
-    "{%- endif %}"
-    "{%- for m in messages %}{% if m.role == 'user' %}{{ '<|im_start|>user\\n' + m.content + '<|im_end|>\\n' }}"
-    "{% elif m.role == 'assistant' %}{{ '<|im_start|>assistant\\n' + m.content }}"
-    "{% for c in m.tool_calls or [] %}{% if not loop.first or m.content %}{{ '\\n' }}{% endif %}"
-    "{{ '<tool_call>\\n{\"name\": \"' + c.function.name + '\", \"arguments\": ' + (c.function.arguments | tojson)"
-    " + '}\\n</tool_call>' }}{% endfor %}{{ '<|im_end|>\\n' }}{% endif %}{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
-)
-"""ChatML with Qwen3's tool format, for models whose own template ignores ``tools=`` (SmolLM2-135M-Instruct on the
-CPU path) and for the tests: the function documents one JSON line each inside ``<tools>`` in the system turn, and
-the assistant's calls as ``<tool_call>\\n{"name": ..., "arguments": ...}\\n</tool_call>`` (what BFCL's Qwen
-decoder reads). Unlike Qwen3's own template it writes no tool instructions and no empty think block."""
-
-
 def chat_tools(tools_json: str) -> list[dict[str, Any]]:
     """The ``tools=`` argument of ``apply_chat_template``: the function documents themselves, not wrapped in
     ``{"type": "function", "function": f}``, because that is how BFCL's Qwen FC handler writes them into the prompt

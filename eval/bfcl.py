@@ -26,10 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-LIVE_CATEGORIES = ("live_simple", "live_multiple", "live_parallel", "live_parallel_multiple")
-"""BFCL live AST categories: the "BFCL live" column is their count-weighted accuracy."""
-IRRELEVANCE_CATEGORIES = ("live_irrelevance", "irrelevance")
-"""Irrelevance Detection sets: live (884 user-contributed questions) and v1 non-live (240)."""
+from common.config.data import LIVE_CATEGORIES
+
 DEFAULT_IRRELEVANCE = "live_irrelevance"
 """The set this project reports as "Irrelevance Detection" (the paper does not say which; docs/tool_use.md)."""
 BFCL_EVAL_VERSION = "2026.3.23"

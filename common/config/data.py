@@ -3,7 +3,35 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from common.config.common import ConfigError, check_choice, check_range
+from common.config.common import IDENTITY_WHEN_SET, ConfigError, check_choice, check_range
+
+TOOL_SOURCES = ("acebench", "synthetic_tools")
+"""Training sources of tool-use rows (``data.tool_use``): SFT only, no RL split (docs/tool_use.md)."""
+LIVE_CATEGORIES = ("live_simple", "live_multiple", "live_parallel", "live_parallel_multiple")
+"""BFCL live AST categories: the "BFCL live" column is their count-weighted accuracy."""
+IRRELEVANCE_CATEGORIES = ("live_irrelevance", "irrelevance")
+"""BFCL Irrelevance Detection sets: live (884 user-contributed questions) and v1 non-live (240)."""
+BFCL_CATEGORIES = (*LIVE_CATEGORIES, *IRRELEVANCE_CATEGORIES)
+"""The BFCL categories ``data.benchmark_source=bfcl`` may name as benchmarks (``eval.bfcl`` scores them)."""
+CHATML_TOOLS_TEMPLATE = (
+    "{%- if tools %}{{ '<|im_start|>system\\n' }}{% if messages[0].role == 'system' %}"
+    "{{ messages[0].content + '\\n\\n' }}{% endif %}{{ '# Tools\\n<tools>' }}"
+    "{% for t in tools %}{{ '\\n' + (t | tojson) }}{% endfor %}{{ '\\n</tools><|im_end|>\\n' }}"
+    "{%- elif messages[0].role == 'system' %}{{ '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- for m in messages %}{% if m.role == 'user' %}{{ '<|im_start|>user\\n' + m.content + '<|im_end|>\\n' }}"
+    "{% elif m.role == 'assistant' %}{{ '<|im_start|>assistant\\n' + m.content }}"
+    "{% for c in m.tool_calls or [] %}{% if not loop.first or m.content %}{{ '\\n' }}{% endif %}"
+    "{{ '<tool_call>\\n{\"name\": \"' + c.function.name + '\", \"arguments\": ' + (c.function.arguments | tojson)"
+    " + '}\\n</tool_call>' }}{% endfor %}{{ '<|im_end|>\\n' }}{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+"""ChatML with Qwen3's tool format, for models whose own template ignores ``tools=`` (SmolLM2-135M-Instruct on the
+CPU path) and for the tests: the function documents one JSON line each inside ``<tools>`` in the system turn, and
+the assistant's calls as ``<tool_call>\\n{"name": ..., "arguments": ...}\\n</tool_call>`` (what BFCL's Qwen
+decoder reads). Unlike Qwen3's own template it writes no tool instructions and no empty think block."""
+TOOL_TEMPLATES = {"chatml_tools": CHATML_TOOLS_TEMPLATE}
+"""``data.tool_template`` choices: chat templates that replace the model's own for tool-use rows and BFCL prompts."""
 
 
 @dataclass
@@ -33,7 +61,9 @@ class DataConfig:
     """Training data (OpenR1-Math-46k-8192 in the LUFFY schema, or the toy world) and benchmarks."""
 
     source: str = "hub"
-    """hub (``load_dataset(hub_id)``), local (``path``: parquet or jsonl) or toy (generated, then loaded as local)."""
+    """hub (``load_dataset(hub_id)``), local (``path``: parquet or jsonl), toy (generated, then loaded as local), or
+    a tool-use source (docs/tool_use.md): acebench (``path``: a folder in AceBench's ``data_en`` layout, else the hub
+    copy ``hub_id`` at ``hub_revision``) or synthetic_tools (``num_sft_rows`` generated rows, seed ``split_seed``)."""
     hub_id: str = "Elliott/Openr1-Math-46k-8192"
     """Hub dataset id of the training set."""
     hub_split: str = "train"
@@ -41,7 +71,8 @@ class DataConfig:
     hub_revision: str = ""
     """Pinned hub revision (commit); empty = latest (recorded in the manifest either way)."""
     path: str = ""
-    """Local parquet/jsonl file in the LUFFY schema (``source == local``)."""
+    """Local parquet/jsonl file in the LUFFY schema (``source == local``), or AceBench's folder (``source ==
+    acebench``: ``data_<category>.json`` and ``possible_answer/``)."""
     num_sft_rows: int = 3000
     """Rows in the SFT split; the rest (minus ``num_rl_rows`` cap) go to RL."""
     num_rl_rows: int = -1
@@ -59,21 +90,30 @@ class DataConfig:
     it in the manifest."""
     duplicates: str = "count"
     """count: repeated ids (``extra_info.index``) and problems are counted in the manifest; refuse: they are an error."""
+    tool_template: str = field(default="", metadata=IDENTITY_WHEN_SET)
+    """Chat template for tool-use rows and BFCL prompts, from :data:`TOOL_TEMPLATES` (chatml_tools), for models
+    whose own template ignores ``tools=``; empty = the model's own. Enters the run identity only when set."""
     system_prompt_path: str = ""
     """Optional system prompt file for benchmark prompts; empty = the training rows' own system turn."""
     benchmark_source: str = "hub"
-    """hub, local (JSONL files in ``benchmark_dir``) or toy (held-out toy problems)."""
+    """hub, local (JSONL files in ``benchmark_dir``), toy (held-out toy problems) or bfcl (BFCL categories, read
+    and scored by ``eval.bfcl`` in the BFCL venv; the data stage writes no benchmark file)."""
     benchmark_dir: str = ""
     """Folder of benchmark JSONL files (``benchmark_source == local``)."""
     benchmarks: dict[str, BenchmarkSource] = field(default_factory=dict)
     """Benchmarks by name (aime24, aime25, amc, hmmt25 in the paper profile)."""
 
     def validate(self) -> None:
-        check_choice("data.source", self.source, ("hub", "local", "toy"))
+        check_choice("data.source", self.source, ("hub", "local", "toy", *TOOL_SOURCES))
         if self.source == "local" and not self.path:
             raise ConfigError("data.path must be set for data.source=local")
-        if self.source == "hub" and not self.hub_id:
-            raise ConfigError("data.hub_id must be set for data.source=hub")
+        if self.source in ("hub", "acebench") and not self.hub_id and not self.path:
+            raise ConfigError(f"data.hub_id must be set for data.source={self.source}"
+                              + (" (or data.path to AceBench's local folder)" if self.source == "acebench" else ""))
+        check_choice("data.tool_template", self.tool_template, ("", *TOOL_TEMPLATES))
+        if self.tool_template and self.source not in TOOL_SOURCES and self.benchmark_source != "bfcl":
+            raise ConfigError(f"data.tool_template is only read for tool-use rows (data.source in {list(TOOL_SOURCES)})"
+                              f" or BFCL prompts (data.benchmark_source=bfcl); got data.source={self.source}")
         check_range("data.num_sft_rows", self.num_sft_rows, 1)
         if self.num_rl_rows != -1:
             check_range("data.num_rl_rows", self.num_rl_rows, 1)
@@ -83,7 +123,7 @@ class DataConfig:
         check_choice("data.strip_leading_think", self.strip_leading_think, ("auto", "always", "never"))
         check_choice("data.invalid_rows", self.invalid_rows, ("error", "skip"))
         check_choice("data.duplicates", self.duplicates, ("count", "refuse"))
-        check_choice("data.benchmark_source", self.benchmark_source, ("hub", "local", "toy"))
+        check_choice("data.benchmark_source", self.benchmark_source, ("hub", "local", "toy", "bfcl"))
         if self.benchmark_source == "toy" and self.source != "toy":
             raise ConfigError(f"data.benchmark_source=toy needs data.source=toy; got data.source={self.source}")
         if self.benchmark_source == "local" and not self.benchmark_dir:
@@ -91,8 +131,14 @@ class DataConfig:
         if not self.benchmarks:
             raise ConfigError("data.benchmarks must name at least one benchmark")
         for name, bench in self.benchmarks.items():
+            if self.benchmark_source == "bfcl":
+                check_choice(f"data.benchmarks.{name} (a BFCL category)", name, BFCL_CATEGORIES)
             if self.benchmark_source == "hub" and not bench.hub_id:
                 raise ConfigError(f"data.benchmarks.{name}.hub_id must be set for data.benchmark_source=hub")
             if self.benchmark_source == "local" and not bench.file:
                 raise ConfigError(f"data.benchmarks.{name}.file must be set for data.benchmark_source=local")
             check_range(f"data.benchmarks.{name}.expected_count", bench.expected_count, 0)
+
+    def tool_chat_template(self) -> str | None:
+        """The chat template named by ``tool_template`` (None: keep the model's own)."""
+        return TOOL_TEMPLATES[self.tool_template] if self.tool_template else None

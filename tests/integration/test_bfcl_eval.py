@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from bench.tiny_model import build_tiny_qwen3
-from data.tool_use import CHATML_TOOLS_TEMPLATE
+from common.config.data import CHATML_TOOLS_TEMPLATE
 from eval.bfcl import LIVE_CATEGORIES, evaluate
 from eval.sample import make_sampler
 from common.config import compose

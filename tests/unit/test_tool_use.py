@@ -8,7 +8,8 @@ import pytest
 
 from bench.tiny_model import build_tiny_tokenizer
 from data.formatting import IGNORE_INDEX
-from data.tool_use import (CHATML_TOOLS_TEMPLATE, SYNTHETIC_CATEGORIES, SYNTHETIC_FUNCTIONS, SYNTHETIC_REFUSAL,
+from common.config.data import CHATML_TOOLS_TEMPLATE
+from data.tool_use import (SYNTHETIC_CATEGORIES, SYNTHETIC_FUNCTIONS, SYNTHETIC_REFUSAL,
                            InvalidToolRowError, acebench_row, acebench_rows, build_tool_sft_example,
                            load_acebench_local, synthetic_tool_rows)
 
