@@ -83,7 +83,7 @@ def test_plan_needs_point_at_the_producers():
     assert plan["tokenize/toy"].needs == ["data", "base/toy"]
     assert plan["rl/toy/eksft"].needs == ["sft/toy/eksft"]
     assert plan["rl/toy/base"].needs == ["data", "base/toy"]
-    assert plan["eval/toy/rl/dft"].needs == ["data", "rl/toy/dft"]
+    assert plan["eval/toy/rl/eksft"].needs == ["data", "rl/toy/eksft"]
     assert set(plan["report"].needs) == set(plan) - {"report"}
     only_eval = {c.name: c for c in build_plan(compose(["experiment=demo", "experiment.stages=[eval_sft]"]), [])}
     assert all(c.needs == [] for c in only_eval.values())  # producers outside the plan are not waited for
