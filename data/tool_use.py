@@ -45,6 +45,7 @@ from common.models import end_of_turn_token
 TOOL_ROW_COLUMNS = ("id", "source", "category", "messages", "tools", "calls", "reply")
 ACEBENCH_HUB_ID = "oliveirabruno01/acebench"
 ACEBENCH_HUB_CONFIG = "en"
+ACEBENCH_HUB_SPLITS = ("normal", "special")
 ACEBENCH_SINGLE_TURN = ("normal_single_turn_single_function", "normal_single_turn_parallel_function",
                         "normal_similar_api", "normal_preference", "normal_atom_bool", "normal_atom_enum",
                         "normal_atom_number", "normal_atom_list", "normal_atom_object_deep",
@@ -131,11 +132,14 @@ def acebench_category(row_id: str) -> str:
 
 
 def acebench_rows(rows: Iterable[Mapping[str, Any]], answers: Mapping[str, Any] | None = None,
-                  categories: Sequence[str] = ACEBENCH_SINGLE_TURN) -> tuple[list[dict[str, Any]], dict[str, int]]:
+                  categories: Sequence[str] = ACEBENCH_SINGLE_TURN, invalid: list[InvalidToolRowError] | None = None,
+                  ) -> tuple[list[dict[str, Any]], dict[str, int]]:
     """Tool-use rows from AceBench rows of ``categories``, and the number of rows left out per reason.
 
     ``answers`` maps ids to ground truths (the original layout's ``possible_answer`` files); without it each row's
-    own ``rubric`` (hub copy) or ``ground_truth`` field is used.
+    own ``rubric`` (hub copy) or ``ground_truth`` field is used. A malformed row raises
+    :class:`InvalidToolRowError`, or, when an ``invalid`` list is given, is appended to it and left out
+    (``data.invalid_rows=skip``).
     """
     out: list[dict[str, Any]] = []
     skipped: dict[str, int] = {}
@@ -144,10 +148,15 @@ def acebench_rows(rows: Iterable[Mapping[str, Any]], answers: Mapping[str, Any] 
         if category not in categories:
             skipped[f"category {category}"] = skipped.get(f"category {category}", 0) + 1
             continue
-        truth = answers.get(row["id"]) if answers is not None else row.get("rubric", row.get("ground_truth"))
-        if truth is None:
-            raise InvalidToolRowError(str(row.get("id")), "ground_truth", "is missing")
-        out.append(acebench_row(row, truth, category))
+        try:
+            truth = answers.get(row["id"]) if answers is not None else row.get("rubric", row.get("ground_truth"))
+            if truth is None:
+                raise InvalidToolRowError(str(row.get("id")), "ground_truth", "is missing")
+            out.append(acebench_row(row, truth, category))
+        except InvalidToolRowError as error:
+            if invalid is None:
+                raise
+            invalid.append(error)
     return out, skipped
 
 
@@ -158,7 +167,8 @@ def read_jsonl(path) -> list[dict[str, Any]]:
     return list(load_dataset("json", data_files=str(path), split="train"))
 
 
-def load_acebench_local(data_dir, categories: Sequence[str] = ACEBENCH_SINGLE_TURN):
+def load_acebench_local(data_dir, categories: Sequence[str] = ACEBENCH_SINGLE_TURN,
+                        invalid: list[InvalidToolRowError] | None = None):
     """The original layout: ``<data_dir>/data_<c>.json`` and ``<data_dir>/possible_answer/data_<c>.json``."""
     from pathlib import Path
 
@@ -168,19 +178,24 @@ def load_acebench_local(data_dir, categories: Sequence[str] = ACEBENCH_SINGLE_TU
         rows.extend(read_jsonl(data_dir / f"data_{category}.json"))
         answers.update({a["id"]: a["ground_truth"] for a in read_jsonl(data_dir / "possible_answer"
                                                                        / f"data_{category}.json")})
-    return acebench_rows(rows, answers, categories)
+    return acebench_rows(rows, answers, categories, invalid)
 
 
 def load_acebench_hub(hub_id: str = ACEBENCH_HUB_ID, revision: str | None = None,
-                      splits: Sequence[str] = ("normal", "special"),
-                      categories: Sequence[str] = ACEBENCH_SINGLE_TURN):
-    """The hub copy (``load_dataset(hub_id, "en", split=...)``, rubric inline) through :func:`acebench_rows`."""
+                      splits: Sequence[str] = ACEBENCH_HUB_SPLITS,
+                      categories: Sequence[str] = ACEBENCH_SINGLE_TURN,
+                      invalid: list[InvalidToolRowError] | None = None, fingerprints: dict[str, str] | None = None):
+    """The hub copy (``load_dataset(hub_id, "en", split=...)``, rubric inline) through :func:`acebench_rows`;
+    ``fingerprints`` (when given) receives each split's ``datasets`` fingerprint for the manifest."""
     from datasets import load_dataset
 
     rows: list[Mapping[str, Any]] = []
     for split in splits:
-        rows.extend(load_dataset(hub_id, ACEBENCH_HUB_CONFIG, split=split, revision=revision or None))
-    return acebench_rows(rows, None, categories)
+        dataset = load_dataset(hub_id, ACEBENCH_HUB_CONFIG, split=split, revision=revision or None)
+        if fingerprints is not None:
+            fingerprints[split] = dataset._fingerprint
+        rows.extend(dataset)
+    return acebench_rows(rows, None, categories, invalid)
 
 
 def chat_tools(tools_json: str) -> list[dict[str, Any]]:
@@ -303,3 +318,114 @@ def synthetic_tool_rows(num_rows: int, seed: int) -> list[dict[str, Any]]:
                      "possible_answer": json.dumps([{c["name"]: {k: [v] for k, v in c["arguments"].items()}}
                                                     for c in calls])})
     return rows
+
+
+# ---- the data stage's tool-use path (data.source in TOOL_SOURCES) -------------------------------------------------
+
+TOOL_PARQUET_COLUMNS = (*TOOL_ROW_COLUMNS, "possible_answer", "row_id")
+"""Columns of a tool-use ``sft.parquet``: the tool-use row, BFCL's possible answer (synthetic rows; "" for
+AceBench) and ``row_id``, the row's position among the loaded tool rows."""
+MAX_RECORDED_INVALID_ROWS = 20
+MAX_RECORDED_DUPLICATE_GROUPS = 20
+
+
+def tool_problem(row: Mapping[str, Any]) -> str:
+    """What makes two tool rows the same problem: the prompt turns and the offered function documents."""
+    return "\n".join([*(m["content"] for m in row["messages"]), row["tools"]])
+
+
+def tool_duplicates(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict]:
+    """Rows sharing an ``id`` and rows sharing a :func:`tool_problem`, in ``data.loading.count_duplicates``'s form
+    (``duplicate_rows`` = Σ over groups (size − 1), ``groups``, the first groups' row positions)."""
+    from data.schema import problem_key
+
+    def summary(keys: list[str], describe) -> dict:
+        groups: dict[str, list[int]] = {}
+        for position, key in enumerate(keys):
+            groups.setdefault(key, []).append(position)
+        repeated = [(key, ids) for key, ids in groups.items() if len(ids) > 1]
+        return {"duplicate_rows": sum(len(ids) - 1 for _, ids in repeated), "groups": len(repeated),
+                "first": [describe(key, ids) for key, ids in repeated[:MAX_RECORDED_DUPLICATE_GROUPS]]}
+
+    return {"ids": summary([r["id"] for r in rows], lambda key, ids: {"id": key, "rows": ids}),
+            "problems": summary([problem_key(tool_problem(r)) for r in rows],
+                                lambda key, ids: {"rows": ids, "problem": tool_problem(rows[ids[0]])[:80]})}
+
+
+def load_tool_rows(data) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any]]:
+    """The tool-use rows of ``data`` (a ``DataConfig`` with ``source`` in ``TOOL_SOURCES``), where they came from, and
+    what was left out: ``{"skipped": {reason: count}, "invalid": [InvalidToolRowError]}``.
+
+    acebench: ``data.path`` (AceBench's folder) or the hub copy ``data.hub_id`` at ``data.hub_revision``;
+    synthetic_tools: :func:`synthetic_tool_rows` (``data.num_sft_rows`` rows, seed
+    ``derive_seed(data.split_seed, "synthetic_tools")``). Malformed rows raise under ``data.invalid_rows=error``.
+    """
+    from common.manifest import sha256_path
+    from common.seeding import derive_seed
+
+    invalid: list[InvalidToolRowError] | None = [] if data.invalid_rows == "skip" else None
+    if data.source == "synthetic_tools":
+        seed = derive_seed(data.split_seed, "synthetic_tools")
+        rows, skipped = synthetic_tool_rows(data.num_sft_rows, seed), {}
+        source = {"kind": "synthetic_tools", "seed": seed, "functions": sorted(SYNTHETIC_FUNCTIONS)}
+    elif data.path:
+        rows, skipped = load_acebench_local(data.path, invalid=invalid)
+        source = {"kind": "acebench_local", "path": data.path, "sha256": sha256_path(data.path)}
+    else:
+        fingerprints: dict[str, str] = {}
+        rows, skipped = load_acebench_hub(data.hub_id, data.hub_revision, invalid=invalid, fingerprints=fingerprints)
+        source = {"kind": "acebench_hub", "hub_id": data.hub_id, "config": ACEBENCH_HUB_CONFIG,
+                  "splits": list(ACEBENCH_HUB_SPLITS), "revision": data.hub_revision or "latest",
+                  "fingerprints": fingerprints}
+    if not rows:
+        raise ValueError(f"data.source={data.source}: no valid tool-use rows; left out: {skipped}")
+    return rows, source, {"skipped": skipped, "invalid": invalid or []}
+
+
+def select_tool_rows(rows: Sequence[Mapping[str, Any]], num_rows: int, seed: int) -> list[int]:
+    """Positions of the SFT rows: all of them when they fit in ``num_rows``, else the first ``num_rows`` in the
+    order of ``sha256(f"{seed}:{id}")``; returned in source order."""
+    import hashlib
+
+    if len(rows) <= num_rows:
+        return list(range(len(rows)))
+    order = sorted(range(len(rows)), key=lambda p: hashlib.sha256(f"{seed}:{rows[p]['id']}".encode()).hexdigest())
+    return sorted(order[:num_rows])
+
+
+def write_tool_split(data, out_dir) -> dict[str, Any]:
+    """The data stage for tool-use sources: ``sft.parquet`` (:data:`TOOL_PARQUET_COLUMNS`) in ``out_dir``, and the
+    manifest details, keyed like the math set's (source, invalid rows, duplicates, split counts and ids digest).
+    There is no RL split."""
+    from pathlib import Path
+
+    from datasets import Dataset
+
+    from data.split import ids_digest
+
+    rows, source, left_out = load_tool_rows(data)
+    duplicates = tool_duplicates(rows)
+    if data.duplicates == "refuse" and any(duplicates[kind]["duplicate_rows"] for kind in ("ids", "problems")):
+        raise ValueError(f"data.duplicates=refuse, but the tool-use rows repeat ids or problems: {duplicates}")
+    chosen = select_tool_rows(rows, data.num_sft_rows, data.split_seed)
+    records = [{**{c: rows[p][c] for c in TOOL_ROW_COLUMNS}, "possible_answer": rows[p].get("possible_answer", ""),
+                "row_id": p} for p in chosen]
+    Dataset.from_list(records).to_parquet(str(Path(out_dir) / "sft.parquet"))
+    invalid = left_out["invalid"]
+    by_field: dict[str, int] = {}
+    for error in invalid:
+        by_field[error.field] = by_field.get(error.field, 0) + 1
+    return {
+        "source": source,
+        "num_source_rows": len(rows) + len(invalid) + sum(left_out["skipped"].values()),
+        "skipped": left_out["skipped"],
+        "invalid_rows": {"policy": data.invalid_rows, "count": len(invalid), "by_field": by_field,
+                         "first": [{"row": e.row_id, "field": e.field, "reason": e.reason}
+                                   for e in invalid[:MAX_RECORDED_INVALID_ROWS]]},
+        "duplicates": {"policy": data.duplicates, **duplicates},
+        "split": {"seed": data.split_seed, "counts": {"sft": len(chosen)},
+                  "rows_dropped_by_cap": len(rows) - len(chosen), "ids_sha256": {"sft": ids_digest(chosen)}},
+        "categories": {c: sum(rows[p]["category"] == c for p in chosen) for c in sorted({r["category"] for r in rows})},
+        "benchmarks": {name: {"kind": "bfcl", "expected_count": bench.expected_count}
+                       for name, bench in data.benchmarks.items()},
+    }
