@@ -128,6 +128,14 @@ TOKENISATION_FIELDS = ("max_length", "strip_leading_think")
 """data fields read only by tokenisation: part of the tokens' identity, not the data stage's."""
 SFT_TOKENS_FILE = "sft_tokens.parquet"
 """The tokenised SFT split in a tokens run folder."""
+HELDOUT_ROWS_FILE = "sft_heldout.parquet"
+"""The data run's held-out SFT slice (``data.num_heldout_rows`` rows SFT never trains on; LUFFY rows + ``row_id``)."""
+HELDOUT_TOKENS_FILE = "heldout_tokens.parquet"
+"""The held-out slice tokenised exactly as the SFT split (the columns of :data:`SFT_TOKENS_FILE`), in the tokens run."""
+HELDOUT_NLL_DIR = "heldout_nll"
+"""The held-out NLL's run folder inside an evaluation's ``<variant>-<id>/``, beside the benchmarks' folders."""
+HELDOUT_NLL = "heldout_nll_nats"
+"""Metric of a :func:`heldout_nll_run`: mean negative log-likelihood per supervised token of the held-out slice."""
 TRAINING_METRICS_FILE = "metrics.jsonl"
 """One JSON line per logged step, written by every training stage (base pretraining, SFT, RL) and read by the report."""
 HF_EXPORT = "hf"
@@ -331,6 +339,21 @@ def eval_run(cfg: Config, phase: str, variant: str, benchmark: str) -> RunSpec:
     return RunSpec(f"eval_{phase}", f"{cfg.model.name}/{phase}/{folder}/{benchmark}", directory,
                    {**shared, "benchmark": benchmark},
                    {"benchmarks": data.directory, **model_input})
+
+
+def heldout_nll_run(cfg: Config, variant: str) -> RunSpec | None:
+    """The held-out NLL of ``variant``'s pre-RL model (phase sft), in :data:`HELDOUT_NLL_DIR` of its evaluation
+    folder; None without a held-out slice (``data.num_heldout_rows=0``) and for ``eval.model_path`` (its tokenizer
+    need not be the one the slice was tokenised with)."""
+    if not cfg.data.num_heldout_rows or cfg.eval.model_path:
+        return None
+    directory = eval_run(cfg, "sft", variant, HELDOUT_NLL_DIR).directory
+    tokens = tokens_run(cfg)
+    model, model_input = evaluated_model(cfg, "sft", variant)
+    config = {"model": model, "tokens": tokens.directory.name, "backend": cfg.eval.backend, "dtype": cfg.model.dtype,
+              "device": cfg.profile.device}
+    return RunSpec("eval_sft", f"{cfg.model.name}/sft/{directory.parent.name}/{HELDOUT_NLL_DIR}", directory, config,
+                   {"heldout_tokens": tokens.directory, **model_input})
 
 
 def report_run(cfg: Config) -> RunSpec:

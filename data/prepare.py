@@ -8,6 +8,8 @@ Needs no model (the SFT token ids are written afterwards by ``python -m data.tok
 
 * ``sft.parquet``      LUFFY rows of the SFT split, plus ``row_id`` (the row's index in the source)
 * ``rl.parquet``       verl RLHF rows (no ``target``) of the RL split; ``rl_val.parquet`` the held-out RL rows
+* ``sft_heldout.parquet``  the held-out SFT slice (``data.num_heldout_rows`` > 0): LUFFY rows + ``row_id`` SFT never
+  trains on, for the held-out NLL
 * ``benchmarks/<name>.jsonl``  id, problem, answer, answer_raw and the chat ``prompt`` evaluation samples from
 * ``source/toy_rows.jsonl``    the generated toy rows (toy source only), loaded like any local file
 
@@ -25,10 +27,12 @@ from data.formatting import verl_row
 from data.loading import LoadedRows, load_rows
 from data.schema import problem_key, problem_text, system_prompt
 from data.split import ids_digest, split_rows
+from data.tool_use import write_tool_split
 from common.benchmarks import write_benchmark
 from common.config import Config, stage_main
+from common.config.data import TOOL_SOURCES
 from common.manifest import Manifest, read_manifest, sha256_path, sha256_text, stage_run
-from common.paths import benchmark_file, data_run
+from common.paths import HELDOUT_ROWS_FILE, benchmark_file, data_run
 from common.seeding import derive_seed
 from toy.worlds import benchmark_questions, training_rows
 
@@ -89,6 +93,11 @@ def run(cfg: Config) -> Manifest:
                    seeds={"split_seed": cfg.data.split_seed}) as stage:
         if stage is None:
             return read_manifest(out_dir)
+        if cfg.data.source in TOOL_SOURCES:  # tool-use rows: SFT only, scored on BFCL (docs/tool_use.md)
+            stage.manifest.details.update(write_tool_split(cfg.data, out_dir))
+            stage.add_output("sft.parquet", "tool-use rows of the SFT split (data.tool_use.TOOL_PARQUET_COLUMNS)")
+            stage.manifest.metrics["num_sft_rows"] = stage.manifest.details["split"]["counts"]["sft"]
+            return stage.manifest
         local_path = None
         if cfg.data.source == "toy":
             local_path = out_dir / TOY_ROWS
@@ -99,11 +108,12 @@ def run(cfg: Config) -> Manifest:
             loaded.source["sha256"] = sha256_path(loaded.source["path"])
         problems = [problem_text(row) for row in loaded.rows]
         split = split_rows(problems, num_sft_rows=cfg.data.num_sft_rows, num_rl_rows=cfg.data.num_rl_rows,
-                           num_rl_val_rows=cfg.data.num_rl_val_rows, split_seed=cfg.data.split_seed)
-        parts = {"sft": split.sft, "rl": split.rl, "rl_val": split.rl_val}
+                           num_rl_val_rows=cfg.data.num_rl_val_rows, split_seed=cfg.data.split_seed,
+                           num_heldout_rows=cfg.data.num_heldout_rows)
+        parts = {"sft": split.sft, "rl": split.rl, "rl_val": split.rl_val,
+                 **({"heldout": split.heldout} if split.heldout else {})}
         keys = {part: {problem_key(problems[p]) for p in positions} for part, positions in parts.items()}
-        overlap = {"sft_rl": len(keys["sft"] & keys["rl"]), "sft_rl_val": len(keys["sft"] & keys["rl_val"]),
-                   "rl_rl_val": len(keys["rl"] & keys["rl_val"])}
+        overlap = {f"{a}_{b}": len(keys[a] & keys[b]) for i, a in enumerate(parts) for b in list(parts)[i + 1:]}
         if any(overlap.values()):
             raise RuntimeError(f"split parts share problems: {overlap}")
 
@@ -114,6 +124,10 @@ def run(cfg: Config) -> Manifest:
             write_parquet(out_dir / "rl_val.parquet", [verl_row(loaded.rows[p], "val") for p in split.rl_val])
             stage.add_output("rl_val.parquet", "verl RLHF rows held out of the RL split for validation")
         stage.add_output("sft.parquet", "LUFFY rows of the SFT split (+ row_id)")
+        if split.heldout:
+            write_parquet(out_dir / HELDOUT_ROWS_FILE,
+                          [dict(loaded.rows[p], row_id=loaded.row_ids[p]) for p in split.heldout])
+            stage.add_output(HELDOUT_ROWS_FILE, "LUFFY rows of the held-out SFT slice (+ row_id), never trained on")
         stage.add_output("rl.parquet", "verl RLHF rows (data_source, prompt, ability, reward_model, extra_info)")
 
         system, system_record = benchmark_system_prompt(cfg, loaded)

@@ -2,7 +2,9 @@
 
 Rows are grouped by :func:`data.schema.problem_key` (duplicates of one problem form one group) and the groups are
 ordered by sha256(f"{split_seed}:{key}"). Walking that order, a group joins SFT while it still fits in
-``num_sft_rows``; every other group goes to RL. The last ``num_rl_val_rows`` rows' groups of the RL order (taken
+``num_sft_rows``; every other group goes to RL, except that the first groups after SFT's last one (taken whole, until
+``num_heldout_rows`` rows) form the held-out SFT slice: rows SFT never trains on, drawn from the same order, for the
+held-out NLL (docs/evaluation.md). The last ``num_rl_val_rows`` rows' groups of the RL order (taken
 whole) form the RL validation set, the rest is the RL training set (capped at ``num_rl_rows``). So a problem never
 straddles two parts, and the same seed always gives the same split.
 """
@@ -20,6 +22,8 @@ class Split:
     """Row positions (into the loaded rows) of each part, in split order."""
 
     sft: list[int]
+    heldout: list[int]
+    """The held-out SFT slice (empty when ``num_heldout_rows`` is 0)."""
     rl: list[int]
     rl_val: list[int]
     num_rl_capped: int
@@ -31,7 +35,7 @@ def _order_key(split_seed: int, key: str) -> str:
 
 
 def split_rows(problems: list[str], *, num_sft_rows: int, num_rl_rows: int, num_rl_val_rows: int,
-               split_seed: int) -> Split:
+               split_seed: int, num_heldout_rows: int = 0) -> Split:
     """Splits rows given their problem texts (see the module doc); ``num_rl_rows=-1`` keeps every RL row."""
     groups: dict[str, list[int]] = defaultdict(list)
     for position, text in enumerate(problems):
@@ -47,18 +51,21 @@ def split_rows(problems: list[str], *, num_sft_rows: int, num_rl_rows: int, num_
             sft.extend(members)
         else:
             rest.append(members)
+    heldout: list[int] = []
+    while rest and len(heldout) < num_heldout_rows:
+        heldout.extend(rest.pop(0))
     rl_val: list[int] = []
     while rest and len(rl_val) < num_rl_val_rows:
         rl_val.extend(rest.pop())
     rl = [position for members in rest for position in members]
     if not rl:
-        raise ValueError(f"no RL training rows left after {len(sft)} SFT and {len(rl_val)} RL-validation rows; "
-                         "lower data.num_sft_rows or data.num_rl_val_rows")
+        raise ValueError(f"no RL training rows left after {len(sft)} SFT, {len(heldout)} held-out and {len(rl_val)} "
+                         "RL-validation rows; lower data.num_sft_rows, data.num_heldout_rows or data.num_rl_val_rows")
     capped = 0
     if num_rl_rows != -1 and len(rl) > num_rl_rows:
         capped = len(rl) - num_rl_rows
         rl = rl[:num_rl_rows]
-    return Split(sft=sft, rl=rl, rl_val=rl_val, num_rl_capped=capped)
+    return Split(sft=sft, heldout=heldout, rl=rl, rl_val=rl_val, num_rl_capped=capped)
 
 
 def ids_digest(ids: list[int]) -> str:

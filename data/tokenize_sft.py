@@ -5,7 +5,8 @@
 Reads ``sft.parquet`` (from a complete data manifest) and the tokenizer at ``common.paths.base_model_path(cfg)``,
 and writes ``sft_tokens.parquet`` into ``common.paths.tokens_run(cfg).directory`` with columns ``input_ids``, ``labels`` (-100 on the
 prompt), ``num_response_tokens``, ``truncated`` and ``row_id``, plus its own manifest: the SFT trainer reads only
-token ids. Formatting rules: :mod:`data.formatting`.
+token ids. When the data run has a held-out SFT slice (``data.num_heldout_rows``) it is tokenised the same way into
+``heldout_tokens.parquet`` (read by evaluation for the held-out NLL). Formatting rules: :mod:`data.formatting`.
 """
 from __future__ import annotations
 
@@ -13,10 +14,19 @@ from pathlib import Path
 
 
 from data.formatting import PromptTooLongError, build_sft_example
+from data.tool_use import build_tool_sft_example
 from common.config import Config, stage_main
+from common.config.data import TOOL_SOURCES
 from common.manifest import Manifest, read_manifest, stage_run
 from common.models import load_tokenizer
-from common.paths import SFT_TOKENS_FILE, base_model_path, data_dir, tokens_run
+from common.paths import (
+    HELDOUT_ROWS_FILE,
+    HELDOUT_TOKENS_FILE,
+    SFT_TOKENS_FILE,
+    base_model_path,
+    data_dir,
+    tokens_run,
+)
 from common.tracking import progress
 
 
@@ -34,6 +44,26 @@ def write_tokens(path: Path, columns: dict[str, list]) -> None:
     pq.write_table(table, path)
 
 
+def tokenise_rows(cfg: Config, tokenizer, rows: list[dict], what: str) -> tuple[dict[str, list], list[int]]:
+    """The token columns of ``rows`` (LUFFY + ``row_id``, or tool-use rows: :func:`build_tool_sft_example`) and the
+    ``row_id`` of each row whose prompt alone reaches ``data.max_length`` (dropped)."""
+    columns: dict[str, list] = {k: [] for k in ("input_ids", "labels", "num_response_tokens", "truncated", "row_id")}
+    prompt_too_long: list[int] = []
+    tool_rows = cfg.data.source in TOOL_SOURCES
+    for row in progress(rows, desc=f"tokenising {what} rows", enabled=cfg.logging.progress, unit="row"):
+        try:
+            example = build_tool_sft_example(tokenizer, row, cfg.data.max_length) if tool_rows else \
+                build_sft_example(tokenizer, row["prompt"], row["target"][0]["content"], cfg.data.max_length,
+                                  cfg.data.strip_leading_think)
+        except PromptTooLongError:
+            prompt_too_long.append(row["row_id"])
+            continue
+        for key in ("input_ids", "labels", "num_response_tokens", "truncated"):
+            columns[key].append(getattr(example, key))
+        columns["row_id"].append(row["row_id"])
+    return columns, prompt_too_long
+
+
 def run(cfg: Config) -> Manifest:
     import pyarrow.parquet as pq
 
@@ -43,24 +73,22 @@ def run(cfg: Config) -> Manifest:
         if stage is None:
             return read_manifest(out_dir)
         tokenizer = load_tokenizer(base_model_path(cfg), gguf_file=cfg.model.gguf_file)
+        if (template := cfg.data.tool_chat_template()) is not None:
+            tokenizer.chat_template = template
         rows = pq.read_table(source_dir / "sft.parquet").to_pylist()
-        columns: dict[str, list] = {k: [] for k in ("input_ids", "labels", "num_response_tokens", "truncated",
-                                                    "row_id")}
-        prompt_too_long: list[int] = []
-        for row in progress(rows, desc="tokenising SFT rows", enabled=cfg.logging.progress, unit="row"):
-            try:
-                example = build_sft_example(tokenizer, row["prompt"], row["target"][0]["content"],
-                                            cfg.data.max_length, cfg.data.strip_leading_think)
-            except PromptTooLongError:
-                prompt_too_long.append(row["row_id"])
-                continue
-            for key in ("input_ids", "labels", "num_response_tokens", "truncated"):
-                columns[key].append(getattr(example, key))
-            columns["row_id"].append(row["row_id"])
+        columns, prompt_too_long = tokenise_rows(cfg, tokenizer, rows, "SFT")
         if not columns["row_id"]:
             raise ValueError(f"every SFT row's prompt reaches data.max_length={cfg.data.max_length}")
         write_tokens(out_dir / SFT_TOKENS_FILE, columns)
         stage.add_output(SFT_TOKENS_FILE, "SFT token ids and labels (-100 on the prompt), one row per example")
+        if cfg.data.num_heldout_rows:
+            heldout, heldout_too_long = tokenise_rows(
+                cfg, tokenizer, pq.read_table(source_dir / HELDOUT_ROWS_FILE).to_pylist(), "held-out")
+            write_tokens(out_dir / HELDOUT_TOKENS_FILE, heldout)
+            stage.add_output(HELDOUT_TOKENS_FILE, "the held-out SFT slice tokenised as the SFT rows")
+            stage.manifest.details["heldout"] = {"num_examples": len(heldout["row_id"]),
+                                                 "num_truncated": sum(heldout["truncated"]),
+                                                 "num_dropped_prompt_too_long": len(heldout_too_long)}
         lengths = [len(ids) for ids in columns["input_ids"]]
         stage.manifest.details.update({
             "tokenizer": {"path": base_model_path(cfg), "eos_token": tokenizer.eos_token,

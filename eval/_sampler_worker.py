@@ -2,9 +2,10 @@
 ``CUDA_VISIBLE_DEVICES``.
 
 Protocol, pickled on stdin / stdout: first ``(model_path, cfg, max_model_len)``, answered ``("ready", (backend,
-version, settings))``; then ``(prompts, seeds, n)`` requests, each answered ``("ok", completions)``; any failure is
-answered ``("error", traceback)``. Exits, closing its engine, when its stdin closes. The engine's own prints go to
-stderr (file descriptor 1 is pointed there), so nothing but replies reaches the parent's pipe.
+version, settings))``; then ``(method, arguments)`` requests, ``method`` one of :data:`METHODS` of the sampler
+(``("sample", (prompts, seeds, n))``, ``("prompt_logprobs", (prompts,))``), each answered ``("ok", result)``; any
+failure is answered ``("error", traceback)``. Exits, closing its engine, when its stdin closes. The engine's own
+prints go to stderr (file descriptor 1 is pointed there), so nothing but replies reaches the parent's pipe.
 """
 from __future__ import annotations
 
@@ -14,6 +15,9 @@ import signal
 import sys
 import traceback
 from typing import Any, BinaryIO
+
+METHODS = ("sample", "prompt_logprobs")
+"""The sampler methods a request may call."""
 
 
 def reply(channel: BinaryIO, status: str, payload: Any) -> None:
@@ -37,11 +41,13 @@ def main() -> None:
     reply(replies, "ready", (sampler.backend, sampler.version, sampler.settings))
     while True:
         try:
-            prompts, seeds, n = pickle.load(requests)
+            method, arguments = pickle.load(requests)
         except EOFError:
             break
         try:
-            reply(replies, "ok", sampler.sample(prompts, seeds, n))
+            if method not in METHODS:
+                raise ValueError(f"unknown engine request {method!r}; known: {METHODS}")
+            reply(replies, "ok", getattr(sampler, method)(*arguments))
         except Exception:
             reply(replies, "error", traceback.format_exc())
     sampler.close()

@@ -11,6 +11,9 @@ every sample with :func:`eval.scoring.verify`, and writes into ``eval_dir(cfg, p
   rates, and the protocol (n, temperature, top_p, max_tokens, seed, backend and its version).
 * ``manifest.json`` (``common.manifest.stage_run``): config, input hashes, engine settings, headline metrics.
 
+In phase ``sft`` with a held-out SFT slice (``data.num_heldout_rows``), the same engine also scores that slice: the
+held-out NLL (:mod:`eval.heldout`), in its own run folder ``heldout_nll/`` beside the benchmarks'.
+
 Sampling runs on ``eval.data_parallel_size`` engines side by side (``eval.sample.EnginePool``, one process per
 ``tensor_parallel_size`` GPUs), which get the batches a one-engine run would generate; this process alone writes the
 files. With ``logging.wandb_mode`` online or offline, the headline metrics also go to wandb (:func:`log_to_wandb`).
@@ -28,6 +31,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 
+from eval.heldout import evaluate_heldout, heldout_tokens_path, read_heldout_tokens
 from eval.metrics import MEAN_TOKEN_ENTROPY, benchmark_metrics, mean_token_entropy
 from eval.sample import (
     Sampler,
@@ -50,11 +54,13 @@ from common.manifest import (
 from common.models import load_tokenizer
 from common.paths import (
     BASE_VARIANT,
+    HELDOUT_NLL_DIR,
     base_run,
     benchmark_file,
     data_dir,
     eval_dir,
     eval_run,
+    heldout_nll_run,
     hf_export_dir,
     rl_dir,
     sft_dir,
@@ -153,16 +159,21 @@ class _Engine:
     """The tokenizer now, the sampler on first use (so a fully finished run never starts an engine).
 
     Its context length is ``eval.max_model_len``, else the longest prompt of every benchmark of the run +
-    ``max_tokens``: fixed before the first batch, so every problem gets its full ``max_tokens`` and the length does
-    not depend on how problems are batched or dealt to engines.
+    ``max_tokens``, and at least ``longest_scored + 1`` (the longest sequence it scores, the held-out rows, plus the
+    one token generated after it): fixed before the first batch, so every problem gets its full ``max_tokens`` and
+    the length does not depend on how problems are batched or dealt to engines.
     """
 
-    def __init__(self, model_path: str, cfg: Config, factory: Callable[..., Sampler], benchmarks: list[str]):
+    def __init__(self, model_path: str, cfg: Config, factory: Callable[..., Sampler], benchmarks: list[str],
+                 longest_scored: int = 0):
         self.model_path, self.cfg, self._factory = model_path, cfg, factory
         self.tokenizer = load_tokenizer(model_path)
         self._sampler: Sampler | None = None
-        self.max_model_len = cfg.eval.max_model_len or cfg.eval.max_tokens + max(
-            len(self.prompt_ids(prompt)) for name in benchmarks for prompt in self.prompts(benchmark_rows(cfg, name)))
+        if cfg.eval.max_model_len and longest_scored >= cfg.eval.max_model_len:
+            raise ConfigError(f"eval.max_model_len={cfg.eval.max_model_len} is too short for the held-out SFT slice's "
+                              f"longest row ({longest_scored} tokens, + 1 generated); raise it or set it to 0")
+        self.max_model_len = cfg.eval.max_model_len or max(longest_scored + 1, cfg.eval.max_tokens + max(
+            len(self.prompt_ids(prompt)) for name in benchmarks for prompt in self.prompts(benchmark_rows(cfg, name))))
 
     def prompts(self, rows: list[dict[str, Any]]) -> list[str]:
         return [render_prompt(self.tokenizer, row["prompt"]) for row in rows]
@@ -277,10 +288,17 @@ def run(cfg: Config, sampler_factory: Callable[..., Sampler] = make_sampler) -> 
     require_stage(cfg, f"eval_{cfg.eval.phase}")  # common/preflight.py: GPUs, a CUDA vLLM, the model path
     if cfg.eval.backend == "vllm" and cfg.profile.device == "cpu":
         configure_vllm_cpu_environment()  # before the tokenizer below imports torch
+    if cfg.data.benchmark_source == "bfcl":  # the tool-use family, scored by BFCL's checker (docs/tool_use.md)
+        from eval.bfcl_stage import run_bfcl  # here, not at the top: eval.bfcl_stage imports this module
+
+        return run_bfcl(cfg, sampler_factory)
     benchmarks = benchmark_names(cfg)
     model_path, upstream = resolve_model(cfg)
     model_record = {"path": model_path, "upstream_run": str(upstream) if upstream is not None else None}
-    engine = _Engine(model_path, cfg, sampler_factory, benchmarks)
+    scores_heldout = cfg.eval.phase == "sft" and heldout_nll_run(cfg, cfg.eval.variant) is not None
+    heldout = read_heldout_tokens(heldout_tokens_path(cfg)) if scores_heldout else None
+    engine = _Engine(model_path, cfg, sampler_factory, benchmarks,
+                     max(map(len, heldout[0])) if heldout is not None else 0)
     summary = Manifest(stage=f"eval_{cfg.eval.phase}", variant=cfg.eval.variant, status="complete")
     try:
         with ThreadPoolExecutor(MAX_WORKERS) as pool:
@@ -289,6 +307,11 @@ def run(cfg: Config, sampler_factory: Callable[..., Sampler] = make_sampler) -> 
                 summary.metrics[benchmark] = manifest.metrics
                 summary.outputs[str(eval_dir(cfg, cfg.eval.phase, cfg.eval.variant, benchmark))] = \
                     f"{benchmark}: samples, metrics, manifest"
+                if not manifest.complete:
+                    summary.status = manifest.status
+            if heldout is not None:
+                manifest = evaluate_heldout(cfg, engine.sampler, *heldout, model_record)
+                summary.metrics[HELDOUT_NLL_DIR] = manifest.metrics
                 if not manifest.complete:
                     summary.status = manifest.status
     finally:

@@ -18,7 +18,7 @@ import subprocess
 import sys
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from typing import Any, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 from common.config import Config, ConfigError
 from common.models import load_causal_lm, load_tokenizer
@@ -49,6 +49,11 @@ class Sampler(Protocol):
 
     def sample(self, prompts: Sequence[list[int]], seeds: Sequence[int], n: int) -> list[list[Completion]]:
         """``n`` completions for each token-id prompt, prompt ``i`` sampled with ``seeds[i]``."""
+        ...
+
+    def prompt_logprobs(self, prompts: Sequence[list[int]]) -> list[list[float | None]]:
+        """For each token-id prompt, ``log p(x_t | x_<t)`` of each of its tokens under the model's own distribution
+        (no temperature or top-p); ``None`` for the first token."""
         ...
 
     def close(self) -> None:
@@ -105,6 +110,14 @@ class VLLMSampler:
         return [[Completion(c.text, len(c.token_ids), c.finish_reason or "length", -c.cumulative_logprob)
                  for c in out.outputs] for out in outputs]
 
+    def prompt_logprobs(self, prompts: Sequence[list[int]]) -> list[list[float | None]]:
+        """``prompt_logprobs=0``: each prompt token's own log-probability, from the raw logits (vLLM applies no
+        sampling processor to prompt tokens, whatever ``logprobs_mode``); one token is generated and dropped."""
+        params = self._vllm.SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0, seed=0)
+        outputs = self._llm.generate([{"prompt_token_ids": list(ids)} for ids in prompts], params, use_tqdm=False)
+        return [[None if position is None else position[token].logprob
+                 for token, position in zip(ids, out.prompt_logprobs)] for ids, out in zip(prompts, outputs)]
+
     def close(self) -> None:
         del self._llm
         gc.collect()
@@ -154,6 +167,17 @@ class HFSampler:
                 completions.append(Completion(self._tokenizer.decode(tokens, skip_special_tokens=True), len(tokens),
                                               "length" if stop is None else "stop"))
             results.append(completions)
+        return results
+
+    def prompt_logprobs(self, prompts: Sequence[list[int]]) -> list[list[float | None]]:
+        """One teacher-forced forward per prompt: ``log_softmax(logits[t − 1])[x_t]``."""
+        results = []
+        for ids in prompts:
+            inputs = self._torch.tensor([list(ids)], device=self._device)
+            with self._torch.no_grad():
+                logits = self._model(inputs, attention_mask=self._torch.ones_like(inputs)).logits[0, :-1].float()
+            logprobs = logits.log_softmax(-1).gather(1, inputs[0, 1:, None])[:, 0]
+            results.append([None, *logprobs.tolist()])
         return results
 
     def close(self) -> None:
@@ -237,14 +261,22 @@ class EnginePool:
                                                        "problems_per_engine_call": self._chunk}}
 
     def sample(self, prompts: Sequence[list[int]], seeds: Sequence[int], n: int) -> list[list[Completion]]:
+        return self._scatter("sample", prompts, lambda start, stop: (list(seeds[start:stop]), n))
+
+    def prompt_logprobs(self, prompts: Sequence[list[int]]) -> list[list[float | None]]:
+        return self._scatter("prompt_logprobs", prompts, lambda start, stop: ())
+
+    def _scatter(self, method: str, prompts: Sequence[list[int]], more: Callable[[int, int], tuple]) -> list:
+        """``method(prompts chunk, *more(start, stop))`` on the engines, chunk j on engine j mod ``engines``; the
+        results in prompt order."""
         starts = list(range(0, len(prompts), self._chunk))
         engines = len(self._workers)
 
-        def run_chunks(engine: int) -> list[tuple[int, list[list[Completion]]]]:
+        def run_chunks(engine: int) -> list[tuple[int, list]]:
             done = []
             for start in starts[engine::engines]:
                 stop = start + self._chunk
-                self._workers[engine].send((list(prompts[start:stop]), list(seeds[start:stop]), n))
+                self._workers[engine].send((method, (list(prompts[start:stop]), *more(start, stop))))
                 done.append((start, self._workers[engine].receive()))
             return done
 
@@ -255,7 +287,7 @@ class EnginePool:
         except BaseException:
             self.close(kill=True)  # a failed or interrupted engine: stop them all now
             raise
-        return [completions for start in starts for completions in by_start[start]]
+        return [result for start in starts for result in by_start[start]]
 
     def close(self, kill: bool = False) -> None:
         for worker in self._workers:

@@ -28,6 +28,7 @@ from common.paths import (
     base_run,
     data_run,
     eval_run,
+    heldout_nll_run,
     method_label,
     model_configs,
     report_run,
@@ -204,7 +205,9 @@ def _eval_commands(cfg: Config, overrides: list[str], phase: str, variants: list
     for variant in variants:
         argv = _python_module("eval.run", [*overrides, f"eval.phase={phase}", f"eval.variant={variant}"])
         runs = [eval_run(cfg, phase, variant, bench) for bench in cfg.data.benchmarks]
-        commands.append(StageCommand(f"eval_{phase}", f"eval/{cfg.model.name}/{phase}/{variant}{suffix}", argv, runs,
-                                     cfg, {**_eval_settings(cfg), "benchmarks": list(cfg.data.benchmarks)},
-                                     needs=needs[variant]))
+        heldout = heldout_nll_run(cfg, variant) if phase == "sft" else None  # it reads the tokenised held-out slice
+        commands.append(StageCommand(f"eval_{phase}", f"eval/{cfg.model.name}/{phase}/{variant}{suffix}", argv,
+                                     runs + ([heldout] if heldout else []), cfg,
+                                     {**_eval_settings(cfg), "benchmarks": list(cfg.data.benchmarks)},
+                                     needs=needs[variant] + ([f"tokenize/{cfg.model.name}"] if heldout else [])))
     return commands

@@ -79,6 +79,9 @@ class DataConfig:
     """Cap on RL training rows (-1: all remaining rows)."""
     num_rl_val_rows: int = 64
     """Rows held out of the RL split as ``rl_val.parquet`` (verl's validation set; disjoint from ``rl.parquet``)."""
+    num_heldout_rows: int = field(default=0, metadata=IDENTITY_WHEN_SET)
+    """Rows set aside after the SFT split as the held-out SFT slice (never trained on; its NLL before RL is a
+    headroom diagnostic, docs/evaluation.md); 0: none. Enters the run identity only when set."""
     split_seed: int = 1234
     """Seed of the SFT/RL split, independent of the training seed."""
     max_length: int = 20000
@@ -118,12 +121,17 @@ class DataConfig:
         if self.num_rl_rows != -1:
             check_range("data.num_rl_rows", self.num_rl_rows, 1)
         check_range("data.num_rl_val_rows", self.num_rl_val_rows, 0)
+        check_range("data.num_heldout_rows", self.num_heldout_rows, 0)
         check_range("data.split_seed", self.split_seed, 0, 2**31 - 1)
         check_range("data.max_length", self.max_length, 16)
         check_choice("data.strip_leading_think", self.strip_leading_think, ("auto", "always", "never"))
         check_choice("data.invalid_rows", self.invalid_rows, ("error", "skip"))
         check_choice("data.duplicates", self.duplicates, ("count", "refuse"))
         check_choice("data.benchmark_source", self.benchmark_source, ("hub", "local", "toy", "bfcl"))
+        if (self.source in TOOL_SOURCES) != (self.benchmark_source == "bfcl"):
+            raise ConfigError(f"data.benchmark_source=bfcl goes with the tool-use sources {list(TOOL_SOURCES)} and "
+                              f"only with them; got data.source={self.source}, "
+                              f"data.benchmark_source={self.benchmark_source}")
         if self.benchmark_source == "toy" and self.source != "toy":
             raise ConfigError(f"data.benchmark_source=toy needs data.source=toy; got data.source={self.source}")
         if self.benchmark_source == "local" and not self.benchmark_dir:
