@@ -26,6 +26,17 @@ from common.seeding import derive_seed
 from sft.token_stats import TokenStats, TokenWeights, dense_loss
 
 
+@dataclasses.dataclass(frozen=True)
+class Calibration:
+    """What a loss calibrates on once before training (:meth:`TokenLoss.calibration`): the position statistic
+    ``stat`` (``sft.token_stats.position_statistics`` with ``term_options``) of the initial policy at every position
+    of the first ``num_sequences`` tokenised SFT rows."""
+
+    stat: str
+    term_options: Mapping[str, Any]
+    num_sequences: int
+
+
 class TokenLoss:
     """Base of every registered token loss; built from its config dataclass (``common.config.sft``)."""
 
@@ -59,6 +70,19 @@ class TokenLoss:
     def begin_step(self, step: int) -> None:
         """Called by the trainer before optimiser step ``step``; losses with per-step randomness read ``self.step``."""
         self.step = step
+
+    def calibration(self) -> Calibration | None:
+        """What :meth:`calibrate` needs before training, or None: the loss has nothing to calibrate (the default)."""
+        return None
+
+    def calibrate(self, values: Tensor) -> dict[str, float]:
+        """The loss's calibrated constants from ``values`` (``[n]``, :meth:`calibration`'s statistic at every
+        position), recorded in the SFT manifest; every rank then hands them to :meth:`load_calibration`."""
+        raise NotImplementedError(f"{type(self).__name__} asks for no calibration")
+
+    def load_calibration(self, constants: Mapping[str, float]) -> None:
+        """Sets the constants :meth:`calibrate` returned (on every rank, and again on a resumed run)."""
+        raise NotImplementedError(f"{type(self).__name__} asks for no calibration")
 
     def weigh(self, stats: TokenStats) -> TokenWeights:
         raise NotImplementedError
@@ -515,11 +539,34 @@ class SEDSFTLoss(TokenLoss):
     def __init__(self, cfg: SFTMethod):
         super().__init__(cfg)
         self.term_options = {"top_k": cfg.top_k}
+        self.threshold: float | None = cfg.threshold if cfg.threshold_calibration == "none" else None
+        """τ: ``threshold``, or the calibrated value once :meth:`load_calibration` has run."""
+
+    def calibration(self) -> Calibration | None:
+        if self.cfg.threshold_calibration == "none":
+            return None
+        return Calibration("topk_mass", {"top_k": self.cfg.calibration_top_k}, self.cfg.calibration_sequences)
+
+    def calibrate(self, values: Tensor) -> dict[str, float]:
+        """The official ``compute_cumsum_threshold``: with ``n`` masses and ``k = ⌊ratio · n⌋``, τ is the k-th
+        largest (``sorted(masses)[-k]``); about ``1 − ratio`` of the positions fall below it."""
+        k = int(self.cfg.calibration_ratio * values.numel())
+        if k < 1:
+            raise ValueError(f"SED-SFT calibration: {values.numel()} positions give no rank at "
+                             f"sft.method.calibration_ratio={self.cfg.calibration_ratio}")
+        threshold = values.float().sort().values[-k].item()
+        return {"sed_threshold": threshold, "sed_calibration_positions": float(values.numel())}
+
+    def load_calibration(self, constants: Mapping[str, float]) -> None:
+        self.threshold = constants["sed_threshold"]
 
     def weigh(self, stats: TokenStats) -> TokenWeights:
+        if self.threshold is None:
+            raise RuntimeError("sft.method.threshold_calibration=official: τ is not calibrated yet "
+                               "(the trainer calls calibrate and load_calibration before the first step)")
         mask = stats.has_target
         share = _per_row_share(mask)
-        flexible = mask & (stats.values["topk_mass"] < self.cfg.threshold)
+        flexible = mask & (stats.values["topk_mass"] < self.threshold)
         metrics = _ce_metrics(stats, mask)
         metrics["sed_flexible_frac"] = _mean_on(flexible.float(), mask)
         metrics["sed_de_mean"] = _mean_on((stats.values["logp"].exp() - 0.5) ** 2, flexible)

@@ -62,6 +62,8 @@ OLD_POLICY_TERMS = frozenset({"old_logp"})
 """Terms that need the old policy's logits."""
 ALL_TERMS = frozenset({"logp", "prob_logp", "entropy", "ratio", "gem", "de", "topk_mass", "topk_entropy"}) \
     | REFERENCE_TERMS | OLD_POLICY_TERMS
+TARGET_FREE_TERMS = frozenset({"entropy", "topk_mass", "topk_entropy"})
+"""Statistics of the predicted distribution alone, defined at every position (:func:`position_statistics`)."""
 OBJECTIVE_TERMS = frozenset({"logp", "prob_logp", "entropy", "ratio", "gem", "de", "kl", "code_kl", "forward_kl"})
 """Terms a loss may put coefficients on (the others do not depend on the policy)."""
 
@@ -326,6 +328,26 @@ def chunked_loss(loss: TokenLossLike, hidden: Tensor, head_weight: Tensor, label
     value = _ChunkedHeadObjective.apply(hidden_nd, head_weight, plan) + weights.constant
     return _result(value, rows,
                    _with_head_metrics(loss, weights, rows, values, plan.target_logp, head_weight.shape[0]))
+
+
+def position_statistics(hidden: Tensor, head_weight: Tensor, names: Sequence[str], *, chunk_size: int,
+                        **term_options: Any) -> dict[str, Tensor]:
+    """Detached fp32 statistics of :data:`TARGET_FREE_TERMS` (``row_terms`` with ``term_options``) of the next-token
+    distribution at every row of ``hidden [N, d]`` under the head ``head_weight [V, d]``, ``chunk_size`` rows at a
+    time; e.g. SED-SFT's τ calibration over every position of a sequence (``TokenLoss.calibration``)."""
+    unknown = set(names) - TARGET_FREE_TERMS
+    if unknown:
+        raise ValueError(f"{sorted(unknown)} need a target; position statistics are {sorted(TARGET_FREE_TERMS)}")
+    weight_cd = head_weight.detach().to(_compute_dtype(hidden, head_weight))
+    parts: dict[str, list[Tensor]] = {name: [] for name in names}
+    with torch.no_grad():
+        for start in range(0, hidden.shape[0], chunk_size):
+            logits = _head_logits(hidden[start:start + chunk_size].detach(), weight_cd).float()
+            targets = torch.zeros(logits.shape[0], dtype=torch.long, device=logits.device)
+            for name, value in row_terms(logits, targets, names, **term_options).items():
+                parts[name].append(value)
+    empty = hidden.new_zeros(0, dtype=torch.float32)
+    return {name: torch.cat(values) if values else empty for name, values in parts.items()}
 
 
 def _compute_dtype(hidden: Tensor, weight: Tensor) -> torch.dtype:

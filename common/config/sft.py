@@ -10,7 +10,7 @@ from typing import Any, Optional
 
 from omegaconf import MISSING
 
-from common.config.common import SUPERVISION, ConfigError, check_choice, check_range
+from common.config.common import IDENTITY_WHEN_SET, SUPERVISION, ConfigError, check_choice, check_range
 
 
 LOSS_NORMS = ("micro_batch_mean", "global_token_mean", "micro_batch_sum")
@@ -204,13 +204,27 @@ class SEDSFTMethod(SFTMethod):
     top_k: int = 2
     """k of the mask's top-k probability mass (the official loss call's default, 2)."""
     threshold: float = 0.95
-    """τ: a token is flexible when its top-k mass is below τ (the official code calibrates τ once; docs/methods.md)."""
+    """τ: a token is flexible when its top-k mass is below τ (with ``threshold_calibration=none``)."""
+    threshold_calibration: str = field(default="none", metadata=IDENTITY_WHEN_SET)
+    """none: τ is ``threshold``. official: τ is calibrated once before training as the official script does
+    (docs/methods.md): the value at rank ⌊calibration_ratio · n⌋ from the top of the initial model's top-
+    ``calibration_top_k`` masses at all n positions of the first ``calibration_sequences`` tokenised SFT rows."""
+    calibration_ratio: float = field(default=0.7, metadata=IDENTITY_WHEN_SET)
+    """The official ``cumsum_ratio`` (0.7 in its launch script: about 30% of positions start flexible)."""
+    calibration_sequences: int = field(default=100, metadata=IDENTITY_WHEN_SET)
+    """Sequences the calibration reads (the official ``num_samples``, 100)."""
+    calibration_top_k: int = field(default=10, metadata=IDENTITY_WHEN_SET)
+    """k of the masses τ is calibrated on (the official script's 10 when ``--top_k`` is unset; the loss uses top_k)."""
 
     def validate(self) -> None:
         super().validate()
         check_range("sft.method.lambda_de", self.lambda_de, 0.0)
         check_range("sft.method.top_k", self.top_k, 1)
         check_range("sft.method.threshold", self.threshold, 0.0, 1.0)
+        check_choice("sft.method.threshold_calibration", self.threshold_calibration, ("none", "official"))
+        check_range("sft.method.calibration_ratio", self.calibration_ratio, 0.0, 1.0, low_open=True)
+        check_range("sft.method.calibration_sequences", self.calibration_sequences, 1)
+        check_range("sft.method.calibration_top_k", self.calibration_top_k, 1)
 
 
 @dataclass
