@@ -29,10 +29,10 @@ GIB = 2 ** 30
 
 
 def full_load_root(cfg, model_dir: str, env):
-    """Every rank loads one full float32 model per trainer copy, then shards them (``sft.trainer.shard_models``)."""
+    """Every rank loads one full float32 model per trainer copy, then shards them (``sft.policy.shard_models``)."""
     from sft.losses import build_loss
     from sft.train import load_base_model
-    from sft.trainer import PolicyWithTokenLoss, freeze, shard_models
+    from sft.policy import PolicyWithTokenLoss, freeze, shard_models
 
     def load():
         return load_base_model(cfg, model_dir)
@@ -51,7 +51,7 @@ def worker(args: argparse.Namespace) -> None:
 
     from common.config import compose
     from sft.train import build_root
-    from sft.trainer import close_distributed, init_distributed
+    from sft.distributed import close_distributed, init_distributed
 
     rss_after_imports = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     env = init_distributed("cpu")

@@ -59,7 +59,8 @@ def random_micro_batches(args: argparse.Namespace, vocab: int, device: torch.dev
 def build_trainer(method, args: argparse.Namespace, env, cached_reference: bool = False):
     from common.config import SFTConfig
     from sft.losses import build_loss
-    from sft.trainer import PolicyWithTokenLoss, build_optimizer, freeze, frozen_head_copy, shard_models
+    from sft.optim import build_optimizer
+    from sft.policy import PolicyWithTokenLoss, freeze, frozen_head_copy, shard_models
 
     sft = SFTConfig(method=method, lr=1e-5, micro_batch_size=args.micro_batch_size, grad_accum=args.grad_accum,
                     chunk_size=args.chunk_size, mixed_precision=args.mixed_precision,
@@ -84,7 +85,7 @@ def build_cache(folder: Path, batches: list[dict], args: argparse.Namespace, env
     """The reference cache of the bench's sequences (row ``m · micro_batch_size + b`` = sequence b of micro-batch
     m), built by the sharded reference trunk; returns (reader, build seconds, bytes per token)."""
     from sft.reference_cache import ReferenceCache, build_reference_cache, cache_identity
-    from sft.trainer import sharded_reference_trunk
+    from sft.policy import sharded_reference_trunk
 
     identity = cache_identity(base_model_sha256=f"bench-random-{args.size}", sft_tokens_sha256="bench-random-batches",
                               attn_implementation="sdpa", gguf_file=None, device_type=env.device.type,
@@ -142,7 +143,8 @@ def main() -> None:
 
     from common.config.sft import EKSFTMethod, SFTMethod
     from common.tracking import configure_cpu_threads
-    from sft.trainer import close_distributed, init_distributed, train_step
+    from sft.distributed import close_distributed, init_distributed
+    from sft.trainer import train_step
 
     configure_cpu_threads(args.threads)
     clock = time.process_time if args.clock == "cpu" else time.perf_counter

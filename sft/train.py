@@ -31,9 +31,10 @@ from transformers import (
 )
 
 from common.config import Config, ConfigError, stage_main
-from common.manifest import Manifest, input_records, read_manifest, stage_run
+from common.manifest import Manifest, input_records, read_manifest, sha256_path, stage_run
 from common.models import load_causal_lm, load_tokenizer, local_model_dir
 from common.paths import (
+    HF_EXPORT,
     TRAINING_METRICS_FILE,
     base_model_path,
     hf_export_dir,
@@ -42,31 +43,17 @@ from common.paths import (
     sft_tokens_path,
 )
 from common.preflight import require_stage
-from common.manifest import sha256_path
 from common.seeding import derive_seed, seed_everything
 from common.tracking import MetricsLogger, configure_cpu_threads
+from sft.checkpoint import CHECKPOINTS_DIR, Checkpointer
 from sft.data import DataOrder, TokenisedRow, read_sft_tokens
+from sft.distributed import DistEnv, broadcast_from_main, close_distributed, init_distributed
 from sft.export import export_hf
 from sft.losses import build_loss
+from sft.optim import build_optimizer, build_scheduler, total_optimizer_steps
+from sft.policy import PolicyWithTokenLoss, freeze, frozen_head_copy, shard_models, sharded_reference_trunk
 from sft.reference_cache import ReferenceCache, build_reference_cache, cache_identity, identity_key
-from sft.trainer import (
-    Checkpointer,
-    DistEnv,
-    PolicyWithTokenLoss,
-    broadcast_from_main,
-    build_optimizer,
-    frozen_head_copy,
-    sharded_reference_trunk,
-    build_scheduler,
-    close_distributed,
-    fit,
-    freeze,
-    init_distributed,
-    keep_metrics_up_to,
-    restore_or_start,
-    shard_models,
-    total_optimizer_steps,
-)
+from sft.trainer import fit, keep_metrics_up_to
 
 EXPORT_CHECK_SEQUENCES = 3
 """Training sequences on which the exported model's log-probs are compared with the in-memory model's."""
@@ -152,7 +139,7 @@ def load_from_main(root: nn.Module, parts: list[tuple[nn.Module | None, nn.Modul
 
 def load_reference_trunk(cfg: Config, model_dir: str,
                          env: DistEnv) -> tuple[PreTrainedModel, Callable[[torch.Tensor], torch.Tensor]]:
-    """Collective: the frozen reference with its trunk sharded (``sft.trainer.sharded_reference_trunk``) and
+    """Collective: the frozen reference with its trunk sharded (``sft.policy.sharded_reference_trunk``) and
     filled from rank 0's base model (its LM head stays on the meta device, unused), and the trunk's no-grad
     ``input_ids → final hidden states`` function."""
     base = load_base_on_main(cfg, model_dir, env)
@@ -278,10 +265,10 @@ def _run(cfg: Config, env: DistEnv) -> Manifest:
             total_steps = total_optimizer_steps(cfg.sft, order.steps_per_epoch)
             scheduler = build_scheduler(optimizer, cfg.sft, total_steps)
             checkpointer = Checkpointer(out_dir, keep=cfg.sft.keep_checkpoints, env=env)
-            state = restore_or_start(checkpointer, root, optimizer, scheduler, order=order, total_steps=total_steps,
-                                     resume=decision == "resume", announce=announce)
+            state = checkpointer.restore_or_start(root, optimizer, scheduler, order=order, total_steps=total_steps,
+                                                  resume=decision == "resume", announce=announce)
             if env.is_main:  # metric lines after the restored step get redone; the export is rewritten at the end
-                keep_metrics_up_to(out_dir / TRAINING_METRICS_FILE, state["global_step"])
+                keep_metrics_up_to(out_dir / TRAINING_METRICS_FILE, state.global_step)
                 shutil.rmtree(hf_export_dir(out_dir), ignore_errors=True)
             with MetricsLogger(out_dir / TRAINING_METRICS_FILE, enabled=env.is_main, wandb_mode=cfg.logging.wandb_mode,
                                wandb_project=cfg.logging.wandb_project, config=config_record,
@@ -311,9 +298,9 @@ def _run(cfg: Config, env: DistEnv) -> Manifest:
                     "world_size": env.world_size, "num_rows": len(rows),
                     "rows_unused_per_epoch": len(rows) - order.steps_per_epoch * order.global_batch,
                     "export": export_record})
-                stage.add_output("hf", "HF safetensors + tokenizer + generation config (eos = chat end-of-turn)")
+                stage.add_output(HF_EXPORT, "HF safetensors + tokenizer + generation config (eos = chat end-of-turn)")
                 stage.add_output(TRAINING_METRICS_FILE, "one JSON line per logged optimiser step")
-                stage.add_output("checkpoints", "resumable DCP checkpoints (latest kept)", verify=False)
+                stage.add_output(CHECKPOINTS_DIR, "resumable DCP checkpoints (latest kept)", verify=False)
     dist.barrier()
     if env.is_main and stage is not None:
         return stage.manifest

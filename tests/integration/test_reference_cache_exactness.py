@@ -16,8 +16,9 @@ from common.paths import TRAINING_METRICS_FILE, sft_dir
 from common.tracking import read_metrics
 from sft import train
 from sft.data import DataOrder, collate, read_sft_tokens
+from sft.distributed import close_distributed, init_distributed
 from sft.losses import build_loss
-from sft.trainer import autocast_context, close_distributed, init_distributed
+from sft.policy import autocast_context
 from sft_helpers import build_tiny_model, prepare_run, run_torchrun
 
 pytestmark = pytest.mark.integration

@@ -20,7 +20,8 @@ from common.paths import TRAINING_METRICS_FILE, hf_export_dir, sft_dir
 from common.tracking import read_metrics
 import sft.train
 from sft.train import run
-from sft.trainer import CHECKPOINTS_DIR, TRAINER_STATE_FILE, ResumeError, TrainSummary
+from sft.checkpoint import CHECKPOINTS_DIR, TRAINER_STATE_FILE, ResumeError
+from sft.trainer import TrainSummary
 from sft_helpers import build_tiny_model, final_weights, kill_after_checkpoint, prepare_run, run_torchrun
 
 pytestmark = pytest.mark.integration

@@ -1,5 +1,5 @@
 """Trainer arithmetic against hand-computed values: LR schedule, loss normalisation over micro-batches and ranks,
-deterministic data order and sharding, and resume bookkeeping."""
+deterministic data order and sharding, resume bookkeeping (the typed trainer state), and the step's metric sums."""
 from __future__ import annotations
 
 import json
@@ -9,16 +9,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from sft.checkpoint import TRAINER_STATE_FILE, Checkpointer, ResumeError, TrainerState
 from sft.data import IGNORE_INDEX, DataOrder, SFTDataError, TokenisedRow, collate, supervised_token_count
-from sft.trainer import (
-    SUPERSEDED_METRICS_FILE,
-    TRAINER_STATE_FILE,
-    Checkpointer,
-    keep_metrics_up_to,
-    lr_multiplier,
-    micro_batch_weight,
-    num_warmup_steps,
-)
+from sft.distributed import close_distributed, init_distributed
+from sft.optim import lr_multiplier, num_warmup_steps
+from sft.trainer import SUPERSEDED_METRICS_FILE, StepMetrics, keep_metrics_up_to, micro_batch_weight
 
 
 # ------------------------------------------------------------------------------------------ LR schedule
@@ -195,3 +190,48 @@ def test_only_checkpoints_with_a_state_file_count(tmp_path):
         (checkpointer.path(step) / TRAINER_STATE_FILE).write_text("{}")
     assert checkpointer.complete_steps() == [3, 4]
     assert checkpointer.latest() == checkpointer.path(4)
+
+
+# ------------------------------------------------------------------------------------- trainer state
+OLD_STATE = {"epoch": 1, "global_step": 4, "index_in_epoch": 0, "input_tokens": 812, "last_loss": 5.25,
+             "supervised_tokens": 301, "total_steps": 8, "train_time_s": 1.5, "world_size": 1}
+"""A ``trainer_state.json`` as the trainer wrote it while the state was a dict (indent 2, sorted keys)."""
+
+
+def test_state_files_written_before_the_typed_state_still_load(tmp_path):
+    path = tmp_path / TRAINER_STATE_FILE
+    path.write_text(json.dumps(OLD_STATE, indent=2, sort_keys=True))
+    state = TrainerState.read(path)
+    assert (state.global_step, state.epoch, state.supervised_tokens, state.last_loss) == (4, 1, 301, 5.25)
+    assert state.to_json() == path.read_text()
+
+
+@pytest.mark.parametrize("text, message", [
+    (json.dumps({k: v for k, v in OLD_STATE.items() if k != "epoch"}), "another version of the trainer"),
+    ("{not json", "not a readable trainer state"),
+])
+def test_a_state_file_that_is_not_one_is_refused_by_name(tmp_path, text, message):
+    path = tmp_path / TRAINER_STATE_FILE
+    path.write_text(text)
+    with pytest.raises(ResumeError, match=message) as error:
+        TrainerState.read(path)
+    assert str(path) in str(error.value)
+
+
+# ------------------------------------------------------------------------------------- step metrics
+@pytest.fixture
+def one_rank_group():
+    env = init_distributed("cpu")
+    yield env
+    close_distributed(env)
+
+
+def test_step_metrics_sum_the_objective_and_average_metrics_over_micro_batches(one_rank_group):
+    metrics = StepMetrics(one_rank_group.device)
+    metrics.add(0.25, torch.tensor(2.0, requires_grad=True), {"ce": torch.tensor(1.0), "n": torch.tensor(3)})
+    metrics.add(0.75, torch.tensor(4.0), {"n": torch.tensor(5), "ce": torch.tensor(2.0)})
+    objective, means = metrics.reduce()
+    assert objective == 0.25 * 2.0 + 0.75 * 4.0
+    assert means == {"ce": 1.5, "n": 4.0} and list(means) == ["ce", "n"]
+    with pytest.raises(ValueError, match="differ from the step's first"):
+        metrics.add(1.0, torch.tensor(1.0), {"ce": torch.tensor(1.0)})

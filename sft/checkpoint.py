@@ -1,0 +1,192 @@
+"""Resumable SFT checkpoints: :class:`Checkpointer` is the only code that writes, reads or deletes them.
+
+Layout in the run folder (``common.paths.sft_dir``)::
+
+    checkpoints/step_<N>/    DCP shards (policy, optimiser, old policy) + rank<r>.pt (RNG, scheduler)
+                             + trainer_state.json (written last: the checkpoint's completion marker)
+
+A checkpoint counts once its ``trainer_state.json`` exists; the newest ``sft.keep_checkpoints`` complete ones stay.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import random
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+
+from sft.data import DataOrder
+from sft.distributed import DistEnv
+from sft.policy import PolicyWithTokenLoss
+
+CHECKPOINTS_DIR = "checkpoints"
+TRAINER_STATE_FILE = "trainer_state.json"
+
+
+class ResumeError(RuntimeError):
+    """A checkpoint cannot continue this run (different world size or schedule, unreadable state); the message
+    says why and names the file."""
+
+
+@dataclass(frozen=True)
+class TrainerState:
+    """Where training stands after ``global_step`` optimiser steps; saved as ``trainer_state.json``."""
+
+    global_step: int
+    total_steps: int
+    epoch: int
+    """Epoch of the next step's rows (``DataOrder.position``)."""
+    index_in_epoch: int
+    """Position of the next step's first row in that epoch's order."""
+    world_size: int
+    supervised_tokens: int = 0
+    """Summed over every optimiser step so far (all ranks); likewise ``input_tokens`` and ``train_time_s``."""
+    input_tokens: int = 0
+    train_time_s: float = 0.0
+    """Optimiser-step time summed over every launch (checkpointing and refreshes excluded)."""
+    last_loss: float = math.nan
+
+    @classmethod
+    def start(cls, total_steps: int, world_size: int) -> "TrainerState":
+        return cls(global_step=0, total_steps=total_steps, epoch=0, index_in_epoch=0, world_size=world_size)
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
+
+    @classmethod
+    def read(cls, path: Path) -> "TrainerState":
+        """The state in ``path``; :class:`ResumeError` naming the file if it is not one."""
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError) as error:
+            raise ResumeError(f"{path} is not a readable trainer state ({error}); delete the checkpoints to restart")
+        names = {f.name for f in dataclasses.fields(cls)}
+        if not isinstance(record, dict) or record.keys() != names:
+            found = sorted(record) if isinstance(record, dict) else type(record).__name__
+            raise ResumeError(f"{path} holds {found}, a trainer state has {sorted(names)}; it was written by "
+                              "another version of the trainer: delete the checkpoints to restart")
+        return cls(**record)
+
+
+def rng_state() -> dict[str, Any]:
+    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+class Checkpointer:
+    """Saves, finds, restores and prunes the DCP checkpoints in ``<run>/checkpoints/step_<N>``."""
+
+    def __init__(self, run_dir: Path, *, keep: int, env: DistEnv):
+        self.root = run_dir / CHECKPOINTS_DIR
+        self.keep = keep
+        self.env = env
+
+    def path(self, step: int) -> Path:
+        return self.root / f"step_{step:06d}"
+
+    def complete_steps(self) -> list[int]:
+        if not self.root.is_dir():
+            return []
+        return sorted(int(p.name.removeprefix("step_")) for p in self.root.glob("step_*")
+                      if (p / TRAINER_STATE_FILE).is_file())
+
+    def latest(self) -> Path | None:
+        steps = self.complete_steps()
+        return self.path(steps[-1]) if steps else None
+
+    def clear(self) -> None:
+        """Collective: removes every checkpoint (a fresh start must never resume a stale run's weights)."""
+        if self.env.is_main and self.root.exists():
+            shutil.rmtree(self.root)
+        dist.barrier()
+
+    @staticmethod
+    def _sharded_state(root: PolicyWithTokenLoss, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        state = {"policy": get_model_state_dict(root.policy),
+                 "optimizer": get_optimizer_state_dict(root.policy, optimizer)}
+        if root.old_policy is not None:
+            state["old_policy"] = get_model_state_dict(root.old_policy)
+        return state
+
+    def save(self, state: TrainerState, root: PolicyWithTokenLoss, optimizer: torch.optim.Optimizer,
+             scheduler: torch.optim.lr_scheduler.LRScheduler) -> Path:
+        """Collective: the checkpoint of ``state.global_step``, then the oldest complete ones beyond ``keep`` go."""
+        path = self.path(state.global_step)
+        if self.env.is_main and path.exists():
+            shutil.rmtree(path)  # a partial folder left by a crash during an earlier save
+        dist.barrier()
+        dcp.save(self._sharded_state(root, optimizer), checkpoint_id=str(path))
+        torch.save({"rng": rng_state(), "scheduler": scheduler.state_dict()}, path / f"rank{self.env.rank}.pt")
+        dist.barrier()
+        if self.env.is_main:
+            tmp = path / f".{TRAINER_STATE_FILE}.tmp"
+            tmp.write_text(state.to_json())
+            os.replace(tmp, path / TRAINER_STATE_FILE)
+            for old in self.complete_steps()[:-self.keep]:
+                shutil.rmtree(self.path(old))
+        dist.barrier()
+        return path
+
+    def load(self, path: Path, root: PolicyWithTokenLoss, optimizer: torch.optim.Optimizer,
+             scheduler: torch.optim.lr_scheduler.LRScheduler, *, total_steps: int) -> TrainerState:
+        """Collective: restores everything saved in ``path`` and returns its trainer state (raises
+        :class:`ResumeError` first if the checkpoint belongs to another world size or schedule)."""
+        state = TrainerState.read(path / TRAINER_STATE_FILE)
+        if state.world_size != self.env.world_size:
+            raise ResumeError(f"{path} was written by {state.world_size} ranks, this run has "
+                              f"{self.env.world_size}: the global batch (and data order) would change; relaunch "
+                              "with the original number of processes or delete the checkpoints to restart")
+        if state.total_steps != total_steps:
+            raise ResumeError(f"{path} planned {state.total_steps} optimiser steps, this run plans "
+                              f"{total_steps}; delete the checkpoints to restart")
+        sharded = self._sharded_state(root, optimizer)
+        dcp.load(sharded, checkpoint_id=str(path))
+        set_model_state_dict(root.policy, sharded["policy"])
+        set_optimizer_state_dict(root.policy, optimizer, sharded["optimizer"])
+        if root.old_policy is not None:
+            set_model_state_dict(root.old_policy, sharded["old_policy"])
+        rank_state = torch.load(path / f"rank{self.env.rank}.pt", weights_only=False)
+        scheduler.load_state_dict(rank_state["scheduler"])
+        set_rng_state(rank_state["rng"])
+        return state
+
+    def restore_or_start(self, root: PolicyWithTokenLoss, optimizer: torch.optim.Optimizer,
+                         scheduler: torch.optim.lr_scheduler.LRScheduler, *, order: DataOrder, total_steps: int,
+                         resume: bool, announce: Callable[[str], None] = print) -> TrainerState:
+        """Collective: the state to train from, the newest complete checkpoint's when ``resume``, else step 0 (and
+        a fresh start deletes every checkpoint, so a stale run's weights can never be picked up later)."""
+        latest = self.latest() if resume else None
+        if latest is None:
+            if resume:
+                announce(f"[sft] no complete checkpoint in {self.root}; starting from step 0")
+            else:
+                self.clear()
+            return TrainerState.start(total_steps, self.env.world_size)
+        state = self.load(latest, root, optimizer, scheduler, total_steps=total_steps)
+        epoch, index = order.position(state.global_step)
+        announce(f"[sft] RESUMING from {latest} after optimiser step {state.global_step}/{total_steps}: "
+                 f"epoch {epoch}, row {index} of that epoch's order")
+        return state
