@@ -1,7 +1,8 @@
 """Process trees: a command started in its own session, and stopped with everything it started.
 
 The orchestrator starts each stage command this way (``pipeline/launch.py``) and the RL stage starts verl this way
-(``rl/train.py``); both stop them with :func:`stop_tree`.
+(``rl/train.py``), and so do the SFT integration tests (``tests/integration/sft_helpers.py``); all stop them
+with :func:`stop_tree`.
 """
 from __future__ import annotations
 
@@ -11,10 +12,12 @@ import subprocess
 import time
 
 
-def start_in_new_session(argv: list[str], env: dict[str, str]) -> subprocess.Popen:
-    """Starts ``argv`` as the leader of a new session and process group, its stdout and stderr merged into one text
-    pipe (undecodable bytes replaced), so that :func:`stop_tree` reaches every process it starts."""
-    return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+def start_in_new_session(argv: list[str], env: dict[str, str],
+                         cwd: str | os.PathLike | None = None) -> subprocess.Popen:
+    """Starts ``argv`` (in ``cwd``, default ours) as the leader of a new session and process group, its stdout and
+    stderr merged into one text pipe (undecodable bytes replaced), so that :func:`stop_tree` reaches every process it
+    starts."""
+    return subprocess.Popen(argv, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             errors="replace", start_new_session=True)
 
 

@@ -7,6 +7,7 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -19,10 +20,13 @@ from bench.tiny_model import TRAINING_TEXTS, build_tiny_qwen3
 from common.config import Config, compose
 from common.manifest import stage_run
 from common.paths import SFT_TOKENS_FILE, hf_export_dir, sft_dir, tokens_dir
+from common.processes import start_in_new_session, stop_tree
 from common.tracking import CPU_OPENMP_ENV
+from sft.checkpoint import TRAINER_STATE_FILE
 from sft.data import IGNORE_INDEX
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+STOP_GRACE_S = 10.0
 WORDS = sorted(set(" ".join(TRAINING_TEXTS).split()))
 """Words the tiny model's BPE tokenizer was trained on, so each is one or a few tokens."""
 
@@ -95,29 +99,41 @@ def child_env() -> dict[str, str]:
     return {**os.environ, **CPU_OPENMP_ENV, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 
 
+def run_in_session(argv: list[str], timeout: float, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Runs ``argv`` from the checkout in its own session (``common.processes``) with ``env`` (default
+    :func:`child_env`), stdout and stderr merged into ``stdout``; on a timeout (or an interrupt) its whole process tree
+    is stopped before the error propagates."""
+    process = start_in_new_session(argv, child_env() if env is None else env, cwd=REPO_ROOT)
+    try:
+        output, _ = process.communicate(timeout=timeout)
+    except BaseException:
+        stop_tree(process, STOP_GRACE_S)
+        raise
+    return subprocess.CompletedProcess(argv, process.returncode, stdout=output, stderr="")
+
+
 def run_torchrun(overrides: list[str], nproc: int, timeout: int = 240) -> subprocess.CompletedProcess:
     """``torchrun --standalone`` (a fresh port per launch) with one retry, as toy_world.md §2 advises."""
     for attempt in range(2):
-        result = subprocess.run(sft_command(overrides, nproc), cwd=REPO_ROOT, env=child_env(), capture_output=True,
-                                text=True, timeout=timeout)
+        result = run_in_session(sft_command(overrides, nproc), timeout)
         if result.returncode == 0 or attempt == 1:
             return result
     return result
 
 
 def kill_after_checkpoint(overrides: list[str], checkpoint_dir: Path, timeout: float = 240) -> int:
-    """Starts a 1-rank training process and SIGKILLs its process group once ``checkpoint_dir`` is complete."""
-    process = subprocess.Popen([sys.executable, "-m", "sft.train", *overrides], cwd=REPO_ROOT, env=child_env(),
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    """Starts a 1-rank training process and SIGKILLs its process tree once ``checkpoint_dir`` is complete."""
+    process = start_in_new_session([sys.executable, "-m", "sft.train", *overrides], child_env(), cwd=REPO_ROOT)
+    output: list[str] = []
+    threading.Thread(target=lambda: output.extend(process.stdout), daemon=True).start()  # the pipe never fills
     deadline = time.monotonic() + timeout
     try:
-        while not (checkpoint_dir / "trainer_state.json").exists():
+        while not (checkpoint_dir / TRAINER_STATE_FILE).exists():
             if process.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError(f"training exited ({process.returncode}) or timed out before {checkpoint_dir}")
+                raise AssertionError(f"training exited ({process.returncode}) or timed out before {checkpoint_dir}:\n"
+                                     + "".join(output)[-3000:])
             time.sleep(0.02)
-        os.killpg(process.pid, signal.SIGKILL)
-        return process.wait(timeout=30)
+        return stop_tree(process, STOP_GRACE_S, first_signal=signal.SIGKILL)
     finally:
         if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+            stop_tree(process, STOP_GRACE_S, first_signal=signal.SIGKILL)

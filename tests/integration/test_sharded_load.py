@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from sft_helpers import REPO_ROOT, build_tiny_model, child_env, tiny_overrides
+from sft_helpers import REPO_ROOT, build_tiny_model, child_env, run_in_session, tiny_overrides
 
 pytestmark = pytest.mark.integration
 
@@ -48,7 +47,7 @@ def worker(model_dir: str, out_dir: str, gguf_file: str = "") -> None:
 
     from common.config import compose
     from sft import train
-    from sft.trainer import close_distributed, init_distributed
+    from sft.distributed import close_distributed, init_distributed
 
     env = init_distributed("cpu")
     if not env.is_main:
@@ -102,8 +101,7 @@ def sharded(source, tmp_path_factory) -> Path:
                *source[:1], str(out), *source[1:]]
     # the worker script imports sft_helpers -> bench.tiny_model: the checkout must be on its path
     python_path = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
-    result = subprocess.run(command, cwd=REPO_ROOT, env={**child_env(), "PYTHONPATH": python_path},
-                            capture_output=True, text=True, timeout=900)
+    result = run_in_session(command, timeout=900, env={**child_env(), "PYTHONPATH": python_path})
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return out
 
