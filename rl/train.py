@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 from common.config import Config, stage_main
 from common.manifest import Manifest, input_records, read_manifest, stage_run
-from common.paths import BASE_VARIANT, TRAINING_METRICS_FILE, hf_export_dir, rl_run
+from common.paths import BASE_VARIANT, HF_EXPORT, TRAINING_METRICS_FILE, hf_export_dir, rl_run
 from common.processes import start_in_new_session, stop_tree
 from common.seeding import derive_seed
 from common.tracking import MetricsLogger, progress, read_metrics
@@ -277,7 +277,7 @@ def run(cfg: Config) -> Manifest:
         current.manifest.details["export"] = export
         current.manifest.metrics = summarize_metrics(read_metrics(stage / TRAINING_METRICS_FILE))
         current.manifest.metrics["final_step"] = done
-        current.add_output("hf", f"merged final actor (step {done}, {export['dtype']}), for evaluation")
+        current.add_output(HF_EXPORT, f"merged final actor (step {done}, {export['dtype']}), for evaluation")
         current.add_output(CHECKPOINT_SUBDIR, "verl FSDP checkpoints (resume_mode=auto)", verify=False)
         current.add_output(TRAINING_METRICS_FILE, "verl per-step metrics incl. timing_s/{gen,update_actor,testing}")
         current.add_output(VERL_LOG, "verl console log, every attempt", verify=False)

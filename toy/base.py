@@ -16,7 +16,7 @@ from pathlib import Path
 
 from common.config import Config, ConfigError, stage_main
 from common.manifest import Manifest, read_manifest, stage_run
-from common.paths import TRAINING_METRICS_FILE, base_run
+from common.paths import HF_EXPORT, TRAINING_METRICS_FILE, base_run, hf_export_dir
 from common.seeding import derive_seed, seed_everything
 from common.tracking import MetricsLogger, configure_cpu_threads, progress
 from toy import pretrain, worlds
@@ -63,7 +63,7 @@ def build_base(cfg: Config, out_dir: Path, *, device: str = "cpu") -> dict:
         if toy.world == "forking" and toy.fork_entropy_problems:
             metrics.update(fork_profile(model, tokenizer, toy))
             logger.log(toy.pretrain_steps, {k: v for k, v in metrics.items() if k.startswith("entropy_")})
-    hf_dir = out_dir / "hf"
+    hf_dir = hf_export_dir(out_dir)
     model.to("cpu").save_pretrained(hf_dir)
     tokenizer.save_pretrained(hf_dir)
     (out_dir / "checkpoint.pt").unlink(missing_ok=True)
@@ -85,7 +85,7 @@ def run(cfg: Config) -> Manifest:
         if stage is None:
             return read_manifest(out_dir)
         stage.manifest.metrics.update(build_base(cfg, out_dir))
-        stage.add_output("hf", "toy base model: safetensors, tokenizer + chat template, generation config")
+        stage.add_output(HF_EXPORT, "toy base model: safetensors, tokenizer + chat template, generation config")
         stage.add_output(TRAINING_METRICS_FILE, "pretraining loss, lr and grad norm per step")
     return stage.manifest
 
