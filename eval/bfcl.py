@@ -39,7 +39,7 @@ BFCL_PYTHON_ENV = "BFCL_PYTHON"
 """Environment variable naming the BFCL venv's interpreter (default: :data:`DEFAULT_BFCL_PYTHON`)."""
 DEFAULT_BFCL_PYTHON = Path(__file__).resolve().parent.parent / ".venv-bfcl" / "bin" / "python"
 _WORKER_SCRIPT = Path(__file__).with_name("_bfcl_worker.py")
-STARTUP_TIMEOUT_S = 300.0
+STARTUP_TIMEOUT_S = 900.0
 """Time the worker may take to import bfcl_eval (its handler registry imports every vendor SDK)."""
 REQUEST_TIMEOUT_S = 120.0
 
@@ -153,6 +153,13 @@ def prompt_of(entry: Mapping[str, Any]) -> tuple[list[dict[str, str]], list[dict
     return [{"role": m["role"], "content": m["content"]} for m in turns[0]], [dict(f) for f in entry["function"]]
 
 
+def prompt_ids(tokenizer: Any, entry: Mapping[str, Any]) -> list[int]:
+    """The generation prompt's token ids of a BFCL entry: ``tokenizer.apply_chat_template`` over :func:`prompt_of`."""
+    messages, tools = prompt_of(entry)
+    text = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
 def evaluate(sampler: Any, tokenizer: Any, checker: BfclChecker, categories: Sequence[str], *, seed: int = 0,
              max_per_category: int = 0, irrelevance: str = DEFAULT_IRRELEVANCE,
              ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
@@ -160,17 +167,14 @@ def evaluate(sampler: Any, tokenizer: Any, checker: BfclChecker, categories: Seq
     BFCL's checker; returns the per-question records and :func:`summary`.
 
     Question ``i`` of a category is sampled with seed ``seed + i``; ``max_per_category`` keeps each category's first
-    N questions (0 = all). Prompts: ``tokenizer.apply_chat_template`` over :func:`prompt_of`.
+    N questions (0 = all). Prompts: :func:`prompt_ids`. The evaluation stage's resumable version with run folders
+    is :mod:`eval.bfcl_stage`.
     """
     records: list[dict[str, Any]] = []
     for category in categories:
         entries = checker.entries(category)
         entries = entries[:max_per_category] if max_per_category else entries
-        prompts = []
-        for entry in entries:
-            messages, tools = prompt_of(entry)
-            text = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
-            prompts.append(tokenizer.encode(text, add_special_tokens=False))
+        prompts = [prompt_ids(tokenizer, entry) for entry in entries]
         completions = sampler.sample(prompts, [seed + i for i in range(len(prompts))], 1)
         for entry, (completion,) in zip(entries, completions):
             verdict = checker.check(category, entry["id"], completion.text)

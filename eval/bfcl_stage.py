@@ -1,0 +1,195 @@
+"""The evaluation stage's ``bfcl`` benchmark family (``data.benchmark_source=bfcl``; ``python -m eval.run`` hands the
+run here): BFCL's questions sampled with the model's tool template, judged by BFCL's own checker (:mod:`eval.bfcl`).
+
+For each category of ``eval.benchmarks`` (default: every one in ``data.benchmarks``) it asks the checker for BFCL's
+entries (the first ``eval.max_problems``, or all), renders each with :func:`eval.bfcl.prompt_ids` (the model's chat
+template, or ``data.tool_template``), samples ``eval.n`` = 1 completion per question (BFCL's protocol; seed
+``derive_seed(seed, "eval/<category>/<id>")``), judges it, and writes into ``eval_dir(cfg, phase, variant,
+category)``:
+
+* ``samples.jsonl``: one line per question (``problem_id``, ``sample_index`` 0, seed, text, tokens, finish reason,
+  BFCL's ``valid`` and ``error_type``, ``correct`` = valid as 0/1), flushed question by question; a re-run keeps the
+  finished questions and samples only the missing ones (the math benchmarks' :func:`eval.run.read_finished`).
+* ``metrics.json``: accuracy, correct, total, its 95% bootstrap interval over questions (:mod:`eval.intervals`),
+  the per-question verdicts (``correct_counts``), BFCL error types, and the protocol with ``bfcl_eval_version``
+  and ``irrelevance_set``; the same two in the manifest's details.
+
+The two appendix columns come from the categories' metrics (:func:`eval.bfcl.summary`): BFCL live (count-weighted
+over the live categories) and Irrelevance Detection (``live_irrelevance``); ``eval.bfcl_report`` renders them.
+"""
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from typing import Any, Callable
+
+import numpy as np
+
+from eval.bfcl import (
+    BFCL_EVAL_VERSION,
+    DEFAULT_IRRELEVANCE,
+    DEFAULT_REGISTRY_NAME,
+    BfclChecker,
+    CategoryScore,
+    prompt_ids,
+    summary,
+)
+from eval.intervals import estimate
+from eval.run import (
+    METRICS_FILE,
+    SAMPLES_FILE,
+    _batches,
+    _write_atomic,
+    benchmark_names,
+    log_to_wandb,
+    read_finished,
+    resolve_model,
+)
+from eval.sample import Sampler, engine_count
+from common.config import Config
+from common.manifest import Manifest, read_manifest, stage_run
+from common.models import load_tokenizer
+from common.paths import BASE_VARIANT, eval_dir, eval_run
+from common.seeding import derive_seed
+from common.tracking import progress
+
+
+def accuracy_with_interval(verdicts: list[int]) -> dict[str, Any]:
+    """Accuracy in percent of 0/1 verdicts and its 95% bootstrap interval over questions (:func:`estimate`)."""
+    cell = estimate([np.asarray([verdicts], dtype=float)]).scaled(100)
+    return {"accuracy": cell.mean, "interval": [cell.low, cell.high]}
+
+
+def category_metrics(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """One category's metrics from its per-question records (in question order)."""
+    verdicts = [r["correct"] for r in records]
+    return {"num_problems": len(records), "n": 1, "correct": sum(verdicts), "total": len(records),
+            **accuracy_with_interval(verdicts),
+            "correct_counts": {r["problem_id"]: r["correct"] for r in records},
+            "error_types": dict(Counter(r["error_type"] for r in records if r["error_type"])),
+            "truncated_rate": sum(r["finish_reason"] == "length" for r in records) / len(records),
+            "mean_response_tokens": sum(r["num_tokens"] for r in records) / len(records)}
+
+
+class _BfclEngine:
+    """The tokenizer (with ``data.tool_template`` when set) and every category's entries and prompts now; the
+    sampler on first use, with context ``eval.max_model_len`` or the longest prompt + ``max_tokens``."""
+
+    def __init__(self, model_path: str, cfg: Config, factory: Callable[..., Sampler], checker: BfclChecker,
+                 categories: list[str]):
+        self.model_path, self.cfg, self._factory = model_path, cfg, factory
+        self.tokenizer = load_tokenizer(model_path)
+        if (template := cfg.data.tool_chat_template()) is not None:
+            self.tokenizer.chat_template = template
+        self.entries = {c: checker.entries(c)[:cfg.eval.max_problems or None] for c in categories}
+        self.prompts = {c: [prompt_ids(self.tokenizer, entry) for entry in entries]
+                        for c, entries in self.entries.items()}
+        self.max_model_len = cfg.eval.max_model_len or cfg.eval.max_tokens + max(
+            len(ids) for prompts in self.prompts.values() for ids in prompts)
+        self.started: Sampler | None = None
+
+    def sampler(self) -> Sampler:
+        if self.started is None:
+            self.started = self._factory(self.model_path, self.cfg, self.max_model_len)
+        return self.started
+
+    def close(self) -> None:
+        if self.started is not None:
+            self.started.close()
+
+
+def evaluate_category(cfg: Config, category: str, engine: _BfclEngine, checker: BfclChecker,
+                      model_record: dict[str, Any]) -> Manifest:
+    """Samples, judges and summarises one BFCL category under the run contract (skips, resumes or restarts)."""
+    spec = eval_run(cfg, cfg.eval.phase, cfg.eval.variant, category)
+    out_dir, samples_path = spec.directory, spec.directory / SAMPLES_FILE
+    entries, prompts = engine.entries[category], engine.prompts[category]
+    protocol = {"n": 1, "temperature": cfg.eval.temperature, "top_p": cfg.eval.top_p,
+                "max_tokens": cfg.eval.max_tokens, "seed": cfg.seed, "backend": cfg.eval.backend,
+                "dtype": cfg.model.dtype, "bfcl_eval_version": checker.bfcl_eval_version,
+                "irrelevance_set": DEFAULT_IRRELEVANCE, "decoder": DEFAULT_REGISTRY_NAME,
+                "tool_template": cfg.data.tool_template or "the model's own"}
+    with stage_run(out_dir, stage=spec.stage, variant=spec.variant, config=spec.config, inputs=spec.inputs,
+                   seeds={"sampling": cfg.seed}) as run:
+        if run is None:
+            return read_manifest(out_dir)
+        run.manifest.details.update({"model": model_record, "num_problems": len(entries), "variant": cfg.eval.variant,
+                                     "phase": cfg.eval.phase, "bfcl_eval_version": checker.bfcl_eval_version,
+                                     "irrelevance_set": DEFAULT_IRRELEVANCE})
+        if not run.resumed:
+            samples_path.unlink(missing_ok=True)
+        finished = {pid: records[0] for pid, records in read_finished(samples_path, 1).items()}
+        todo = [(entry, ids) for entry, ids in zip(entries, prompts) if entry["id"] not in finished]
+        if finished:
+            print(f"[eval/{category}] {len(finished)} of {len(entries)} questions already judged; "
+                  f"sampling the other {len(todo)}")
+        bar = progress(total=len(entries), initial=len(finished), desc=f"eval {cfg.eval.variant}/{category}",
+                       enabled=cfg.logging.progress, unit="question")
+        with bar, open(samples_path, "a", encoding="utf-8") as samples:
+            for batch in _batches(todo, cfg.eval.problems_per_batch * engine_count(cfg)):
+                seeds = [derive_seed(cfg.seed, f"eval/{category}/{entry['id']}") for entry, _ in batch]
+                completions = engine.sampler().sample([ids for _, ids in batch], seeds, 1)
+                for (entry, _), seed, (completion,) in zip(batch, seeds, completions):
+                    verdict = checker.check(category, entry["id"], completion.text)
+                    record = {"problem_id": entry["id"], "sample_index": 0, "seed": seed, "text": completion.text,
+                              "num_tokens": completion.num_tokens, "finish_reason": completion.finish_reason,
+                              "valid": verdict.valid, "error_type": verdict.error_type,
+                              "correct": int(verdict.valid)}
+                    samples.write(json.dumps(record, ensure_ascii=False) + "\n")
+                    samples.flush()
+                    os.fsync(samples.fileno())
+                    finished[entry["id"]] = record
+                    bar.update(1)
+
+        metrics = category_metrics([finished[entry["id"]] for entry in entries])
+        backend = engine.started.version if engine.started is not None else \
+            run.manifest.details.get("backend", {}).get("version", "")
+        metrics_doc = {"benchmark": category, "phase": cfg.eval.phase, "variant": cfg.eval.variant,
+                       "model": cfg.model.name, "model_path": engine.model_path, **metrics,
+                       "protocol": {**protocol, "backend_version": backend}}
+        _write_atomic(out_dir / METRICS_FILE, json.dumps(metrics_doc, indent=2, sort_keys=True) + "\n")
+        run.add_output(SAMPLES_FILE, "one line per question: problem_id, sample_index 0, seed, text, num_tokens, "
+                                     "finish_reason, valid and error_type (BFCL's checker), correct (0/1)")
+        run.add_output(METRICS_FILE, "accuracy with its interval, per-question verdicts, BFCL error types, protocol")
+        run.manifest.metrics = {k: v for k, v in metrics.items() if k not in ("correct_counts", "error_types")}
+        if engine.started is not None:
+            run.manifest.details["backend"] = {"name": engine.started.backend, "version": engine.started.version,
+                                               "max_model_len": engine.max_model_len, **engine.started.settings}
+        run.manifest.details["protocol"] = metrics_doc["protocol"]
+        run.manifest.details["seed_rule"] = "derive_seed(seed, 'eval/<category>/<question id>') per question"
+        return run.manifest
+
+
+def run_bfcl(cfg: Config, sampler_factory: Callable[..., Sampler], checker: BfclChecker | None = None) -> Manifest:
+    """Evaluates one model on every selected BFCL category; returns a summary manifest (not written) whose metrics
+    map each category to its headline numbers, plus ``bfcl``: :func:`eval.bfcl.summary` of them."""
+    categories = benchmark_names(cfg)
+    model_path, upstream = resolve_model(cfg)
+    if upstream is None and cfg.eval.variant == BASE_VARIANT and cfg.model.gguf_file:
+        raise ValueError(f"model {cfg.model.name} is a GGUF file, which the samplers cannot load; evaluate its SFT "
+                         "runs, or give an HF folder of it as eval.model_path")
+    model_record = {"path": model_path, "upstream_run": str(upstream) if upstream is not None else None}
+    own_checker = checker is None
+    checker = checker or BfclChecker()
+    if checker.bfcl_eval_version != BFCL_EVAL_VERSION:
+        print(f"[eval/bfcl] warning: the checker runs bfcl-eval {checker.bfcl_eval_version}, the project pins "
+              f"{BFCL_EVAL_VERSION}")
+    engine = _BfclEngine(model_path, cfg, sampler_factory, checker, categories)
+    result = Manifest(stage=f"eval_{cfg.eval.phase}", variant=cfg.eval.variant, status="complete")
+    try:
+        for category in categories:
+            manifest = evaluate_category(cfg, category, engine, checker, model_record)
+            result.metrics[category] = manifest.metrics
+            result.outputs[str(eval_dir(cfg, cfg.eval.phase, cfg.eval.variant, category))] = \
+                f"{category}: samples, metrics, manifest"
+            if not manifest.complete:
+                result.status = manifest.status
+    finally:
+        engine.close()
+        if own_checker:
+            checker.close()
+    scores = {c: CategoryScore(result.metrics[c]["correct"], result.metrics[c]["total"]) for c in categories}
+    result.metrics["bfcl"] = summary(scores, DEFAULT_IRRELEVANCE)
+    log_to_wandb(cfg, result, model_record, eval_dir(cfg, cfg.eval.phase, cfg.eval.variant, categories[0]).parent)
+    return result
