@@ -53,3 +53,25 @@ def test_tool_template_enters_the_identity_only_when_set():
     plain = data_run(compose(["experiment=bfcl", "data=synthetic_tools", "data.tool_template="]))
     templated = data_run(compose(["experiment=bfcl", "data=synthetic_tools"]))
     assert plain.directory != templated.directory
+
+
+def test_bfcl_paper_dry_run_lists_methods_models_and_both_bfcl_subsets(tmp_path, capsys):
+    from pipeline.run import run, stage_overrides
+
+    overrides = ["experiment=bfcl", "profile=paper", f"experiment.run_root={tmp_path}", "dry_run=true"]
+    plan = run(compose(overrides), stage_overrides(overrides))
+    shown = capsys.readouterr().out
+    names = [c.name for c in plan]
+    assert names[0] == "data" and names[-1] == "report"
+    for model in ("qwen3_4b", "qwen3_8b"):
+        for label in ("sft", "dft", "eksft", "eksft_compatofficial_code"):
+            assert f"sft/{model}/{label}" in names and f"eval/{model}/sft/{label}" in names
+        assert f"eval/{model}/sft/base" in names
+    assert not any(c.stage in ("rl", "eval_rl") for c in plan)
+    evals = [c for c in plan if c.stage == "eval_sft"]
+    assert len(evals) == 2 * 5
+    for command in evals:
+        assert [d.name for d in command.manifest_dirs] == ["live_simple", "live_multiple", "live_parallel",
+                                                           "live_parallel_multiple", "live_irrelevance"]
+        assert command.settings["sampling"]["n"] == 1 and command.settings["sampling"]["temperature"] == 0.0
+    assert "live_irrelevance" in shown and "live_parallel_multiple" in shown and "sft/method=eksft_official" in shown
