@@ -27,7 +27,8 @@ BENCH_HEAD_CPU := $(if $(findstring cuda,$(ARGS)),,--tokens 1024 --hidden 512 --
 CPU_PY := $(call python_of,cpu)
 
 .PHONY: env env-cpu env-gpu lock lock-gpu demo test test-e2e test-all test-gpu reproduce-table1 reproduce-table2 dry-run \
-	bench smollm2 clean-demo bfcl-env
+	bench smollm2 clean-demo bfcl-env \
+	reproduce-bfcl bfcl-smoke
 
 env: env-cpu
 
@@ -94,6 +95,28 @@ smollm2: env-cpu
 ## --no-deps; never the project venv). eval/bfcl.py runs BFCL's AST checker in it as a subprocess (docs/tool_use.md).
 bfcl-env:
 	scripts/setup_bfcl_env.sh
+
+## The paper's BFCL appendix tables (docs/tool_use.md): Base, SFT, DFT, EKSFT (paper eq. and official code) trained on
+## AceBench, scored on BFCL live and live_irrelevance by BFCL's checker, for Qwen3-4B and -8B.
+reproduce-bfcl: bfcl-env
+	@$(call setup,$(PROFILE_STACK))
+	$(call python_of,$(PROFILE_STACK)) -m pipeline.run experiment=bfcl profile=$(PROFILE) $(ARGS)
+
+## Tool use on CPU: SmolLM2-135M-Instruct SFT (1 epoch) on 200 synthetic tool rows in the ChatML tools template, then
+## BFCL live + live_irrelevance on the first 20 questions of each category (vLLM-CPU, greedy) and the appendix table.
+## The GGUF base model cannot be sampled, so the table has the SFT row only (docs/tool_use.md has the numbers).
+BFCL_SMOKE := experiment=bfcl profile=toy model=smollm2_135m profile.models=[smollm2_135m] data=synthetic_tools \
+	experiment.name=bfcl_smoke experiment.methods=[sft] sft/method=sft sft.epochs=1 sft.max_steps=-1 \
+	sft.micro_batch_size=4 sft.grad_accum=2 sft.lr=1e-4 sft.checkpoint_every=0 eval.phase=sft eval.variant=sft \
+	eval.backend=vllm eval.kv_cache_memory_bytes=1073741824 eval.enforce_eager=true eval.data_parallel_size=1 \
+	eval.max_tokens=128 eval.max_problems=20 eval.problems_per_batch=100
+bfcl-smoke: env-cpu bfcl-env
+	VENV=$(CPU_VENV) scripts/fetch_smollm2.sh
+	$(CPU_PY) -m data.prepare $(BFCL_SMOKE) $(ARGS)
+	$(CPU_PY) -m data.tokenize_sft $(BFCL_SMOKE) $(ARGS)
+	$(CPU_PY) -m sft.train $(BFCL_SMOKE) $(ARGS)
+	$(CPU_PY) -m eval.run $(BFCL_SMOKE) $(ARGS)
+	$(CPU_PY) -m eval.bfcl_report $(BFCL_SMOKE) $(ARGS)
 
 ## Benchmarks (ratios measured in one run): EKSFT (live reference and reference cache)/SFT step time, loss-head memory
 ## dense/chunked, vLLM/HF tokens/s.

@@ -40,6 +40,7 @@ from eval.analyses.case_study import read_case_study_row, token_probabilities, t
 from eval.analyses.drift import compare_checkpoints, fraction_above, plot_drift, write_drift
 from eval.analyses.iou import iou_markdown, iou_series, plot_iou
 from eval.analyses.curves import RL_PANELS, SFT_PANELS, logged_panels, plot_curves, read_runs
+from eval.bfcl_report import run as bfcl_report
 from eval.intervals import per_problem_values, spearman
 from eval.metrics import MEAN_TOKEN_ENTROPY
 from eval.plots import plot_heatmap, plot_pass_at_k
@@ -481,6 +482,8 @@ def sweep_section(cfg: Config, sweeps: list, out_dir: Path, run_) -> list[str]:
 
 def run(cfg: Config) -> Manifest:
     """Writes the tables, plots, analyses and ``report.md`` of the experiment; skipped when no input changed."""
+    if cfg.data.benchmark_source == "bfcl":  # a tool-use experiment: the BFCL appendix tables (docs/tool_use.md)
+        return bfcl_report(cfg)
     out_dir = report_dir(cfg)
     models, labels = model_configs(cfg), variants(cfg)
     analyses = cfg.eval.analysis.run
