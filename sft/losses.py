@@ -60,6 +60,8 @@ class TokenLoss:
         self.term_options: Mapping[str, Any] = {}
         self.step = 0
         """The optimiser step being computed (0-based), set by :meth:`begin_step`."""
+        self.calibrated: dict[str, float] = {}
+        """The constants :meth:`load_calibration` set (empty: none), recorded in the SFT manifest."""
 
     @classmethod
     def variant(cls, cfg: SFTMethod) -> type[TokenLoss]:
@@ -81,8 +83,9 @@ class TokenLoss:
         raise NotImplementedError(f"{type(self).__name__} asks for no calibration")
 
     def load_calibration(self, constants: Mapping[str, float]) -> None:
-        """Sets the constants :meth:`calibrate` returned (on every rank, and again on a resumed run)."""
-        raise NotImplementedError(f"{type(self).__name__} asks for no calibration")
+        """Sets the constants :meth:`calibrate` returned (on every rank, and again on a resumed run); subclasses
+        read theirs and call this, which keeps them in :attr:`calibrated`."""
+        self.calibrated = dict(constants)
 
     def weigh(self, stats: TokenStats) -> TokenWeights:
         raise NotImplementedError
@@ -558,6 +561,7 @@ class SEDSFTLoss(TokenLoss):
         return {"sed_threshold": threshold, "sed_calibration_positions": float(values.numel())}
 
     def load_calibration(self, constants: Mapping[str, float]) -> None:
+        super().load_calibration(constants)
         self.threshold = constants["sed_threshold"]
 
     def weigh(self, stats: TokenStats) -> TokenWeights:

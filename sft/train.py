@@ -16,7 +16,7 @@ import time
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -49,6 +49,7 @@ from sft.checkpoint import CHECKPOINTS_DIR, Checkpointer
 from sft.data import DataOrder, TokenisedRow, read_sft_tokens
 from sft.distributed import DistEnv, broadcast_from_main, close_distributed, init_distributed
 from sft.export import export_hf
+from sft.calibration import calibrate_token_loss
 from sft.losses import build_loss
 from sft.optim import build_optimizer, build_scheduler, total_optimizer_steps
 from sft.policy import PolicyWithTokenLoss, freeze, frozen_head_copy, shard_models, sharded_reference_trunk
@@ -174,15 +175,19 @@ def prepare_reference_cache(cfg: Config, model_dir: str, tokens_path: Path, rows
     return ReferenceCache(folder, identity)
 
 
-def build_root(cfg: Config, model_dir: str, env: DistEnv,
-               cached_reference: bool = False) -> tuple[PolicyWithTokenLoss, GenerationConfig]:
+def build_root(cfg: Config, model_dir: str, env: DistEnv, cached_reference: bool = False,
+               calibration_sequences: Sequence[Sequence[int]] = ()) -> tuple[PolicyWithTokenLoss, GenerationConfig]:
     """The FSDP2-sharded policy plus the frozen models its loss needs (only the reference's LM head when
     ``cached_reference``), and the base generation config.
 
     Every model is built on the meta device, sharded, then filled from rank 0's one full copy of the base model
-    (:func:`load_from_main`): a rank holds its shards, not whole models."""
+    (:func:`load_from_main`): a rank holds its shards, not whole models. A loss that asks for a calibration
+    (``TokenLoss.calibration``) gets it from that copy, on ``calibration_sequences``, before anything trains."""
     token_loss = build_loss(cfg.sft.method)
     base = load_base_on_main(cfg, model_dir, env)
+    if token_loss.calibration() is not None:
+        token_loss.load_calibration(broadcast_from_main(calibrate_token_loss(
+            token_loss, base.full, calibration_sequences, cfg.sft.chunk_size, env.device) if env.is_main else None))
     policy = base.empty_copy()
     if cfg.sft.gradient_checkpointing:
         policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -260,7 +265,8 @@ def _run(cfg: Config, env: DistEnv) -> Manifest:
             tokenizer = load_tokenizer(model_dir, gguf_file=cfg.model.gguf_file)
 
             reference_cache = prepare_reference_cache(cfg, model_dir, tokens_path, rows, env, announce)
-            root, generation_config = build_root(cfg, model_dir, env, cached_reference=reference_cache is not None)
+            root, generation_config = build_root(cfg, model_dir, env, cached_reference=reference_cache is not None,
+                                                 calibration_sequences=[row.input_ids for row in rows])
             optimizer = build_optimizer(root, cfg.sft)
             total_steps = total_optimizer_steps(cfg.sft, order.steps_per_epoch)
             scheduler = build_scheduler(optimizer, cfg.sft, total_steps)
@@ -292,6 +298,9 @@ def _run(cfg: Config, env: DistEnv) -> Manifest:
                     "supervised_tokens": summary.supervised_tokens, "input_tokens": summary.input_tokens,
                     "train_time_s": summary.train_time_s, "wall_time_s": wall,
                     "tokens_per_s": summary.input_tokens / max(summary.train_time_s, 1e-9)}
+                if root.token_loss.calibrated:
+                    stage.manifest.details["loss_calibration"] = root.token_loss.calibrated
+                    stage.manifest.metrics.update(root.token_loss.calibrated)
                 stage.manifest.details.update({
                     "resumed_from_step": summary.resumed_from_step, "steps_this_launch": summary.steps_this_launch,
                     "steps_per_epoch": order.steps_per_epoch, "global_batch": order.global_batch,
