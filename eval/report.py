@@ -11,8 +11,8 @@ Collects every ``metrics.json`` the eval stages wrote for the experiment's model
 * ``plots/passk_<model>_<phase>_<benchmark>.png``: pass@k curves with 95% bands, one line per method
   (:mod:`eval.plots`);
 * ``plots/curves_<model>_{sft,rl}.png``: training curves of the SFT and RL runs (:mod:`eval.analyses.curves`), and
-  the RL-headroom table (Spearman ρ of pre-RL pass@1 / pass@n / mean sample entropy with the RL gain, across arms
-  and seeds);
+  the RL-headroom table (Spearman ρ of pre-RL pass@1 / pass@n / mean sample entropy / held-out NLL with the RL
+  gain, across arms and seeds);
 * the analyses of ``eval.analysis.run`` (:mod:`eval.analyses`, :mod:`eval.sweep`), each skipped with a note in
   ``report.md`` when its inputs are missing: ``drift_<model>_<phase>.{json,csv}`` and ``plots/drift_*.png``
   (parameter drift of every SFT / RL export vs the base model), ``iou_<model>.{md,json}`` and ``plots/iou_*.png``
@@ -64,9 +64,11 @@ from common.manifest import Manifest, StageInputError, read_manifest, stage_run
 from common.models import local_model_dir
 from common.paths import (
     BASE_VARIANT,
+    HELDOUT_NLL,
     TRAINING_METRICS_FILE,
     base_run,
     eval_dir,
+    heldout_nll_run,
     hf_export_dir,
     model_configs,
     report_dir,
@@ -352,15 +354,22 @@ def curves_section(cfg: Config, mcfg: Config, labels: list[str], out_dir: Path, 
     return lines
 
 
-def headroom_section(collected: dict) -> tuple[list[str], dict]:
+def headroom_section(collected: dict, heldout: dict[tuple[int, str], dict[int, float]]) -> tuple[list[str], dict]:
     """Spearman correlation, across RL arms and seeds, of pre-RL diagnostics with the RL gain in Avg pass@1 (the
-    entropy's over the pairs whose pre-RL samples all carry log-probabilities)."""
+    entropy's over the pairs whose pre-RL samples all carry log-probabilities, the held-out NLL's over the pairs with
+    one: ``heldout`` maps (model index, variant) to seed → NLL, :func:`heldout_nll_per_seed`). Each RL arm is paired
+    with the Table 1 row of the same variant (Table 2 may hold fewer arms: ``experiment.rl_methods``)."""
     if "sft" not in collected or "rl" not in collected:
         return ["Skipped: needs both Table 1 (before RL) and Table 2 (after RL) evaluations.", ""], {}
     before, after = collected["sft"][0], collected["rl"][0]
     points = []
-    for block_before, block_after in zip(before.blocks, after.blocks):
-        for row_before, row_after in zip(block_before.rows, block_after.rows):
+    for m, (block_before, block_after) in enumerate(zip(before.blocks, after.blocks)):
+        pre_rl = {row.variant: row for row in block_before.rows}
+        for row_after in block_after.rows:
+            if row_after.variant not in pre_rl:
+                continue
+            row_before = pre_rl[row_after.variant]
+            nll = heldout.get((m, row_after.variant), {})
             pass1 = row_before.per_seed.get((AVERAGE, "pass@1"), {})
             after_rl = row_after.per_seed.get((AVERAGE, "pass@1"), {})
             columns = [c for c in before.columns if c != AVERAGE]
@@ -368,13 +377,15 @@ def headroom_section(collected: dict) -> tuple[list[str], dict]:
             entropy = entropy_per_seed(row_before, columns)
             for seed in sorted(set(pass1) & set(after_rl) & set(pass_n)):
                 points.append((block_before.title, row_before.label, seed, pass1[seed], *pass_n[seed],
-                               entropy.get(seed), after_rl[seed] - pass1[seed]))
+                               entropy.get(seed), nll.get(seed), after_rl[seed] - pass1[seed]))
     if not points:
         return ["Skipped: no arm and seed has both its Table 1 and Table 2 evaluations on every benchmark.", ""], {}
-    gain = [p[7] for p in points]
+    gain = [p[8] for p in points]
     with_entropy = [p for p in points if p[6] is not None]
+    with_nll = [p for p in points if p[7] is not None]
     rho = {"pass1": spearman([p[3] for p in points], gain), "pass_n": spearman([p[4] for p in points], gain),
-           "entropy": spearman([p[6] for p in with_entropy], [p[7] for p in with_entropy])}
+           "entropy": spearman([p[6] for p in with_entropy], [p[8] for p in with_entropy]),
+           "heldout_nll": spearman([p[7] for p in with_nll], [p[8] for p in with_nll])}
 
     def show(value: float) -> str:
         return "n/a (fewer than 3 points, or a constant side)" if math.isnan(value) else f"{value:+.2f}"
@@ -387,14 +398,31 @@ def headroom_section(collected: dict) -> tuple[list[str], dict]:
              "| mean sample entropy (nats/token) | " + (
                  f"{show(rho['entropy'])} ({len(with_entropy)} of {len(points)} pairs) |" if with_entropy else
                  "not computed (no pre-RL samples with log-probabilities: hf backend, or sampled before) |"),
-             "| held-out NLL on a held-out slice of the SFT set | not computed (no held-out evaluation stage) |", "",
-             "| model | arm | seed | pre-RL pass@1 | pre-RL pass@n (n) | pre-RL entropy (nats/token) | RL gain |",
-             "|---|---|:---:|:---:|:---:|:---:|:---:|",
+             "| held-out NLL on a held-out slice of the SFT set | " + (
+                 f"{show(rho['heldout_nll'])} ({len(with_nll)} of {len(points)} pairs) |" if with_nll else
+                 "not computed (no held-out NLL run: data.num_heldout_rows=0, or not evaluated yet) |"), "",
+             "| model | arm | seed | pre-RL pass@1 | pre-RL pass@n (n) | pre-RL entropy (nats/token) | "
+             "pre-RL held-out NLL (nats/token) | RL gain |",
+             "|---|---|:---:|:---:|:---:|:---:|:---:|:---:|",
              *(f"| {model} | {label} | {seed} | {p1:.1f} | {pn:.1f} ({n}) | "
-               f"{'n/a' if entropy is None else f'{entropy:.3f}'} | {g:+.1f} |"
-               for model, label, seed, p1, pn, n, entropy, g in points), ""]
+               f"{'n/a' if entropy is None else f'{entropy:.3f}'} | {'n/a' if nll is None else f'{nll:.3f}'} | "
+               f"{g:+.1f} |" for model, label, seed, p1, pn, n, entropy, nll, g in points), ""]
     return lines, {"points": len(points), **{f"spearman_{key}": None if math.isnan(value) else value
                                               for key, value in rho.items()}}
+
+
+def heldout_nll_per_seed(models: list[Config], labels: list[str]) -> dict[tuple[int, str], dict[int, float]]:
+    """(model index, variant) → seed → pre-RL held-out NLL, from every complete held-out NLL run
+    (:func:`common.paths.heldout_nll_run`) of ``labels``."""
+    result: dict[tuple[int, str], dict[int, float]] = {}
+    for m, mcfg in enumerate(models):
+        for seed, scfg in seed_configs(mcfg).items():
+            for variant in labels:
+                spec = heldout_nll_run(scfg, variant)
+                manifest = read_manifest(spec.directory) if spec is not None else None
+                if manifest is not None and manifest.complete and HELDOUT_NLL in manifest.metrics:
+                    result.setdefault((m, variant), {})[seed] = manifest.metrics[HELDOUT_NLL]
+    return result
 
 
 def pass_at_n_per_seed(row: Row, columns: list[str]) -> dict[int, tuple[float, int]]:
@@ -548,7 +576,7 @@ def run(cfg: Config) -> Manifest:
         lines += ["## Training curves", ""]
         for mcfg in models:
             lines += curves_section(cfg, mcfg, labels, out_dir, run_)
-        more, analysis_metrics["headroom"] = headroom_section(collected)
+        more, analysis_metrics["headroom"] = headroom_section(collected, heldout_nll_per_seed(models, rows["rl"]))
         lines += ["## RL headroom: what predicts the RL gain", "", *more]
         (out_dir / "report.md").write_text("\n".join(lines), encoding="utf-8")
         run_.add_output("report.md", "tables, plots and links to every eval manifest")

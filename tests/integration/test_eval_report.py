@@ -93,8 +93,8 @@ def test_report_shows_the_papers_numbers_next_to_ours(tmp_path):
 
 
 def test_report_training_curves_and_rl_headroom(tmp_path):
-    cfg = compose([f"experiment.run_root={tmp_path}", "experiment.methods=[sft,eksft]", "experiment.seeds=[0,1]",
-                   "eval.analysis.run=[]"])
+    cfg = compose([f"experiment.run_root={tmp_path}", "experiment.methods=[sft,eksft]", "experiment.rl_methods=[]",
+                   "experiment.seeds=[0,1]", "eval.analysis.run=[]"])
     # One problem per benchmark (both benchmarks alike), n = 4: correct counts per (arm, seed) before / after RL.
     before = {"base": (0, 1), "sft": (2, 3), "eksft": (1, 2)}
     after = {"base": (2, 2), "sft": (3, 3), "eksft": (4, 3)}
@@ -138,7 +138,7 @@ def test_report_training_curves_and_rl_headroom(tmp_path):
     # entropy 1.0, 0.8 | 0.6, 0.4 | 1.2, 0.9: ranks (5, 3, 2, 1, 6, 4) against the gain ranks: ρ = 15.5 / sqrt(17.5 · 15.5).
     assert headroom["spearman_entropy"] == pytest.approx(15.5 / (17.5 * 15.5) ** 0.5)
     assert "| mean sample entropy (nats/token) | +0.94 (6 of 6 pairs) |" in text
-    assert "| Toy-Qwen3-0.8M | EKSFT (paper eq.) | 0 | 25.0 | 100.0 (4) | 1.200 | +75.0 |" in text
+    assert "| Toy-Qwen3-0.8M | EKSFT (paper eq.) | 0 | 25.0 | 100.0 (4) | 1.200 | n/a | +75.0 |" in text
     assert "held-out NLL on a held-out slice of the SFT set | not computed" in text
 
 
