@@ -97,6 +97,9 @@ class Config:
     def validate(self) -> "Config":
         check_range("seed", self.seed, 0, 2**31 - 1)
         self.experiment.validate()
+        presets = sorted(path.stem for path in (CONF_DIR / "sft" / "method").glob("*.yaml"))
+        for method in self.experiment.rl_methods:
+            check_choice("experiment.rl_methods[]", method, presets)
         self.profile.validate()
         self.model.validate()
         self.data.validate()

@@ -79,8 +79,9 @@ class ExperimentConfig:
     methods: list[str] = field(default_factory=lambda: ["sft"])
     """SFT methods (``conf/sft/method/*.yaml`` names) trained, evaluated and handed to RL."""
     rl_methods: list[str] = field(default_factory=list)
-    """The ``methods`` whose SFT models go on to RL and its evaluation (Table 2); empty: all of them. The base model
-    always gets an RL arm."""
+    """Methods whose SFT models go on to RL and its evaluation (Table 2): the entries of ``methods`` named here
+    (``conf/sft/method/*.yaml`` names; one not in ``methods`` has no SFT run to start from and is passed over);
+    empty: all of ``methods``. The base model always gets an RL arm."""
     run_root: str = "runs"
     """Folder holding every run directory (``<run_root>/<experiment>/<stage>/<variant>``)."""
     train_in: str = ""
@@ -105,8 +106,6 @@ class ExperimentConfig:
             raise ConfigError("experiment.methods must list at least one SFT method")
         if len(set(self.methods)) != len(self.methods):
             raise ConfigError(f"experiment.methods has duplicates: {self.methods}")
-        for method in self.rl_methods:
-            check_choice("experiment.rl_methods[]", method, self.methods)
         if len(set(self.rl_methods)) != len(self.rl_methods):
             raise ConfigError(f"experiment.rl_methods has duplicates: {self.rl_methods}")
         for seed in self.seeds:

@@ -32,10 +32,18 @@ def test_rl_methods_choose_the_rl_arms_and_base_always_gets_one():
     assert [c.name for c in plan if c.stage == "eval_rl"] == ["eval/toy/rl/base", "eval/toy/rl/eksft"]
 
 
+def test_rl_methods_not_trained_are_passed_over():
+    # experiment=demo names eksft_official among its RL arms; `experiment.methods=[sft,eksft]` must still compose
+    cfg = compose(["experiment=demo", "profile=toy", "experiment.methods=[sft,eksft]"])
+    assert cfg.experiment.rl_methods == ["sft", "eksft", "eksft_official"]
+    assert rl_variants(cfg) == ["base", "sft", "eksft"]
+    assert rl_variants(compose([*TWO_METHODS, "experiment.rl_methods=[psft]"])) == ["base"]
+
+
 @pytest.mark.parametrize("rl_methods, message", [
-    ("[psft]", r"experiment.rl_methods\[\] must be one of \['sft', 'eksft'\]; got 'psft'"),
+    ("[eksft_typo]", r"experiment.rl_methods\[\] must be one of \[.*'eksft_official'.*\]; got 'eksft_typo'"),
     ("[sft,sft]", "experiment.rl_methods has duplicates")])
-def test_rl_methods_outside_methods_are_refused(rl_methods, message):
+def test_rl_methods_that_name_no_method_are_refused(rl_methods, message):
     with pytest.raises(ConfigError, match=message):
         compose([*TWO_METHODS, f"experiment.rl_methods={rl_methods}"])
 
