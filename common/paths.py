@@ -126,6 +126,12 @@ ID_LENGTH = 8
 """Hex digits of the identity hash in a run folder's name."""
 TOKENISATION_FIELDS = ("max_length", "strip_leading_think")
 """data fields read only by tokenisation: part of the tokens' identity, not the data stage's."""
+SFT_ROWS_FILE = "sft.parquet"
+"""The data run's SFT split (LUFFY rows + ``row_id``, or tool-use rows), read by tokenisation."""
+RL_TRAIN_FILE = "rl.parquet"
+"""The data run's RL split as verl RLHF rows (verl's ``data.train_files``)."""
+RL_VAL_FILE = "rl_val.parquet"
+"""The RL rows held out for verl's validation (``data.val_files``), disjoint from :data:`RL_TRAIN_FILE`."""
 SFT_TOKENS_FILE = "sft_tokens.parquet"
 """The tokenised SFT split in a tokens run folder."""
 HELDOUT_ROWS_FILE = "sft_heldout.parquet"
@@ -138,6 +144,23 @@ HELDOUT_NLL = "heldout_nll_nats"
 """Metric of a :func:`heldout_nll_run`: mean negative log-likelihood per supervised token of the held-out slice."""
 TRAINING_METRICS_FILE = "metrics.jsonl"
 """One JSON line per logged step, written by every training stage (base pretraining, SFT, RL) and read by the report."""
+SFT_STATS_PREFIX = "stats/"
+"""Prefix of every token-loss metric (``LossResult.metrics``) in an SFT run's :data:`TRAINING_METRICS_FILE`."""
+
+
+def set_size_stat(token_set: str) -> str:
+    """The token-loss metric counting a token set (T, M_H, M_KL, M, CE) of one micro-batch: ``num_<set>``."""
+    return f"num_{token_set}"
+
+
+STAT_CE = "ce"
+"""Mean cross-entropy of the supervised tokens (on the CE set for masking methods)."""
+STAT_IOU = "iou"
+"""|M_H ∩ M_KL| / |M_H ∪ M_KL| of the EKSFT masks."""
+STAT_ENTROPY_ON_M, STAT_ENTROPY_REST = "entropy_mean_M", "entropy_mean_rest"
+"""Mean token entropy on the masked set M and on the rest of T."""
+STAT_KL_ON_M, STAT_KL_REST = "kl_mean_M", "kl_mean_rest"
+"""Mean KL(π_θ‖π_ref) on M and on the rest of T."""
 HF_EXPORT = "hf"
 """The HF folder (safetensors + tokenizer + generation config) a training stage hands downstream."""
 BENCHMARKS_SUBDIR = "benchmarks"

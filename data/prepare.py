@@ -32,7 +32,7 @@ from common.benchmarks import write_benchmark
 from common.config import Config, stage_main
 from common.config.data import TOOL_SOURCES
 from common.manifest import Manifest, read_manifest, sha256_path, sha256_text, stage_run
-from common.paths import HELDOUT_ROWS_FILE, benchmark_file, data_run
+from common.paths import HELDOUT_ROWS_FILE, RL_TRAIN_FILE, RL_VAL_FILE, SFT_ROWS_FILE, benchmark_file, data_run
 from common.seeding import derive_seed
 from toy.worlds import benchmark_questions, training_rows
 
@@ -95,7 +95,7 @@ def run(cfg: Config) -> Manifest:
             return read_manifest(out_dir)
         if cfg.data.source in TOOL_SOURCES:  # tool-use rows: SFT only, scored on BFCL (docs/tool_use.md)
             stage.manifest.details.update(write_tool_split(cfg.data, out_dir))
-            stage.add_output("sft.parquet", "tool-use rows of the SFT split (data.tool_use.TOOL_PARQUET_COLUMNS)")
+            stage.add_output(SFT_ROWS_FILE, "tool-use rows of the SFT split (data.tool_use.TOOL_PARQUET_COLUMNS)")
             stage.manifest.metrics["num_sft_rows"] = stage.manifest.details["split"]["counts"]["sft"]
             return stage.manifest
         local_path = None
@@ -117,18 +117,18 @@ def run(cfg: Config) -> Manifest:
         if any(overlap.values()):
             raise RuntimeError(f"split parts share problems: {overlap}")
 
-        write_parquet(out_dir / "sft.parquet",
+        write_parquet(out_dir / SFT_ROWS_FILE,
                       [dict(loaded.rows[p], row_id=loaded.row_ids[p]) for p in split.sft])
-        write_parquet(out_dir / "rl.parquet", [verl_row(loaded.rows[p], "train") for p in split.rl])
+        write_parquet(out_dir / RL_TRAIN_FILE, [verl_row(loaded.rows[p], "train") for p in split.rl])
         if split.rl_val:
-            write_parquet(out_dir / "rl_val.parquet", [verl_row(loaded.rows[p], "val") for p in split.rl_val])
-            stage.add_output("rl_val.parquet", "verl RLHF rows held out of the RL split for validation")
-        stage.add_output("sft.parquet", "LUFFY rows of the SFT split (+ row_id)")
+            write_parquet(out_dir / RL_VAL_FILE, [verl_row(loaded.rows[p], "val") for p in split.rl_val])
+            stage.add_output(RL_VAL_FILE, "verl RLHF rows held out of the RL split for validation")
+        stage.add_output(SFT_ROWS_FILE, "LUFFY rows of the SFT split (+ row_id)")
         if split.heldout:
             write_parquet(out_dir / HELDOUT_ROWS_FILE,
                           [dict(loaded.rows[p], row_id=loaded.row_ids[p]) for p in split.heldout])
             stage.add_output(HELDOUT_ROWS_FILE, "LUFFY rows of the held-out SFT slice (+ row_id), never trained on")
-        stage.add_output("rl.parquet", "verl RLHF rows (data_source, prompt, ability, reward_model, extra_info)")
+        stage.add_output(RL_TRAIN_FILE, "verl RLHF rows (data_source, prompt, ability, reward_model, extra_info)")
 
         system, system_record = benchmark_system_prompt(cfg, loaded)
         written = write_benchmarks(cfg, out_dir, system)

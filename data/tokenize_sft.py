@@ -22,6 +22,7 @@ from common.models import load_tokenizer
 from common.paths import (
     HELDOUT_ROWS_FILE,
     HELDOUT_TOKENS_FILE,
+    SFT_ROWS_FILE,
     SFT_TOKENS_FILE,
     base_model_path,
     data_dir,
@@ -75,7 +76,7 @@ def run(cfg: Config) -> Manifest:
         tokenizer = load_tokenizer(base_model_path(cfg), gguf_file=cfg.model.gguf_file)
         if (template := cfg.data.tool_chat_template()) is not None:
             tokenizer.chat_template = template
-        rows = pq.read_table(source_dir / "sft.parquet").to_pylist()
+        rows = pq.read_table(source_dir / SFT_ROWS_FILE).to_pylist()
         columns, prompt_too_long = tokenise_rows(cfg, tokenizer, rows, "SFT")
         if not columns["row_id"]:
             raise ValueError(f"every SFT row's prompt reaches data.max_length={cfg.data.max_length}")

@@ -41,6 +41,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from data.formatting import SFTExample, example_from_texts
 from common.models import end_of_turn_token
+from common.paths import SFT_ROWS_FILE
 
 TOOL_ROW_COLUMNS = ("id", "source", "category", "messages", "tools", "calls", "reply")
 ACEBENCH_HUB_ID = "oliveirabruno01/acebench"
@@ -410,7 +411,7 @@ def write_tool_split(data, out_dir) -> dict[str, Any]:
     chosen = select_tool_rows(rows, data.num_sft_rows, data.split_seed)
     records = [{**{c: rows[p][c] for c in TOOL_ROW_COLUMNS}, "possible_answer": rows[p].get("possible_answer", ""),
                 "row_id": p} for p in chosen]
-    Dataset.from_list(records).to_parquet(str(Path(out_dir) / "sft.parquet"))
+    Dataset.from_list(records).to_parquet(str(Path(out_dir) / SFT_ROWS_FILE))
     invalid = left_out["invalid"]
     by_field: dict[str, int] = {}
     for error in invalid:

@@ -17,15 +17,23 @@ from typing import Any
 
 from common.config import Config
 from common.config.rl import REWARD_STYLES
-from common.paths import BASE_VARIANT, base_model_path, data_dir, hf_export_dir, method_label, rl_dir, sft_dir
+from common.paths import (
+    BASE_VARIANT,
+    RL_TRAIN_FILE,
+    RL_VAL_FILE,
+    base_model_path,
+    data_dir,
+    hf_export_dir,
+    method_label,
+    rl_dir,
+    sft_dir,
+)
 from common.seeding import derive_seed
 from common.tracking import CPU_OPENMP_ENV
 
 MAIN_PPO_MODULE = "verl.trainer.main_ppo"
 REWARD_FILE = Path(__file__).resolve().with_name("reward.py")
 REWARD_FUNCTION = "compute_score"
-RL_TRAIN_FILE = "rl.parquet"
-RL_VAL_FILE = "rl_val.parquet"
 CHECKPOINT_SUBDIR = "checkpoints"
 VAL_GENERATIONS_SUBDIR = "val_generations"
 HYDRA_SUBDIR = "verl_hydra"

@@ -22,6 +22,15 @@ from torch import Tensor
 
 from common.config.common import ConfigError
 from common.config.sft import SFT_METHOD_SCHEMAS, EKSFTMethod, SFTMethod
+from common.paths import (
+    STAT_CE,
+    STAT_ENTROPY_ON_M,
+    STAT_ENTROPY_REST,
+    STAT_IOU,
+    STAT_KL_ON_M,
+    STAT_KL_REST,
+    set_size_stat,
+)
 from common.seeding import derive_seed
 from sft.token_stats import TokenStats, TokenWeights, dense_loss
 
@@ -169,7 +178,7 @@ def _mean_on(values: Tensor, mask: Tensor) -> Tensor:
 
 
 def _ce_metrics(stats: TokenStats, mask: Tensor) -> dict[str, Tensor]:
-    return {"ce": _mean_on(-stats.values["logp"], mask), "num_T": _count(mask)}
+    return {STAT_CE: _mean_on(-stats.values["logp"], mask), set_size_stat("T"): _count(mask)}
 
 
 # ------------------------------------------------------------------------------------------ baselines
@@ -328,12 +337,12 @@ def _eksft_metrics(stats: TokenStats, sets: dict[str, Tensor], ce_coef: Tensor, 
     """What both EKSFT classes log (docs/methods.md): ``sets`` holds the row masks T, M_H, M_KL, M and CE."""
     entropy, kl = stats.values["entropy"], stats.values["kl"]
     rest = sets["T"] & ~sets["M"]
-    return {"ce": (ce_coef * -stats.values["logp"]).sum(), "entropy_reg": entropy_reg, "kl_reg": kl_reg,
+    return {STAT_CE: (ce_coef * -stats.values["logp"]).sum(), "entropy_reg": entropy_reg, "kl_reg": kl_reg,
             "lambda_entropy": lambda_entropy, "lambda_kl": lambda_kl,
-            **{f"num_{key}": _count(mask) for key, mask in sets.items()},
-            "iou": _count(sets["M_H"] & sets["M_KL"]) / _count(sets["M_H"] | sets["M_KL"]).clamp(min=1.0),
-            "entropy_mean_M": _mean_on(entropy, sets["M"]), "entropy_mean_rest": _mean_on(entropy, rest),
-            "kl_mean_M": _mean_on(kl, sets["M"]), "kl_mean_rest": _mean_on(kl, rest)}
+            **{set_size_stat(key): _count(mask) for key, mask in sets.items()},
+            STAT_IOU: _count(sets["M_H"] & sets["M_KL"]) / _count(sets["M_H"] | sets["M_KL"]).clamp(min=1.0),
+            STAT_ENTROPY_ON_M: _mean_on(entropy, sets["M"]), STAT_ENTROPY_REST: _mean_on(entropy, rest),
+            STAT_KL_ON_M: _mean_on(kl, sets["M"]), STAT_KL_REST: _mean_on(kl, rest)}
 
 
 @register_token_loss("eksft")
@@ -613,7 +622,7 @@ class HighEntropyCELoss(TokenLoss):
         selected = top_rank_mask(stats.values["entropy"], mask, k, "paper_rank")
         share = _per_row_share(selected)
         metrics = _ce_metrics(stats, mask)
-        metrics["num_M_H"] = _count(selected)
-        metrics["entropy_mean_M"] = _mean_on(stats.values["entropy"], selected)
-        metrics["entropy_mean_rest"] = _mean_on(stats.values["entropy"], mask & ~selected)
+        metrics[set_size_stat("M_H")] = _count(selected)
+        metrics[STAT_ENTROPY_ON_M] = _mean_on(stats.values["entropy"], selected)
+        metrics[STAT_ENTROPY_REST] = _mean_on(stats.values["entropy"], mask & ~selected)
         return TokenWeights(coefs={"logp": -share}, constant=share.new_zeros(()), metrics=metrics)

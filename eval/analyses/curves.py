@@ -17,6 +17,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from common.paths import (
+    SFT_STATS_PREFIX,
+    STAT_CE,
+    STAT_ENTROPY_ON_M,
+    STAT_ENTROPY_REST,
+    STAT_KL_ON_M,
+    STAT_KL_REST,
+    set_size_stat,
+)
 from eval.analyses import pyplot, save_figure
 from eval.analyses.iou import read_metrics_log
 
@@ -55,14 +64,18 @@ class Panel:
     """(line style name, getter): ``solid`` / ``dashed``; the panel title says what each style is."""
 
 
+def stat(name: str) -> str:
+    return SFT_STATS_PREFIX + name
+
+
 SFT_PANELS = (
     Panel("loss", (("solid", key("loss")),)),
-    Panel("cross-entropy (stats/ce)", (("solid", key("stats/ce")),)),
+    Panel(f"cross-entropy ({stat(STAT_CE)})", (("solid", key(stat(STAT_CE))),)),
     Panel("mean entropy: on M (solid), rest (dashed)",
-          (("solid", key("stats/entropy_mean_M")), ("dashed", key("stats/entropy_mean_rest")))),
+          (("solid", key(stat(STAT_ENTROPY_ON_M))), ("dashed", key(stat(STAT_ENTROPY_REST))))),
     Panel("mean KL(π_θ‖π_ref): on M (solid), rest (dashed)",
-          (("solid", key("stats/kl_mean_M")), ("dashed", key("stats/kl_mean_rest")))),
-    Panel("|M| / |T|", (("solid", ratio("stats/num_M", "stats/num_T")),)),
+          (("solid", key(stat(STAT_KL_ON_M))), ("dashed", key(stat(STAT_KL_REST))))),
+    Panel("|M| / |T|", (("solid", ratio(stat(set_size_stat("M")), stat(set_size_stat("T")))),)),
 )
 RL_PANELS = (
     Panel("reward (critic/score/mean)", (("solid", key("critic/score/mean")),)),

@@ -13,11 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from eval.analyses import AnalysisInputError, pyplot, save_figure
+from common.paths import SFT_STATS_PREFIX, STAT_IOU, set_size_stat
 from common.tracking import read_metrics
 
-IOU_KEY = "stats/iou"
-SET_KEYS = {"M_H": "stats/num_M_H", "M_KL": "stats/num_M_KL", "M": "stats/num_M"}
-TOTAL_KEY = "stats/num_T"
+IOU_KEY = SFT_STATS_PREFIX + STAT_IOU
+SET_KEYS = {name: SFT_STATS_PREFIX + set_size_stat(name) for name in ("M_H", "M_KL", "M")}
+TOTAL_KEY = SFT_STATS_PREFIX + set_size_stat("T")
 
 
 @dataclass
