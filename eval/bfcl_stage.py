@@ -46,7 +46,7 @@ from eval.run import (
     read_finished,
     resolve_model,
 )
-from eval.sample import Sampler, engine_count
+from eval.sample import LazySampler, Sampler, engine_count
 from common.config import Config
 from common.manifest import Manifest, read_manifest, stage_run
 from common.models import load_tokenizer
@@ -72,13 +72,13 @@ def category_metrics(records: list[dict[str, Any]]) -> dict[str, Any]:
             "mean_response_tokens": sum(r["num_tokens"] for r in records) / len(records)}
 
 
-class _BfclEngine:
+class _BfclEngine(LazySampler):
     """The tokenizer (with ``data.tool_template`` when set) and every category's entries and prompts now; the
     sampler on first use, with context ``eval.max_model_len`` or the longest prompt + ``max_tokens``."""
 
     def __init__(self, model_path: str, cfg: Config, factory: Callable[..., Sampler], checker: BfclChecker,
                  categories: list[str]):
-        self.model_path, self.cfg, self._factory = model_path, cfg, factory
+        super().__init__(model_path, cfg, factory)
         self.tokenizer = load_tokenizer(model_path)
         if (template := cfg.data.tool_chat_template()) is not None:
             self.tokenizer.chat_template = template
@@ -87,16 +87,6 @@ class _BfclEngine:
                         for c, entries in self.entries.items()}
         self.max_model_len = cfg.eval.max_model_len or cfg.eval.max_tokens + max(
             len(ids) for prompts in self.prompts.values() for ids in prompts)
-        self.started: Sampler | None = None
-
-    def sampler(self) -> Sampler:
-        if self.started is None:
-            self.started = self._factory(self.model_path, self.cfg, self.max_model_len)
-        return self.started
-
-    def close(self) -> None:
-        if self.started is not None:
-            self.started.close()
 
 
 def evaluate_category(cfg: Config, category: str, engine: _BfclEngine, checker: BfclChecker,

@@ -34,6 +34,7 @@ from typing import Any, Callable, Iterator
 from eval.heldout import evaluate_heldout, heldout_tokens_path, read_heldout_tokens
 from eval.metrics import MEAN_TOKEN_ENTROPY, benchmark_metrics, mean_token_entropy
 from eval.sample import (
+    LazySampler,
     Sampler,
     configure_vllm_cpu_environment,
     engine_count,
@@ -155,7 +156,7 @@ def _batches(items: list, size: int) -> Iterator[list]:
 
 
 # ------------------------------------------------------------------------------------------------- stage
-class _Engine:
+class _Engine(LazySampler):
     """The tokenizer now, the sampler on first use (so a fully finished run never starts an engine).
 
     Its context length is ``eval.max_model_len``, else the longest prompt of every benchmark of the run +
@@ -166,9 +167,8 @@ class _Engine:
 
     def __init__(self, model_path: str, cfg: Config, factory: Callable[..., Sampler], benchmarks: list[str],
                  longest_scored: int = 0):
-        self.model_path, self.cfg, self._factory = model_path, cfg, factory
+        super().__init__(model_path, cfg, factory)
         self.tokenizer = load_tokenizer(model_path)
-        self._sampler: Sampler | None = None
         if cfg.eval.max_model_len and longest_scored >= cfg.eval.max_model_len:
             raise ConfigError(f"eval.max_model_len={cfg.eval.max_model_len} is too short for the held-out SFT slice's "
                               f"longest row ({longest_scored} tokens, + 1 generated); raise it or set it to 0")
@@ -181,19 +181,6 @@ class _Engine:
     def prompt_ids(self, prompt: str) -> list[int]:
         return self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
 
-    @property
-    def started(self) -> Sampler | None:
-        """The sampler if this run started one."""
-        return self._sampler
-
-    def sampler(self) -> Sampler:
-        if self._sampler is None:
-            self._sampler = self._factory(self.model_path, self.cfg, self.max_model_len)
-        return self._sampler
-
-    def close(self) -> None:
-        if self._sampler is not None:
-            self._sampler.close()
 
 
 def evaluate_benchmark(cfg: Config, benchmark: str, engine: _Engine, model_record: dict[str, str],

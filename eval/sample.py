@@ -229,6 +229,31 @@ def visible_gpus() -> list[str]:
     return [str(index) for index in range(torch.cuda.device_count())]
 
 
+class LazySampler:
+    """The sampler on first use, so a run whose problems are all done never starts an engine. Subclasses fix
+    ``max_model_len`` before the first batch (every problem gets its full ``max_tokens``, whatever the batching)."""
+
+    max_model_len: int
+
+    def __init__(self, model_path: str, cfg: Config, factory: Callable[..., Sampler]):
+        self.model_path, self.cfg, self._factory = model_path, cfg, factory
+        self._sampler: Sampler | None = None
+
+    @property
+    def started(self) -> Sampler | None:
+        """The sampler if this run started one."""
+        return self._sampler
+
+    def sampler(self) -> Sampler:
+        if self._sampler is None:
+            self._sampler = self._factory(self.model_path, self.cfg, self.max_model_len)
+        return self._sampler
+
+    def close(self) -> None:
+        if self._sampler is not None:
+            self._sampler.close()
+
+
 class EnginePool:
     """``engines`` samplers side by side, each in its own process (``eval/_sampler_worker.py``) on its own
     ``tensor_parallel_size`` GPUs (``CUDA_VISIBLE_DEVICES``); on CPU each engine gets the same environment.
