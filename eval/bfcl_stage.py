@@ -39,16 +39,15 @@ from eval.intervals import estimate
 from eval.run import (
     METRICS_FILE,
     SAMPLES_FILE,
-    _batches,
-    _write_atomic,
     benchmark_names,
+    in_batches,
     log_to_wandb,
     read_finished,
     resolve_model,
 )
 from eval.sample import LazySampler, Sampler, engine_count
 from common.config import Config
-from common.manifest import Manifest, read_manifest, stage_run
+from common.manifest import Manifest, read_manifest, stage_run, write_json_atomic
 from common.models import load_tokenizer
 from common.paths import BASE_VARIANT, eval_dir, eval_run
 from common.seeding import derive_seed
@@ -117,7 +116,7 @@ def evaluate_category(cfg: Config, category: str, engine: _BfclEngine, checker: 
         bar = progress(total=len(entries), initial=len(finished), desc=f"eval {cfg.eval.variant}/{category}",
                        enabled=cfg.logging.progress, unit="question")
         with bar, open(samples_path, "a", encoding="utf-8") as samples:
-            for batch in _batches(todo, cfg.eval.problems_per_batch * engine_count(cfg)):
+            for batch in in_batches(todo, cfg.eval.problems_per_batch * engine_count(cfg)):
                 seeds = [derive_seed(cfg.seed, f"eval/{category}/{entry['id']}") for entry, _ in batch]
                 completions = engine.sampler().sample([ids for _, ids in batch], seeds, 1)
                 for (entry, _), seed, (completion,) in zip(batch, seeds, completions):
@@ -138,7 +137,7 @@ def evaluate_category(cfg: Config, category: str, engine: _BfclEngine, checker: 
         metrics_doc = {"benchmark": category, "phase": cfg.eval.phase, "variant": cfg.eval.variant,
                        "model": cfg.model.name, "model_path": engine.model_path, **metrics,
                        "protocol": {**protocol, "backend_version": backend}}
-        _write_atomic(out_dir / METRICS_FILE, json.dumps(metrics_doc, indent=2, sort_keys=True) + "\n")
+        write_json_atomic(out_dir / METRICS_FILE, metrics_doc)
         run.add_output(SAMPLES_FILE, "one line per question: problem_id, sample_index 0, seed, text, num_tokens, "
                                      "finish_reason, valid and error_type (BFCL's checker), correct (0/1)")
         run.add_output(METRICS_FILE, "accuracy with its interval, per-question verdicts, BFCL error types, protocol")

@@ -51,6 +51,7 @@ from common.manifest import (
     read_manifest,
     require_complete,
     stage_run,
+    write_json_atomic,
 )
 from common.models import load_tokenizer
 from common.paths import (
@@ -150,7 +151,8 @@ def score_problem(row: dict[str, Any], completions: list, prefix: str, seed: int
             for index, (c, text, verdict) in enumerate(zip(completions, scored_texts, verdicts))]
 
 
-def _batches(items: list, size: int) -> Iterator[list]:
+def in_batches(items: list, size: int) -> Iterator[list]:
+    """``items`` in consecutive slices of ``size`` (the last may be shorter)."""
     for start in range(0, len(items), size):
         yield items[start:start + size]
 
@@ -215,7 +217,7 @@ def evaluate_benchmark(cfg: Config, benchmark: str, engine: _Engine, model_recor
         bar = progress(total=len(rows), initial=len(finished), desc=f"eval {cfg.eval.variant}/{benchmark}",
                        enabled=cfg.logging.progress, unit="problem")
         with bar, open(samples_path, "a", encoding="utf-8") as samples:
-            for batch in _batches(todo, cfg.eval.problems_per_batch * engine_count(cfg)):
+            for batch in in_batches(todo, cfg.eval.problems_per_batch * engine_count(cfg)):
                 prompt_ids = [engine.prompt_ids(p) for _, p in batch]
                 seeds = [derive_seed(cfg.seed, f"eval/{benchmark}/{row['id']}") for row, _ in batch]
                 sampler = engine.sampler()
@@ -232,7 +234,7 @@ def evaluate_benchmark(cfg: Config, benchmark: str, engine: _Engine, model_recor
         metrics_doc = {"benchmark": benchmark, "phase": cfg.eval.phase, "variant": cfg.eval.variant,
                        "model": cfg.model.name, "model_path": engine.model_path, **metrics, "protocol": {
                            **protocol, "backend_version": _backend_version(engine, run.manifest)}}
-        _write_atomic(out_dir / METRICS_FILE, json.dumps(metrics_doc, indent=2, sort_keys=True) + "\n")
+        write_json_atomic(out_dir / METRICS_FILE, metrics_doc)
         run.add_output(SAMPLES_FILE, "one line per sample: problem_id, sample_index, seed, text, num_tokens, "
                                      "neg_logprob_sum, finish_reason, answer (extracted), correct (0/1)")
         run.add_output(METRICS_FILE, "avg@n, pass@k, per-problem correct counts, protocol")
