@@ -140,7 +140,7 @@ def build_plan(cfg: Config, overrides: list[str]) -> list[StageCommand]:
     seeds = cfg.run_seeds()
     per_seed = bool(cfg.experiment.seeds)
     grid_models = {mcfg.model.name: mcfg.model for mcfg in model_configs(cfg)}
-    grid_variants = variants(cfg)
+    grid_variants, grid_rl_variants = variants(cfg), rl_variants(cfg)
     plan: list[StageCommand] = []
     if "data" in stages:
         plan.append(StageCommand("data", "data", _python_module("data.prepare", overrides), [data_run(cfg)], cfg,
@@ -181,7 +181,7 @@ def build_plan(cfg: Config, overrides: list[str]) -> list[StageCommand]:
                            [f"sft/{model}/{variant}{suffix}"] for variant in grid_variants}
             if "eval_sft" in stages:
                 plan.extend(_eval_commands(seed_cfg, seed_overrides, "sft", grid_variants, start_model, suffix))
-            for variant in rl_variants(cfg):
+            for variant in grid_rl_variants:
                 if "rl" in stages:
                     rl_overrides = [*seed_overrides, f"rl.init={variant}"]
                     plan.append(StageCommand("rl", f"rl/{model}/{variant}{suffix}",
