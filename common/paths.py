@@ -126,6 +126,9 @@ ID_LENGTH = 8
 """Hex digits of the identity hash in a run folder's name."""
 TOKENISATION_FIELDS = ("max_length", "strip_leading_think")
 """data fields read only by tokenisation: part of the tokens' identity, not the data stage's."""
+IGNORE_INDEX = -100
+"""The ``labels`` value of a token without a training target (prompt, padding) in the tokens hand-off: HF's ignore
+index."""
 SFT_ROWS_FILE = "sft.parquet"
 """The data run's SFT split (LUFFY rows + ``row_id``, or tool-use rows), read by tokenisation."""
 RL_TRAIN_FILE = "rl.parquet"

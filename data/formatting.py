@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from common.models import end_of_turn_token
+from common.paths import IGNORE_INDEX
 
-IGNORE_INDEX = -100
 THINK_PREFIX = "<think>\n"
 
 

@@ -20,9 +20,7 @@ from typing import Any, Sequence
 
 from common.config import Config
 from common.manifest import Manifest, read_manifest, require_complete, stage_run
-from common.paths import HELDOUT_NLL, HELDOUT_TOKENS_FILE, heldout_nll_run, tokens_dir
-
-IGNORE_INDEX = -100
+from common.paths import HELDOUT_NLL, HELDOUT_TOKENS_FILE, IGNORE_INDEX, heldout_nll_run, tokens_dir
 
 
 def heldout_nll(logprobs_by_row: Sequence[Sequence[float | None]],

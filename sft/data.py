@@ -24,11 +24,10 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import torch
 
+from common.paths import IGNORE_INDEX
 from common.seeding import derive_seed
 
 REQUIRED_COLUMNS = ("input_ids", "labels", "row_id", "num_response_tokens", "truncated")
-IGNORE_INDEX = -100
-"""Label of positions without a training target (prompt and padding)."""
 
 
 class SFTDataError(ValueError):

@@ -55,7 +55,8 @@ from typing import Any, Mapping, Protocol, Sequence
 import torch
 from torch import Tensor
 
-IGNORE_INDEX = -100
+from common.paths import IGNORE_INDEX
+
 REFERENCE_TERMS = frozenset({"kl", "code_kl", "forward_kl", "ref_logp"})
 """Terms that need the reference model's logits."""
 OLD_POLICY_TERMS = frozenset({"old_logp"})

@@ -15,9 +15,8 @@ from pathlib import Path
 
 from eval.analyses import AnalysisInputError, pyplot, save_figure
 from common.models import load_causal_lm
+from common.paths import IGNORE_INDEX
 
-IGNORE_INDEX = -100
-"""Label of positions without a target in the tokenised split (the data stage's contract)."""
 TOKEN_TEXT_LIMIT = 96
 """Up to this many tokens the heatmap's x axis shows each token's text; beyond it, token indices."""
 
