@@ -206,8 +206,9 @@ def validate_rows(dataset, source_name: str, invalid_rows: str, not_utf8: Iterab
     return rows, row_ids, invalid, by_field
 
 
-def count_duplicates(rows: list[dict], row_ids: list[int]) -> dict[str, dict]:
-    """Rows sharing an id (``extra_info.index``) and rows sharing a problem (:func:`data.schema.problem_key`).
+def count_duplicates(ids: Iterable[Any], problems: Iterable[str], row_ids: Iterable[int]) -> dict[str, dict]:
+    """Rows sharing an id and rows sharing a problem (:func:`data.schema.problem_key` of its text), the rows given
+    as parallel ``ids``, problem texts and ``row_ids``.
 
     For each kind: ``duplicate_rows`` = sum over groups of (size - 1), ``groups`` = groups of two or more rows, and the
     first groups' row ids (problems also with the text).
@@ -215,11 +216,11 @@ def count_duplicates(rows: list[dict], row_ids: list[int]) -> dict[str, dict]:
     by_id: dict[Any, list[int]] = defaultdict(list)
     by_problem: dict[str, list[int]] = defaultdict(list)
     text_of: dict[str, str] = {}
-    for row, row_id in zip(rows, row_ids):
-        by_id[row["extra_info"]["index"]].append(row_id)
-        key = problem_key(problem_text(row))
+    for row_id_value, text, row_id in zip(ids, problems, row_ids, strict=True):
+        by_id[row_id_value].append(row_id)
+        key = problem_key(text)
         by_problem[key].append(row_id)
-        text_of.setdefault(key, problem_text(row))
+        text_of.setdefault(key, text)
 
     def summary(groups: dict, describe) -> dict:
         repeated = [(key, ids) for key, ids in groups.items() if len(ids) > 1]
@@ -257,7 +258,7 @@ def load_rows(cfg: DataConfig, local_path: str | Path | None = None) -> LoadedRo
     num_source_rows = len(dataset) + len(not_utf8)
     if not rows:
         raise ValueError(f"{name}: no valid rows (of {num_source_rows}); invalid by field: {dict(by_field)}")
-    duplicates = count_duplicates(rows, row_ids)
+    duplicates = count_duplicates([row["extra_info"]["index"] for row in rows], map(problem_text, rows), row_ids)
     if cfg.duplicates == "refuse":
         refuse_duplicates(name, duplicates)
     return LoadedRows(rows=rows, row_ids=row_ids, source=source, num_source_rows=num_source_rows,

@@ -326,8 +326,6 @@ def synthetic_tool_rows(num_rows: int, seed: int) -> list[dict[str, Any]]:
 TOOL_PARQUET_COLUMNS = (*TOOL_ROW_COLUMNS, "possible_answer", "row_id")
 """Columns of a tool-use ``sft.parquet``: the tool-use row, BFCL's possible answer (synthetic rows; "" for
 AceBench) and ``row_id``, the row's position among the loaded tool rows."""
-MAX_RECORDED_INVALID_ROWS = 20
-MAX_RECORDED_DUPLICATE_GROUPS = 20
 
 
 def tool_problem(row: Mapping[str, Any]) -> str:
@@ -336,21 +334,11 @@ def tool_problem(row: Mapping[str, Any]) -> str:
 
 
 def tool_duplicates(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict]:
-    """Rows sharing an ``id`` and rows sharing a :func:`tool_problem`, in ``data.loading.count_duplicates``'s form
-    (``duplicate_rows`` = Σ over groups (size − 1), ``groups``, the first groups' row positions)."""
-    from data.schema import problem_key
+    """Rows sharing an ``id`` and rows sharing a :func:`tool_problem` (:func:`data.loading.count_duplicates`; row ids
+    are positions among ``rows``)."""
+    from data.loading import count_duplicates
 
-    def summary(keys: list[str], describe) -> dict:
-        groups: dict[str, list[int]] = {}
-        for position, key in enumerate(keys):
-            groups.setdefault(key, []).append(position)
-        repeated = [(key, ids) for key, ids in groups.items() if len(ids) > 1]
-        return {"duplicate_rows": sum(len(ids) - 1 for _, ids in repeated), "groups": len(repeated),
-                "first": [describe(key, ids) for key, ids in repeated[:MAX_RECORDED_DUPLICATE_GROUPS]]}
-
-    return {"ids": summary([r["id"] for r in rows], lambda key, ids: {"id": key, "rows": ids}),
-            "problems": summary([problem_key(tool_problem(r)) for r in rows],
-                                lambda key, ids: {"rows": ids, "problem": tool_problem(rows[ids[0]])[:80]})}
+    return count_duplicates([r["id"] for r in rows], [tool_problem(r) for r in rows], range(len(rows)))
 
 
 def load_tool_rows(data) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any]]:
@@ -402,6 +390,7 @@ def write_tool_split(data, out_dir) -> dict[str, Any]:
 
     from datasets import Dataset
 
+    from data.loading import MAX_RECORDED_INVALID_ROWS
     from data.split import ids_digest
 
     rows, source, left_out = load_tool_rows(data)
