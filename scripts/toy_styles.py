@@ -4,6 +4,7 @@ is right.
     python scripts/toy_styles.py runs/demo            # every evaluation of the experiment
     python scripts/toy_styles.py runs/demo --phase rl --benchmark toy_add
     python scripts/toy_styles.py runs/forking         # forking world: one row per evaluation and problem family
+    python scripts/toy_styles.py runs/forking --pool-seeds   # one row per method: the seeds' samples pooled
 
 Reads each evaluation's ``samples.jsonl`` (``eval/<model>/<phase>/<variant>/<benchmark>/``), classifies every
 sample and prints one Markdown row per evaluation: per style or strategy, the share of samples and their accuracy
@@ -12,11 +13,14 @@ sample and prints one Markdown row per evaluation: per style or strategy, the sh
 ``toy.forking.solution_strategy``, so their rows are the strategy shares per family (``other``: a sample that
 opens with no strategy). Each world gets its own table. This is how SFT's and RL's effect on the toy worlds is read:
 which styles or strategies they up-weight, and whether these are the ones that are right (docs/toy_world.md).
+``--pool-seeds`` pools the evaluations that differ only in their run id (the seeds of one method: every seed's
+evaluation has the same number of samples, so pooled shares are the seeds' mean) and gives the number of runs.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -57,29 +61,40 @@ def style_mix(samples_file: Path, world: str = "arithmetic") -> dict[str, tuple[
     return {name: (n, right) for name, (n, right) in counts.items()}
 
 
-def table(experiment_dir: Path, phase: str | None, benchmark: str | None) -> str:
+RUN_ID_SUFFIX = re.compile(r"-[0-9a-f]{8}$")
+"""The run id that ends an evaluation's variant folder (``sft-9210f287``): one per seed."""
+
+
+def table(experiment_dir: Path, phase: str | None, benchmark: str | None, pool_seeds: bool = False) -> str:
     files = sorted(experiment_dir.glob("eval/*/*/*/*/samples.jsonl"))
-    rows: dict[str, list[str]] = {world: [] for world in CLASSES}
+    groups: dict[tuple[str, str, str, str], list[dict[str, tuple[int, int]]]] = {}
     for samples_file in files:
         model, file_phase, variant, file_benchmark = samples_file.parent.parts[-4:]
         if (phase and file_phase != phase) or (benchmark and file_benchmark != benchmark):
             continue
-        world = world_of(file_benchmark)
-        mix = style_mix(samples_file, world)
+        if pool_seeds:
+            variant = RUN_ID_SUFFIX.sub("", variant)
+        groups.setdefault((model, file_phase, variant, file_benchmark), []).append(
+            style_mix(samples_file, world_of(file_benchmark)))
+    rows: dict[str, list[str]] = {world: [] for world in CLASSES}
+    for (model, file_phase, variant, file_benchmark), mixes in groups.items():
+        mix = {name: (sum(m[name][0] for m in mixes), sum(m[name][1] for m in mixes)) for name in mixes[0]}
         total = sum(n for n, _ in mix.values())
         if total == 0:
             continue
         accuracy = sum(right for _, right in mix.values()) / total
         cells = [f"{n / total:.2f} / {right / n:.2f}" if n else "0 / —" for n, right in mix.values()]
-        rows[world].append(f"| {model} | {file_phase} | {variant} | {file_benchmark} | {accuracy:.3f} | "
-                           + " | ".join(cells) + " |")
+        runs = f" {len(mixes)} |" if pool_seeds else ""
+        rows[world_of(file_benchmark)].append(f"| {model} | {file_phase} | {variant} | {file_benchmark} |{runs} "
+                                              f"{accuracy:.3f} | " + " | ".join(cells) + " |")
     if not any(rows.values()):
         raise SystemExit(f"no evaluation samples under {experiment_dir}/eval matching phase={phase} benchmark={benchmark}")
     tables = []
     for world, world_rows in rows.items():
         if world_rows:
-            header = "| model | phase | variant | benchmark | pass@1 | " + " | ".join(CLASSES[world]) + " |"
-            tables.append("\n".join([header, "|" + "---|" * (5 + len(CLASSES[world])), *world_rows]))
+            runs = ["runs"] if pool_seeds else []
+            columns = ["model", "phase", "variant", "benchmark", *runs, "pass@1", *CLASSES[world]]
+            tables.append("\n".join(["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns), *world_rows]))
     return "\n\n".join(tables)
 
 
@@ -88,8 +103,9 @@ def main() -> None:
     parser.add_argument("experiment_dir", type=Path, help="runs/<experiment>")
     parser.add_argument("--phase", choices=("sft", "rl"), help="only Table 1 (sft) or Table 2 (rl) evaluations")
     parser.add_argument("--benchmark", help="only this benchmark, e.g. toy_add or toy_fork_carry")
+    parser.add_argument("--pool-seeds", action="store_true", help="one row per method: its seeds' samples pooled")
     args = parser.parse_args()
-    print(table(args.experiment_dir, args.phase, args.benchmark))
+    print(table(args.experiment_dir, args.phase, args.benchmark, args.pool_seeds))
 
 
 if __name__ == "__main__":

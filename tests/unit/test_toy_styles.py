@@ -57,3 +57,15 @@ def test_forking_benchmarks_give_strategy_shares_per_family_in_their_own_table(t
     assert header.endswith("| column | place | round | other |")
     assert row == ("| toy | sft | sft-1a2b3c4d | toy_fork_carry | 0.500 | "
                    "0 / — | 0.50 / 0.00 | 0.25 / 1.00 | 0.25 / 1.00 |")
+
+
+def test_pool_seeds_pools_the_evaluations_of_one_method_and_counts_them(tmp_path):
+    problem = forking.Problem(45, 38)
+    place, round_ = forking.solve(problem, "place"), forking.solve(problem, "round")
+    _write_samples(tmp_path / "eval/toy/sft/sft-1a2b3c4d/toy_fork_carry", [(place, 0), (round_, 1)])
+    _write_samples(tmp_path / "eval/toy/sft/sft-9f8e7d6c/toy_fork_carry", [(round_, 1), (round_, 0)])
+    _write_samples(tmp_path / "eval/toy/sft/eksft-00aa11bb/toy_fork_carry", [(place, 0), (place, 0)])
+    header, _, *rows = toy_styles.table(tmp_path, None, None, pool_seeds=True).splitlines()
+    assert header == "| model | phase | variant | benchmark | runs | pass@1 | column | place | round | other |"
+    assert rows == ["| toy | sft | eksft | toy_fork_carry | 1 | 0.000 | 0 / — | 1.00 / 0.00 | 0 / — | 0 / — |",
+                    "| toy | sft | sft | toy_fork_carry | 2 | 0.500 | 0 / — | 0.25 / 0.00 | 0.75 / 0.67 | 0 / — |"]
