@@ -15,6 +15,12 @@ records it in the base manifest, and the command line measures any exported mode
 entropy, prediction 2 in docs/toy_world.md):
 
     python -m toy.entropy runs/forking/sft/toy/sft-<id>/hf [--problems 60] [--samples 4] [--seed 0]
+    python -m toy.entropy runs/forking/sft/toy/sft-<id>/hf --fork-only [--problems 300]
+
+``--fork-only`` (:func:`fork_distribution`) needs no sampling: the fork is the first response token, so its
+distribution is the model's next-token distribution after the prompt. Per family it gives the mean fork entropy
+over the vocabulary and the mean probability of each strategy's opening token, exactly, from one forward pass per
+problem.
 """
 from __future__ import annotations
 
@@ -77,6 +83,11 @@ def token_entropy(logits: torch.Tensor) -> torch.Tensor:
     return -(logp.exp() * logp).sum(dim=-1)
 
 
+def chat_prompt(tokenizer, text: str) -> str:
+    return tokenizer.apply_chat_template([{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": text}],
+                                         add_generation_prompt=True, tokenize=False)
+
+
 @torch.no_grad()
 def entropy_profile(model, tokenizer, questions: list[str], *, samples_per_prompt: int, max_new_tokens: int,
                     seed: int, prompts_per_batch: int = 16) -> EntropyProfile:
@@ -89,9 +100,7 @@ def entropy_profile(model, tokenizer, questions: list[str], *, samples_per_promp
     texts: list[str] = []
     torch.manual_seed(seed)
     for start in range(0, len(questions), prompts_per_batch):
-        prompts = [tokenizer.apply_chat_template(
-            [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": q}],
-            add_generation_prompt=True, tokenize=False) for q in questions[start:start + prompts_per_batch]]
+        prompts = [chat_prompt(tokenizer, q) for q in questions[start:start + prompts_per_batch]]
         encoded = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
         output = model.generate(**encoded, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
                                 max_new_tokens=max_new_tokens, num_return_sequences=samples_per_prompt,
@@ -132,12 +141,41 @@ def fork_profile(model, tokenizer, toy: ToyConfig) -> dict[str, float | int]:
     return metrics
 
 
+@torch.no_grad()
+def fork_distribution(model, tokenizer, toy: ToyConfig) -> dict[str, float]:
+    """Per family ``fork_<family>_entropy_nats`` (H of the next-token distribution after the prompt, mean over
+    problems) and ``fork_<family>_p_<strategy>`` (mean probability of the strategy's opening token), on
+    ``toy.fork_entropy_problems`` held-out problems, a third per family; ``fork_entropy_nats`` over all of them."""
+    problems = worlds.health_check_problems(toy, toy.fork_entropy_problems, derive_seed(toy.world_seed, "entropy"))
+    rng = random.Random(toy.world_seed)
+    opening = {strategy: tokenizer(forking.solve(problems[0], strategy), add_special_tokens=False)["input_ids"][0]
+               for strategy in FORK_STRATEGIES}
+    sums: dict[str, float] = {}
+    counts: dict[str, int] = {}
+    for problem in problems:
+        encoded = tokenizer(chat_prompt(tokenizer, question(problem, rng)), return_tensors="pt",
+                            add_special_tokens=False).to(model.device)
+        logits = model(**encoded).logits[0, -1].float()
+        probabilities = torch.softmax(logits, dim=-1)
+        values = {"entropy_nats": float(token_entropy(logits)),
+                  **{f"p_{strategy}": float(probabilities[token]) for strategy, token in opening.items()}}
+        counts[problem.family] = counts.get(problem.family, 0) + 1
+        for name, value in values.items():
+            key = f"fork_{problem.family}_{name}"
+            sums[key] = sums.get(key, 0.0) + value
+        sums["fork_entropy_nats"] = sums.get("fork_entropy_nats", 0.0) + values["entropy_nats"]
+    result = {key: total / counts[key.split("_")[1]] for key, total in sums.items() if key != "fork_entropy_nats"}
+    return {"fork_entropy_nats": sums["fork_entropy_nats"] / len(problems), **result}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description="Entropy profile of an exported toy model on the forking world.")
     parser.add_argument("model_dir", help="an HF folder with the toy tokenizer (a base or SFT export)")
     parser.add_argument("--problems", type=int, default=ToyConfig.fork_entropy_problems)
     parser.add_argument("--samples", type=int, default=ToyConfig.fork_entropy_samples)
     parser.add_argument("--seed", type=int, default=0, help="toy.world_seed (which problems and samples)")
+    parser.add_argument("--fork-only", action="store_true",
+                        help="the exact fork distribution per family, one forward pass per problem (no sampling)")
     args = parser.parse_args()
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -145,7 +183,8 @@ def main() -> None:
                     fork_entropy_samples=args.samples)
     toy.validate()
     model = AutoModelForCausalLM.from_pretrained(args.model_dir).eval()
-    print(json.dumps(fork_profile(model, AutoTokenizer.from_pretrained(args.model_dir), toy), indent=1))
+    measure = fork_distribution if args.fork_only else fork_profile
+    print(json.dumps(measure(model, AutoTokenizer.from_pretrained(args.model_dir), toy), indent=1))
 
 
 if __name__ == "__main__":

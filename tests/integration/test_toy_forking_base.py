@@ -12,7 +12,7 @@ import pytest
 
 from common.config import compose
 from common.config.toy import FORK_FAMILIES, FORK_STRATEGIES
-from common.paths import data_run
+from common.paths import base_model_path, data_run
 
 pytestmark = pytest.mark.integration
 
@@ -41,6 +41,25 @@ def test_base_manifest_records_the_entropy_profile(cfg):
         shares = [metrics[f"samples_{family}_{strategy}_share"] for strategy in FORK_STRATEGIES]
         assert all(0 <= share <= 1 for share in shares) and sum(shares) <= 1 + 1e-9
         assert 0 <= metrics[f"samples_{family}_accuracy"] <= 1
+
+
+def test_exact_fork_distribution_agrees_with_the_sampled_fork_entropy(cfg):
+    """The fork is the first response token, so the entropy of the next-token distribution after each prompt (one
+    forward pass, no sampling) is what the sampled profile averages at the fork, on the same problems."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from toy import base as base_stage
+    from toy.entropy import fork_distribution
+
+    metrics = base_stage.run(cfg).metrics  # already complete: the manifest's figures
+    folder = base_model_path(cfg)
+    exact = fork_distribution(AutoModelForCausalLM.from_pretrained(folder).eval(),
+                              AutoTokenizer.from_pretrained(folder), cfg.toy)
+    assert exact["fork_entropy_nats"] == pytest.approx(metrics["entropy_fork_nats"], abs=1e-4)
+    for family in FORK_FAMILIES:
+        probabilities = [exact[f"fork_{family}_p_{strategy}"] for strategy in FORK_STRATEGIES]
+        assert all(0 < p < 1 for p in probabilities) and sum(probabilities) <= 1 + 1e-6
+        assert 0 <= exact[f"fork_{family}_entropy_nats"] <= math.log(cfg.toy.vocab_size)
 
 
 def test_data_stage_writes_teacher_rows_and_family_benchmarks(cfg):
