@@ -84,8 +84,9 @@ def token_entropy(logits: torch.Tensor) -> torch.Tensor:
 
 
 def chat_prompt(tokenizer, text: str) -> str:
-    return tokenizer.apply_chat_template([{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": text}],
-                                         add_generation_prompt=True, tokenize=False)
+    """The toy chat prompt of a question (toy system prompt), ending where the response's first token goes."""
+    messages = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": text}]
+    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
 
 
 @torch.no_grad()
