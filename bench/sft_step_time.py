@@ -3,6 +3,7 @@
     python -m bench.sft_step_time                                  # CPU: tiny random Qwen3
     python -m bench.sft_step_time --size small --seq-len 512 --micro-batch-size 2   # CPU, 29M-parameter Qwen3
     python -m bench.sft_step_time --device cuda --size qwen3-1.7b --seq-len 4096 --peak-tflops 989
+    python -m bench.sft_step_time --device cuda --size qwen3-1.7b --methods sft --micro-batch-size 8 --peak-tflops 989
 
 Three trainers run ``sft.trainer.train_step`` on FSDP2-wrapped roots (a 1-rank group), with AdamW, clipping and the
 chunked loss head: plain SFT (no statistics pass, no reference), EKSFT with the live reference (its trunk forward
@@ -162,10 +163,10 @@ def main() -> None:
             if "eksft_cache" in args.methods:
                 cache, build_s, bytes_per_token = build_cache(Path(folder), batches, args, env, clock)
                 print(f"reference cache built in {build_s:.2f} s", flush=True)
-            builders = {"sft": lambda: build_trainer(SFTMethod(), args, env),
-                        "eksft": lambda: build_trainer(EKSFTMethod(), args, env),
-                        "eksft_cache": lambda: build_trainer(EKSFTMethod(), args, env, cached_reference=True)}
-            trainers = {name: builders[name]() for name in METHODS if name in args.methods}
+            variants = {"sft": (SFTMethod(), False), "eksft": (EKSFTMethod(), False),
+                        "eksft_cache": (EKSFTMethod(), True)}  # method, cached reference
+            trainers = {name: build_trainer(method, args, env, cached_reference=cached)
+                        for name, (method, cached) in variants.items() if name in args.methods}
             num_params = sum(p.numel() for p in next(iter(trainers.values()))[0].policy.parameters())
             tokens_per_step = args.grad_accum * args.micro_batch_size * args.seq_len
             times: dict[str, list[float]] = {name: [] for name in trainers}
