@@ -111,11 +111,16 @@ def run(cfg: Config, overrides: list[str]) -> list[StageCommand]:
 
 @contextlib.contextmanager
 def signals_stop_children() -> Iterator[None]:
-    """SIGTERM and SIGHUP act like Ctrl-C while the plan runs: every running stage's process group is stopped."""
+    """SIGTERM and SIGHUP act like Ctrl-C while the plan runs: every running stage's process group is stopped.
+
+    SIGINT gets Python's own handler even when the orchestrator was started with it ignored (a background job of a
+    non-interactive shell: `nohup make demo &`, CI runners): stages inherit an ignored SIGINT, and SIGINT is how
+    a stage is asked to record its state before it is stopped."""
     def interrupt(signum, frame):
         raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
 
-    previous = {signum: signal.signal(signum, interrupt) for signum in (signal.SIGTERM, signal.SIGHUP)}
+    handlers = {signal.SIGTERM: interrupt, signal.SIGHUP: interrupt, signal.SIGINT: signal.default_int_handler}
+    previous = {signum: signal.signal(signum, handler) for signum, handler in handlers.items()}
     try:
         yield
     finally:
