@@ -147,8 +147,11 @@ HELDOUT_NLL = "heldout_nll_nats"
 """Metric of a :func:`heldout_nll_run`: mean negative log-likelihood per supervised token of the held-out slice."""
 TRAINING_METRICS_FILE = "metrics.jsonl"
 """One JSON line per logged step, written by every training stage (base pretraining, SFT, RL) and read by the report."""
-SFT_STATS_PREFIX = "stats/"
-"""Prefix of every token-loss metric (``LossResult.metrics``) in an SFT run's :data:`TRAINING_METRICS_FILE`."""
+
+
+def sft_stat_key(stat: str) -> str:
+    """The key of a token-loss metric (``LossResult.metrics``) in an SFT run's :data:`TRAINING_METRICS_FILE`."""
+    return f"stats/{stat}"
 
 
 def set_size_stat(token_set: str) -> str:

@@ -184,7 +184,6 @@ class _Engine(LazySampler):
         return self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
 
 
-
 def evaluate_benchmark(cfg: Config, benchmark: str, engine: _Engine, model_record: dict[str, str],
                        pool: ThreadPoolExecutor) -> Manifest:
     """Samples, scores and summarises one benchmark under the run contract (skips, resumes or restarts)."""

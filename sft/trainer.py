@@ -30,7 +30,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from common.config import SFTConfig
-from common.paths import SFT_STATS_PREFIX
+from common.paths import sft_stat_key
 from common.tracking import MetricsLogger, progress
 from sft.checkpoint import Checkpointer, TrainerState
 from sft.data import DataOrder, TokenisedRow, collate, supervised_token_count
@@ -239,7 +239,7 @@ def fit(root: PolicyWithTokenLoss, optimizer: torch.optim.Optimizer,
                               "epoch": done / order.steps_per_epoch, "supervised_tokens": result.supervised_tokens,
                               "input_tokens": result.input_tokens, "tokens_per_s": result.input_tokens / step_time,
                               "time/step_s": step_time, "peak_memory_gib": peak, **phase_times,
-                              **{SFT_STATS_PREFIX + k: v for k, v in result.metrics.items()}})
+                              **{sft_stat_key(k): v for k, v in result.metrics.items()}})
         bar.set_postfix(loss=f"{result.loss:.4f}", lr=f"{lr:.2e}", refresh=False)
         bar.update(1)
     bar.close()

@@ -18,13 +18,13 @@ from pathlib import Path
 from typing import Callable
 
 from common.paths import (
-    SFT_STATS_PREFIX,
     STAT_CE,
     STAT_ENTROPY_ON_M,
     STAT_ENTROPY_REST,
     STAT_KL_ON_M,
     STAT_KL_REST,
     set_size_stat,
+    sft_stat_key,
 )
 from eval.analyses import pyplot, save_figure
 from eval.analyses.iou import read_metrics_log
@@ -64,18 +64,14 @@ class Panel:
     """(line style name, getter): ``solid`` / ``dashed``; the panel title says what each style is."""
 
 
-def stat(name: str) -> str:
-    return SFT_STATS_PREFIX + name
-
-
 SFT_PANELS = (
     Panel("loss", (("solid", key("loss")),)),
-    Panel(f"cross-entropy ({stat(STAT_CE)})", (("solid", key(stat(STAT_CE))),)),
+    Panel(f"cross-entropy ({sft_stat_key(STAT_CE)})", (("solid", key(sft_stat_key(STAT_CE))),)),
     Panel("mean entropy: on M (solid), rest (dashed)",
-          (("solid", key(stat(STAT_ENTROPY_ON_M))), ("dashed", key(stat(STAT_ENTROPY_REST))))),
+          (("solid", key(sft_stat_key(STAT_ENTROPY_ON_M))), ("dashed", key(sft_stat_key(STAT_ENTROPY_REST))))),
     Panel("mean KL(π_θ‖π_ref): on M (solid), rest (dashed)",
-          (("solid", key(stat(STAT_KL_ON_M))), ("dashed", key(stat(STAT_KL_REST))))),
-    Panel("|M| / |T|", (("solid", ratio(stat(set_size_stat("M")), stat(set_size_stat("T")))),)),
+          (("solid", key(sft_stat_key(STAT_KL_ON_M))), ("dashed", key(sft_stat_key(STAT_KL_REST))))),
+    Panel("|M| / |T|", (("solid", ratio(sft_stat_key(set_size_stat("M")), sft_stat_key(set_size_stat("T")))),)),
 )
 RL_PANELS = (
     Panel("reward (critic/score/mean)", (("solid", key("critic/score/mean")),)),

@@ -13,12 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from eval.analyses import AnalysisInputError, pyplot, save_figure
-from common.paths import SFT_STATS_PREFIX, STAT_IOU, set_size_stat
+from common.paths import STAT_IOU, set_size_stat, sft_stat_key
 from common.tracking import read_metrics
 
-IOU_KEY = SFT_STATS_PREFIX + STAT_IOU
-SET_KEYS = {name: SFT_STATS_PREFIX + set_size_stat(name) for name in ("M_H", "M_KL", "M")}
-TOTAL_KEY = SFT_STATS_PREFIX + set_size_stat("T")
+IOU_KEY = sft_stat_key(STAT_IOU)
+SET_KEYS = {name: sft_stat_key(set_size_stat(name)) for name in ("M_H", "M_KL", "M")}
+TOTAL_KEY = sft_stat_key(set_size_stat("T"))
 
 
 @dataclass
