@@ -151,22 +151,20 @@ def fork_distribution(model, tokenizer, toy: ToyConfig) -> dict[str, float]:
     rng = random.Random(toy.world_seed)
     opening = {strategy: tokenizer(forking.solve(problems[0], strategy), add_special_tokens=False)["input_ids"][0]
                for strategy in FORK_STRATEGIES}
-    sums: dict[str, float] = {}
-    counts: dict[str, int] = {}
+    by_family: dict[str, list[dict[str, float]]] = {}
     for problem in problems:
         encoded = tokenizer(chat_prompt(tokenizer, question(problem, rng)), return_tensors="pt",
                             add_special_tokens=False).to(model.device)
         logits = model(**encoded).logits[0, -1].float()
         probabilities = torch.softmax(logits, dim=-1)
-        values = {"entropy_nats": float(token_entropy(logits)),
-                  **{f"p_{strategy}": float(probabilities[token]) for strategy, token in opening.items()}}
-        counts[problem.family] = counts.get(problem.family, 0) + 1
-        for name, value in values.items():
-            key = f"fork_{problem.family}_{name}"
-            sums[key] = sums.get(key, 0.0) + value
-        sums["fork_entropy_nats"] = sums.get("fork_entropy_nats", 0.0) + values["entropy_nats"]
-    result = {key: total / counts[key.split("_")[1]] for key, total in sums.items() if key != "fork_entropy_nats"}
-    return {"fork_entropy_nats": sums["fork_entropy_nats"] / len(problems), **result}
+        by_family.setdefault(problem.family, []).append(
+            {"entropy_nats": float(token_entropy(logits)),
+             **{f"p_{strategy}": float(probabilities[token]) for strategy, token in opening.items()}})
+    everything = [values for rows in by_family.values() for values in rows]
+    result = {"fork_entropy_nats": sum(values["entropy_nats"] for values in everything) / len(everything)}
+    for family, rows in by_family.items():
+        result.update({f"fork_{family}_{name}": sum(values[name] for values in rows) / len(rows) for name in rows[0]})
+    return result
 
 
 def main() -> None:
