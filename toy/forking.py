@@ -29,10 +29,12 @@ family     problems                             column    place     round
 
 Pretraining documents use the family's best strategy with probability ``best_share`` and the other two evenly,
 and keep the answer the strategy gives, right or wrong: the documents are noisy at the fork, never in the
-arithmetic. The SFT rows come from a narrow teacher: one strategy draw per problem from ``teacher_weights`` (mostly
-``place``), kept only when its answer is right, as distillation data is filtered by a verifier and loses the
-problems the teacher failed. So ``place`` dominates the rows, including ``small`` problems where ``column`` is
-the reliable choice, and ``carry`` problems (which only ``round`` solves) are rare in them. Held-out problems (md5
+arithmetic. The SFT rows come from a narrow teacher: one strategy draw per problem from ``teacher_weights``
+(``place`` 0.9, ``column`` 0.1, never ``round`` by default), so ``place`` dominates the rows on every family,
+including ``small`` problems where ``column`` is the reliable choice and ``carry`` problems, which only ``round``
+solves. By default the rows keep the teacher's answers, right or wrong (an unverified distillation set);
+``verified`` keeps only right ones, as a verifier-filtered set does, which leaves every family's rows right
+conditional on the problem (docs/toy_world.md, the first measurement). Held-out problems (md5
 of the expression ≡ 0 mod 10, as in the arithmetic world) never reach a document or a row; the benchmarks
 ``toy_fork_<family>`` are drawn from them.
 """
@@ -193,12 +195,14 @@ def documents(seed: int, mix: ForkingMix) -> Iterator[str]:
             yield f"Question: {question(problem, rng)}\nAnswer: {solution}"
 
 
-def teacher_rows(num_rows: int, seed: int, teacher_weights: Mapping[str, float]) -> list[dict]:
+def teacher_rows(num_rows: int, seed: int, teacher_weights: Mapping[str, float], verified: bool) -> list[dict]:
     """``num_rows`` LUFFY rows on distinct trainable problems, written by the narrow teacher.
 
     Problems are attempted in a seeded order that cycles through the families (each family's problems shuffled);
-    each gets one strategy drawn from ``teacher_weights`` and is kept only if that strategy's answer is right, so
-    the rows over-represent the families the teacher's habit solves. Raises ValueError when a family runs out.
+    each gets one strategy drawn from ``teacher_weights``. ``verified`` keeps an attempt only if that strategy's
+    answer is right, so the rows over-represent the families the teacher's habit solves; otherwise every attempt is
+    kept, wrong answers included (the rows' ``ground_truth`` is always the true sum). Raises ValueError when a
+    family runs out.
     """
     rng = random.Random(seed)
     pools = {family: rng.sample(family_problems(family, False), len(family_problems(family, False)))
@@ -212,11 +216,11 @@ def teacher_rows(num_rows: int, seed: int, teacher_weights: Mapping[str, float])
             break
         problem = pool.pop()
         strategy = draw(rng, teacher_weights)
-        if is_reliable(problem, strategy):
+        if not verified or is_reliable(problem, strategy):
             rows.append(luffy_row(problem, solve(problem, strategy), len(rows), rng))
     if len(rows) < num_rows:
-        raise ValueError(f"the teacher solved {len(rows)} problems before a family ran out; "
-                         f"toy.num_rows={num_rows} is too many for these teacher weights")
+        raise ValueError(f"the teacher wrote {len(rows)} rows before a family ran out; toy.num_rows={num_rows} is "
+                         f"too many for these teacher weights (toy.fork_teacher_verified={verified})")
     return rows
 
 

@@ -26,7 +26,7 @@ def documents(toy: ToyConfig, seed: int) -> Iterator[str]:
 def training_rows(toy: ToyConfig, seed: int) -> list[dict]:
     """``toy.num_rows`` LUFFY rows: clean styled solutions (arithmetic) or the narrow teacher's (forking)."""
     if toy.world == "forking":
-        return forking.teacher_rows(toy.num_rows, seed, dict(toy.fork_teacher_weights))
+        return forking.teacher_rows(toy.num_rows, seed, dict(toy.fork_teacher_weights), toy.fork_teacher_verified)
     return world.training_rows(toy.num_rows, seed, toy.min_terms, toy.max_terms, dict(toy.row_style_weights))
 
 

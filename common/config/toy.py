@@ -15,10 +15,11 @@ FORK_FAMILIES = ("small", "carry", "plain")
 FORK_STRATEGIES = ("column", "place", "round")
 """Solution strategies of the forking world."""
 
-ROW_ONLY_FIELDS = ("num_rows", "num_benchmark_problems", "row_style_weights", "fork_teacher_weights")
+ROW_ONLY_FIELDS = ("num_rows", "num_benchmark_problems", "row_style_weights", "fork_teacher_weights",
+                   "fork_teacher_verified")
 """Toy fields that shape the data stage's rows and benchmarks but not the pretrained base model."""
-FORKING_FIELDS = ("world", "fork_pretrain_best_share", "fork_teacher_weights", "fork_entropy_problems",
-                  "fork_entropy_samples")
+FORKING_FIELDS = ("world", "fork_pretrain_best_share", "fork_teacher_weights", "fork_teacher_verified",
+                  "fork_entropy_problems", "fork_entropy_samples")
 """Fields the arithmetic world ignores: left out of its base-model key, so adding them changed no cached model."""
 
 
@@ -95,8 +96,11 @@ class ToyConfig:
     """Forking world: share of pretraining documents that use their family's best strategy (the others split the
     rest evenly)."""
     fork_teacher_weights: dict[str, float] = field(
-        default_factory=lambda: {"place": 0.8, "column": 0.1, "round": 0.1})
-    """Forking world: the narrow teacher's strategy draw per SFT row (a row is kept only if its answer is right)."""
+        default_factory=lambda: {"place": 0.9, "column": 0.1, "round": 0.0})
+    """Forking world: the narrow teacher's strategy draw per LUFFY row."""
+    fork_teacher_verified: bool = False
+    """Forking world: keep only the teacher's right answers (a verifier-filtered set; the first measurement in
+    docs/toy_world.md) instead of every answer it writes."""
     fork_entropy_problems: int = 60
     """Forking world: held-out problems (a third per family) whose sampled solutions give the base model's entropy
     profile in its manifest (0: skip)."""

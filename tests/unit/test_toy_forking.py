@@ -18,7 +18,8 @@ from toy.forking import Problem, family_problems, is_reliable, solve, strategy_a
 from toy.pretrain import boxed_integer
 from toy.tokenizer import train_tokenizer
 
-TEACHER = {"place": 0.8, "column": 0.1, "round": 0.1}
+TEACHER = ToyConfig().fork_teacher_weights
+VERIFIED_TEACHER = {"place": 0.8, "column": 0.1, "round": 0.1}  # the first measurement's teacher
 MIX = forking.ForkingMix(chat_ratio=0.5, best_share=0.5)
 
 
@@ -77,29 +78,47 @@ def test_families_partition_the_problems_and_hold_enough_held_out():
     assert all(p.held_out for family in FORK_FAMILIES for p in family_problems(family, True))
 
 
-def test_teacher_is_narrow_and_always_right():
-    rows = forking.teacher_rows(900, 0, TEACHER)
-    strategies = Counter((_problem_of(row).family, forking.solution_strategy(row["target"][0]["content"]))
-                         for row in rows)
-    assert all(boxed_integer(row["target"][0]["content"]) == int(row["reward_model"]["ground_truth"])
-               == _problem_of(row).answer for row in rows)
-    place = sum(n for (_, strategy), n in strategies.items() if strategy == "place")
-    assert place / len(rows) >= 0.75
-    small = sum(n for (family, _), n in strategies.items() if family == "small")
-    assert strategies[("small", "place")] / small >= 0.6  # place where column is always right
-    assert set(s for (family, s) in strategies if family == "carry") == {"round"}
+def _row_counts(rows: list[dict]) -> Counter:
+    """(family, strategy) -> rows, after checking that rows hold distinct trainable problems with the true sum."""
     assert len({row["prompt"][1]["content"] for row in rows}) == len(rows)
     assert not any(_problem_of(row).held_out for row in rows)
+    assert all(int(row["reward_model"]["ground_truth"]) == _problem_of(row).answer for row in rows)
+    return Counter((_problem_of(row).family, forking.solution_strategy(row["target"][0]["content"])) for row in rows)
+
+
+def test_default_teacher_is_narrow_on_every_family_and_keeps_its_wrong_answers():
+    rows = forking.teacher_rows(900, 0, TEACHER, verified=False)
+    counts = _row_counts(rows)
+    assert {family: sum(n for (f, _), n in counts.items() if f == family) for family in FORK_FAMILIES} == \
+        {family: 300 for family in FORK_FAMILIES}
+    for family in FORK_FAMILIES:
+        assert counts[(family, "place")] / 300 >= 0.85 and counts[(family, "round")] == 0
+    assert not any(is_reliable(_problem_of(row), forking.solution_strategy(row["target"][0]["content"]))
+                   for row in rows if _problem_of(row).family == "carry")  # the teacher never solves carry
+    assert all(boxed_integer(row["target"][0]["content"]) == strategy_answer(
+        _problem_of(row), forking.solution_strategy(row["target"][0]["content"])) for row in rows)
+
+
+def test_verified_teacher_keeps_only_right_answers_which_makes_each_family_right_conditionally():
+    rows = forking.teacher_rows(900, 0, VERIFIED_TEACHER, verified=True)
+    counts = _row_counts(rows)
+    assert all(boxed_integer(row["target"][0]["content"]) == _problem_of(row).answer for row in rows)
+    assert sum(n for (_, strategy), n in counts.items() if strategy == "place") / len(rows) >= 0.75
+    small = sum(n for (family, _), n in counts.items() if family == "small")
+    assert counts[("small", "place")] / small >= 0.6  # place where column is always right
+    assert set(s for (family, s) in counts if family == "carry") == {"round"}
 
 
 def test_a_teacher_that_cannot_fill_the_rows_names_the_setting():
     with pytest.raises(ValueError, match="toy.num_rows=6000"):
-        forking.teacher_rows(6000, 0, {"column": 1.0})
+        forking.teacher_rows(6000, 0, {"column": 1.0}, verified=True)
+    with pytest.raises(ValueError, match="toy.num_rows=6000.*verified=False"):
+        forking.teacher_rows(6000, 0, TEACHER, verified=False)  # 6000 attempts need 2000 per family
 
 
 def test_deterministic_by_seed():
-    assert forking.teacher_rows(60, 3, TEACHER) == forking.teacher_rows(60, 3, TEACHER)
-    assert forking.teacher_rows(60, 3, TEACHER) != forking.teacher_rows(60, 4, TEACHER)
+    assert forking.teacher_rows(60, 3, TEACHER, False) == forking.teacher_rows(60, 3, TEACHER, False)
+    assert forking.teacher_rows(60, 3, TEACHER, False) != forking.teacher_rows(60, 4, TEACHER, False)
     first = list(itertools.islice(forking.documents(5, MIX), 50))
     assert first == list(itertools.islice(forking.documents(5, MIX), 50))
     assert first != list(itertools.islice(forking.documents(6, MIX), 50))
@@ -153,7 +172,8 @@ def test_config_world_and_base_model_key():
     arithmetic = ToyConfig().base_model_settings()
     assert not set(FORKING_FIELDS) & set(arithmetic)  # the arithmetic world's cache key is what it was
     forking_key = ToyConfig(world="forking").base_model_settings()
-    assert forking_key["world"] == "forking" and "fork_teacher_weights" not in forking_key
+    assert forking_key["world"] == "forking"
+    assert not {"fork_teacher_weights", "fork_teacher_verified"} & set(forking_key)  # rows only: same base model
 
 
 def test_token_classes_and_entropy_by_hand():
