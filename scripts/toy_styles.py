@@ -5,6 +5,7 @@ is right.
     python scripts/toy_styles.py runs/demo --phase rl --benchmark toy_add
     python scripts/toy_styles.py runs/forking         # forking world: one row per evaluation and problem family
     python scripts/toy_styles.py runs/forking --pool-seeds   # one row per method: the seeds' samples pooled
+    python scripts/toy_styles.py runs/forking --fork         # forking world: each evaluated model's exact fork
 
 Reads each evaluation's ``samples.jsonl`` (``eval/<model>/<phase>/<variant>/<benchmark>/``), classifies every
 sample and prints one Markdown row per evaluation: per style or strategy, the share of samples and their accuracy
@@ -15,6 +16,10 @@ opens with no strategy). Each world gets its own table. This is how SFT's and RL
 which styles or strategies they up-weight, and whether these are the ones that are right (docs/toy_world.md).
 ``--pool-seeds`` pools the evaluations that differ only in their run id (the seeds of one method: every seed's
 evaluation has the same number of samples, so pooled shares are the seeds' mean) and gives the number of runs.
+``--fork`` reads no samples: for every model a forking evaluation names in its manifest it computes the exact
+fork distribution (``toy.entropy.fork_distribution``, one forward pass per held-out problem) and prints one row per
+method and phase, its seeds pooled: the fork entropy (mean over the seeds, with their range) and the mean
+probability of each family's right strategy (``column`` on small, ``round`` on carry, ``place`` on plain).
 """
 from __future__ import annotations
 
@@ -23,11 +28,13 @@ import json
 import re
 import sys
 from pathlib import Path
+from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common.config.toy import FORK_STRATEGIES  # noqa: E402
-from toy.forking import BENCHMARK_PREFIX, solution_strategy  # noqa: E402
+from common.config.toy import FORK_FAMILIES, FORK_STRATEGIES, ToyConfig  # noqa: E402
+from common.manifest import read_manifest  # noqa: E402
+from toy.forking import BENCHMARK_PREFIX, BEST_STRATEGY, solution_strategy  # noqa: E402
 from toy.world import STYLES, solution_style  # noqa: E402
 
 OTHER = "other"
@@ -98,14 +105,68 @@ def table(experiment_dir: Path, phase: str | None, benchmark: str | None, pool_s
     return "\n\n".join(tables)
 
 
+def fork_table(experiment_dir: Path, phase: str | None, measure: Callable[[str], dict[str, float]]) -> str:
+    """One row per (model, phase, method): ``measure(model_path)`` (a :func:`toy.entropy.fork_distribution` of that
+    model) for every model a forking evaluation of the method names, once per model; the fork entropy as the mean
+    over the models with their range, the right strategy's probability per family as the mean."""
+    models: dict[tuple[str, str, str], set[str]] = {}
+    for manifest_file in sorted(experiment_dir.glob(f"eval/*/*/*/{BENCHMARK_PREFIX}*/manifest.json")):
+        model, file_phase, variant, _ = manifest_file.parent.parts[-4:]
+        if phase and file_phase != phase:
+            continue
+        manifest = read_manifest(manifest_file.parent)
+        if not manifest.complete:
+            continue
+        key = (model, file_phase, RUN_ID_SUFFIX.sub("", variant))
+        models.setdefault(key, set()).add(manifest.details["model"]["path"])
+    if not models:
+        raise SystemExit(f"no complete forking evaluation under {experiment_dir}/eval matching phase={phase}")
+    families = [f"p({BEST_STRATEGY[family]} \\| {family})" for family in FORK_FAMILIES]
+    columns = ["model", "phase", "variant", "runs", "fork H (nats)", *families]
+    rows = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for (model, file_phase, variant), paths in sorted(models.items()):
+        forks = [measure(path) for path in sorted(paths)]
+        entropies = [fork["fork_entropy_nats"] for fork in forks]
+        mean = sum(entropies) / len(entropies)
+        cells = [f"{mean:.2f} [{min(entropies):.2f}, {max(entropies):.2f}]"]
+        for family in FORK_FAMILIES:
+            key = f"fork_{family}_p_{BEST_STRATEGY[family]}"
+            cells.append(f"{sum(fork[key] for fork in forks) / len(forks):.2f}")
+        rows.append(f"| {model} | {file_phase} | {variant} | {len(forks)} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+def exact_fork_distribution(problems: int) -> Callable[[str], dict[str, float]]:
+    """``model_path -> toy.entropy.fork_distribution`` on ``problems`` held-out problems (world seed 0)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from toy.entropy import fork_distribution
+
+    toy = ToyConfig(world="forking", fork_entropy_problems=problems)
+    toy.validate()
+
+    def measure(model_path: str) -> dict[str, float]:
+        model = AutoModelForCausalLM.from_pretrained(model_path).eval()
+        return fork_distribution(model, AutoTokenizer.from_pretrained(model_path), toy)
+
+    return measure
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("experiment_dir", type=Path, help="runs/<experiment>")
     parser.add_argument("--phase", choices=("sft", "rl"), help="only Table 1 (sft) or Table 2 (rl) evaluations")
     parser.add_argument("--benchmark", help="only this benchmark, e.g. toy_add or toy_fork_carry")
     parser.add_argument("--pool-seeds", action="store_true", help="one row per method: its seeds' samples pooled")
+    parser.add_argument("--fork", action="store_true",
+                        help="forking world: the exact fork distribution of every evaluated model, seeds pooled")
+    parser.add_argument("--fork-problems", type=int, default=300,
+                        help="with --fork: held-out problems, a third per family")
     args = parser.parse_args()
-    print(table(args.experiment_dir, args.phase, args.benchmark, args.pool_seeds))
+    if args.fork:
+        print(fork_table(args.experiment_dir, args.phase, exact_fork_distribution(args.fork_problems)))
+    else:
+        print(table(args.experiment_dir, args.phase, args.benchmark, args.pool_seeds))
 
 
 if __name__ == "__main__":

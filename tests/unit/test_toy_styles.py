@@ -4,10 +4,12 @@ from __future__ import annotations
 import importlib.util
 import json
 import random
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
 
+from common.manifest import Manifest
 from toy import forking
 from toy.world import Problem, Term, solve
 
@@ -69,3 +71,39 @@ def test_pool_seeds_pools_the_evaluations_of_one_method_and_counts_them(tmp_path
     assert header == "| model | phase | variant | benchmark | runs | pass@1 | column | place | round | other |"
     assert rows == ["| toy | sft | eksft | toy_fork_carry | 1 | 0.000 | 0 / — | 1.00 / 0.00 | 0 / — | 0 / — |",
                     "| toy | sft | sft | toy_fork_carry | 2 | 0.500 | 0 / — | 0.25 / 0.00 | 0.75 / 0.67 | 0 / — |"]
+
+
+def _write_evaluation(path: Path, model_path: str, status: str = "complete") -> None:
+    path.mkdir(parents=True)
+    (path / "manifest.json").write_text(json.dumps(asdict(Manifest(
+        stage="eval", variant="x", status=status, details={"model": {"path": model_path}}))))
+
+
+def test_fork_table_measures_each_evaluated_model_once_and_pools_its_seeds(tmp_path):
+    forks = {"/sft0": (0.2, 0.1, 0.6, 0.9), "/sft1": (0.6, 0.3, 0.8, 1.0), "/base": (1.1, 0.5, 0.4, 0.3)}
+    measured = []
+
+    def measure(model_path):
+        measured.append(model_path)
+        entropy, column, round_, place = forks[model_path]
+        return {"fork_entropy_nats": entropy, "fork_small_p_column": column, "fork_carry_p_round": round_,
+                "fork_plain_p_place": place, "fork_small_p_place": 1.0}
+
+    for family in ("small", "carry"):
+        _write_evaluation(tmp_path / f"eval/toy/sft/sft-1a2b3c4d/toy_fork_{family}", "/sft0")
+        _write_evaluation(tmp_path / f"eval/toy/sft/sft-9f8e7d6c/toy_fork_{family}", "/sft1")
+    _write_evaluation(tmp_path / "eval/toy/sft/base-00aa11bb/toy_fork_small", "/base")
+    _write_evaluation(tmp_path / "eval/toy/rl/sft-22cc33dd/toy_fork_small", "/rl", status="running")
+    _write_evaluation(tmp_path / "eval/toy/sft/base-00aa11bb/toy_add", "/arithmetic")
+    header, _, *rows = toy_styles.fork_table(tmp_path, None, measure).splitlines()
+    assert header == ("| model | phase | variant | runs | fork H (nats) | p(column \\| small) | p(round \\| carry) "
+                      "| p(place \\| plain) |")
+    assert rows == ["| toy | sft | base | 1 | 1.10 [1.10, 1.10] | 0.50 | 0.40 | 0.30 |",
+                    "| toy | sft | sft | 2 | 0.40 [0.20, 0.60] | 0.20 | 0.70 | 0.95 |"]
+    assert sorted(measured) == ["/base", "/sft0", "/sft1"]
+
+
+def test_fork_table_without_a_forking_evaluation_says_so(tmp_path):
+    _write_evaluation(tmp_path / "eval/toy/sft/base/toy_add", "/arithmetic")
+    with pytest.raises(SystemExit, match="no complete forking evaluation"):
+        toy_styles.fork_table(tmp_path, None, lambda path: {})
