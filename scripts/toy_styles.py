@@ -138,10 +138,15 @@ def fork_table(experiment_dir: Path, phase: str | None, measure: Callable[[str],
 
 def exact_fork_distribution(problems: int) -> Callable[[str], dict[str, float]]:
     """``model_path -> toy.entropy.fork_distribution`` on ``problems`` held-out problems (world seed 0)."""
+    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from toy.entropy import fork_distribution
 
+    # One prompt per forward pass through a 0.84M model: intra-op threads gain nothing, and beside two running DAPO
+    # stages on two cores they cost (19 models: unfinished after 30 min with two threads at nice 5, 2.5 min with
+    # one thread and GOMP_SPINCOUNT=10000).
+    torch.set_num_threads(1)
     toy = ToyConfig(world="forking", fork_entropy_problems=problems)
     toy.validate()
 
