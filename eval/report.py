@@ -255,16 +255,19 @@ def drift_section(cfg: Config, mcfg: Config, labels: list[str], out_dir: Path, r
 
 
 def iou_section(cfg: Config, mcfg: Config, labels: list[str], out_dir: Path, run_) -> tuple[list[str], dict]:
-    """IoU(M_H, M_KL) over the SFT steps of every run that logged it: Markdown lines and {run: min/avg/max}."""
+    """IoU(M_H, M_KL) over the SFT steps of every run that logged it, each seed's run on its own row (``<method>,
+    seed <s>`` when there are several seeds): Markdown lines and {run: min/avg/max}."""
     title = model_title(mcfg)
     name = _slug(title)
     lines = [f"### IoU(M_H, M_KL) over SFT steps: {title}", ""]
     series = {}
-    for variant, stage in trained_exports(mcfg, "sft", labels).items():
-        if (stage / TRAINING_METRICS_FILE).exists():
-            found = iou_series(stage / TRAINING_METRICS_FILE)
-            if found is not None and found.iou:
-                series[row_label(cfg, variant)] = found
+    seeds = seed_configs(mcfg)
+    for seed, scfg in seeds.items():
+        for variant, stage in trained_exports(scfg, "sft", labels).items():
+            if (stage / TRAINING_METRICS_FILE).exists():
+                found = iou_series(stage / TRAINING_METRICS_FILE)
+                if found is not None and found.iou:
+                    series[row_label(cfg, variant) + (f", seed {seed}" if len(seeds) > 1 else "")] = found
     if not series:
         return lines + ["Skipped: no complete SFT run of this model logged `stats/iou` (only EKSFT runs do).", ""], {}
     summaries = {label: s.summary() for label, s in series.items()}

@@ -3,7 +3,7 @@ exports" (the base with perturbed weights), an EKSFT metrics log, a tokenised SF
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -126,3 +126,29 @@ def test_report_renders_every_analysis(tmp_path):
     assert "| 0.2 | 62.5 [50.0, 75.0] n.s. | 100.0 [100.0, 100.0] n.s. |" in sweep
     assert "| 0.4 | 12.5 [0.0, 25.0] | 50.0 [0.0, 100.0] | 12.5 [0.0, 25.0] |" in sweep and "Δ" not in sweep
     assert report.run(cfg).started_at == manifest.started_at  # unchanged inputs: skipped
+
+
+class _Outputs:
+    """Records what a report section declares as outputs (the part of a stage run it uses)."""
+
+    def __init__(self):
+        self.outputs = {}
+
+    def add_output(self, relative, description):
+        self.outputs[relative] = description
+
+
+def test_iou_gives_every_seed_its_own_row(tmp_path):
+    cfg = compose([f"experiment.run_root={tmp_path}", "experiment.methods=[sft,eksft]", "experiment.seeds=[0,1]",
+                   "logging.progress=false"])
+    for seed, ious in ((0, (0.2, 0.6)), (1, (0.5, 0.7))):
+        folder = sft_dir(replace(cfg, seed=seed), "eksft")
+        hf_export_dir(folder).mkdir(parents=True)
+        _complete(folder, "sft")
+        log = [{"step": step, "stats/iou": iou} for step, iou in enumerate(ious, 1)]
+        (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in log))
+    out = tmp_path / "report"
+    _, summaries = report.iou_section(cfg, cfg, report.variants(cfg), out, _Outputs())
+    assert {label: (s["min"], s["max"]) for label, s in summaries.items()} == {
+        "EKSFT (paper eq.), seed 0": (0.2, 0.6), "EKSFT (paper eq.), seed 1": (0.5, 0.7)}
+    assert "| EKSFT (paper eq.), seed 1 | 2 | 0.50 | 0.60 | 0.70 |" in (out / "iou_Toy-Qwen3-0.8M.md").read_text()
