@@ -5,7 +5,7 @@ is right.
     python scripts/toy_styles.py runs/demo --phase rl --benchmark toy_add
     python scripts/toy_styles.py runs/forking         # forking world: one row per evaluation and problem family
     python scripts/toy_styles.py runs/forking --pool-seeds   # one row per method: the seeds' samples pooled
-    python scripts/toy_styles.py runs/forking --fork         # forking world: each evaluated model's exact fork
+    python scripts/toy_styles.py runs/forking --fork         # each evaluated model's exact fork distribution
 
 Reads each evaluation's ``samples.jsonl`` (``eval/<model>/<phase>/<variant>/<benchmark>/``), classifies every
 sample and prints one Markdown row per evaluation: per style or strategy, the share of samples and their accuracy
