@@ -139,8 +139,8 @@ def fork_table(experiment_dir: Path, phase: str | None, measure: Callable[[str],
 def exact_fork_distribution(problems: int) -> Callable[[str], dict[str, float]]:
     """``model_path -> toy.entropy.fork_distribution`` on ``problems`` held-out problems (world seed 0)."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from common.models import load_causal_lm, load_tokenizer
     from toy.entropy import fork_distribution
 
     # One prompt per forward pass through a 0.84M model: intra-op threads gain nothing, and beside two running DAPO
@@ -151,8 +151,7 @@ def exact_fork_distribution(problems: int) -> Callable[[str], dict[str, float]]:
     toy.validate()
 
     def measure(model_path: str) -> dict[str, float]:
-        model = AutoModelForCausalLM.from_pretrained(model_path).eval()
-        return fork_distribution(model, AutoTokenizer.from_pretrained(model_path), toy)
+        return fork_distribution(load_causal_lm(model_path).eval(), load_tokenizer(model_path), toy)
 
     return measure
 
