@@ -64,6 +64,12 @@ def losses_and_grads(cfg, model_dir, env, micro_batches, cache, zero_reference=F
     return losses, grads
 
 
+def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    """‖actual − expected‖ / ‖expected‖ over the whole tensor. Element-wise tolerances fail on bf16 noise in the
+    near-zero gradients of rarely seen embedding rows (relative error > 1 where |g| ~ 1e-6)."""
+    return float(torch.linalg.vector_norm(actual - expected) / torch.linalg.vector_norm(expected))
+
+
 @pytest.mark.parametrize("micro_batch_size", [1, 2], ids=["one_sequence", "padded"])
 @pytest.mark.parametrize("method", REFERENCE_METHODS)
 def test_cached_reference_gives_the_live_losses_and_gradients(tmp_path, model_dir, env, method, micro_batch_size):
@@ -81,7 +87,7 @@ def test_cached_reference_gives_the_live_losses_and_gradients(tmp_path, model_di
     live_losses, live_grads = losses_and_grads(cfg, model_dir, env, micro_batches, cache=None)
     cached_losses, cached_grads = losses_and_grads(cfg, model_dir, env, micro_batches, cache=cache)
 
-    blind_losses, _ = losses_and_grads(cfg, model_dir, env, micro_batches, cache=cache, zero_reference=True)
+    blind_losses, blind_grads = losses_and_grads(cfg, model_dir, env, micro_batches, cache=cache, zero_reference=True)
     assert not all(torch.equal(a, b) for a, b in zip(blind_losses, live_losses))  # the reference matters here
     if micro_batch_size == 1:  # same forward, same kernels, lossless storage: bitwise
         assert all(torch.equal(a, b) for a, b in zip(cached_losses, live_losses)), (cached_losses, live_losses)
@@ -89,8 +95,9 @@ def test_cached_reference_gives_the_live_losses_and_gradients(tmp_path, model_di
             assert torch.equal(cached_grads[name], grad), name
     else:  # the live reference ran a padded batch: last-bit differences of bf16 hidden states at most
         torch.testing.assert_close(torch.stack(cached_losses), torch.stack(live_losses), rtol=1e-3, atol=1e-4)
-        for name, grad in live_grads.items():
-            torch.testing.assert_close(cached_grads[name], grad, rtol=1e-2, atol=1e-4, msg=name)
+        errors = {name: relative_error(cached_grads[name], grad) for name, grad in live_grads.items()}
+        assert max(errors.values()) < 1e-2, errors
+        assert max(relative_error(blind_grads[name], grad) for name, grad in live_grads.items()) > 1e-2
 
 
 def test_cache_is_built_once_and_shared_by_methods(tmp_path, model_dir, env, monkeypatch):
