@@ -1,4 +1,5 @@
-"""Process trees: a command started in its own session, and stopped with everything it started.
+"""Process trees: a command started in its own session, and stopped with everything it started; termination
+signals turned into Ctrl-C so that whoever started such a tree gets to stop it.
 
 The orchestrator starts each stage command this way (``pipeline/launch.py``) and the RL stage starts verl this way
 (``rl/train.py``), and so do the SFT integration tests (``tests/integration/sft_helpers.py``); all stop them
@@ -6,10 +7,12 @@ with :func:`stop_tree`.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import time
+from typing import Iterator
 
 
 def start_in_new_session(argv: list[str], env: dict[str, str],
@@ -59,3 +62,24 @@ def stop_tree(process: subprocess.Popen, grace_s: float, first_signal: int = sig
         if not descendants and not _group_alive(process.pid):
             break
     return process.wait()
+
+
+@contextlib.contextmanager
+def termination_signals_interrupt() -> Iterator[None]:
+    """Inside the block SIGTERM and SIGHUP raise KeyboardInterrupt, as Ctrl-C does, so ``except``/``finally``
+    clauses run: the orchestrator stops its stages' process groups, a stage stops the trees it started (verl and
+    Ray's workers live in sessions of their own, which no signal to the stage reaches) and records 'failed'.
+
+    SIGINT gets Python's own handler even when the process started with it ignored (a background job of a
+    non-interactive shell: `nohup make demo &`, CI runners): children inherit an ignored SIGINT, and SIGINT is how
+    a stage is asked to record its state before it is stopped."""
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
+
+    handlers = {signal.SIGTERM: interrupt, signal.SIGHUP: interrupt, signal.SIGINT: signal.default_int_handler}
+    previous = {signum: signal.signal(signum, handler) for signum, handler in handlers.items()}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)

@@ -10,9 +10,7 @@ plan per point.
 """
 from __future__ import annotations
 
-import contextlib
 import json
-import signal
 import sys
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -30,6 +28,7 @@ from common.locks import DirectoryLock
 from common.manifest import StageInputError, read_manifest
 from common.paths import experiment_dir
 from common.preflight import PreflightError, require_plan
+from common.processes import termination_signals_interrupt
 from pipeline.stages import StageCommand, build_plan
 
 STATUS_EVERY_S = 60
@@ -99,7 +98,7 @@ def run(cfg: Config, overrides: list[str]) -> list[StageCommand]:
         return plan
     started = time.time()
     with DirectoryLock(experiment_dir(cfg), f"orchestrator of experiment {cfg.experiment.name}"), \
-            signals_stop_children():
+            termination_signals_interrupt():
         warn_about_old_layout(experiment_dir(cfg))
         failure = execute(plan, cfg.experiment.parallel, force=cfg.force)
     if failure is not None:
@@ -107,25 +106,6 @@ def run(cfg: Config, overrides: list[str]) -> list[StageCommand]:
         raise SystemExit(1) from failure
     print(f"experiment {cfg.experiment.name} complete in {time.time() - started:.0f} s")
     return plan
-
-
-@contextlib.contextmanager
-def signals_stop_children() -> Iterator[None]:
-    """SIGTERM and SIGHUP act like Ctrl-C while the plan runs: every running stage's process group is stopped.
-
-    SIGINT gets Python's own handler even when the orchestrator was started with it ignored (a background job of a
-    non-interactive shell: `nohup make demo &`, CI runners): stages inherit an ignored SIGINT, and SIGINT is how
-    a stage is asked to record its state before it is stopped."""
-    def interrupt(signum, frame):
-        raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
-
-    handlers = {signal.SIGTERM: interrupt, signal.SIGHUP: interrupt, signal.SIGINT: signal.default_int_handler}
-    previous = {signum: signal.signal(signum, handler) for signum, handler in handlers.items()}
-    try:
-        yield
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
 
 
 def warn_about_old_layout(root: Path) -> None:

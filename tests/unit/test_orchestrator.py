@@ -162,10 +162,11 @@ def test_sigterm_stops_every_child_process_group(tmp_path, sigint):
     # left the manifest "running" (seen as a flaky test when the suite ran in the background).
     child = _fake_stage(tmp_path, f"import os; open(r'{tmp_path}/pid', 'w').write(str(os.getpid())); "
                                   "time.sleep(600)", "sleeper")
-    script = ("import pickle, signal, sys; from pipeline.run import execute, signals_stop_children\n"
+    script = ("import pickle, signal, sys; from pipeline.run import execute\n"
+              "from common.processes import termination_signals_interrupt\n"
               + ("signal.signal(signal.SIGINT, signal.SIG_IGN)\n" if sigint == "ignored" else "")
               + f"plan = pickle.load(open(r'{tmp_path}/plan.pkl', 'rb'))\n"
-              "with signals_stop_children():\n    execute(plan, 1)\n")
+              "with termination_signals_interrupt():\n    execute(plan, 1)\n")
     (tmp_path / "plan.pkl").write_bytes(pickle.dumps([child]))
     orchestrator = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.time() + 60

@@ -1,9 +1,14 @@
-"""rl.train's helpers: phase-timing summary, the step-line pattern, checkpoint markers, eos check, stall watchdog."""
+"""rl.train's helpers: phase-timing summary, the step-line pattern, checkpoint markers, eos check, stall watchdog, stopping verl on SIGTERM."""
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
+import psutil
 import pytest
 
 from common.config import compose
@@ -11,6 +16,8 @@ from common.models import end_of_turn_token
 from common.paths import rl_run
 from rl import train
 from rl.export import latest_checkpoint_step
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_summary_keeps_phases_apart_and_later_records_win():
@@ -83,3 +90,32 @@ def test_stall_timeout_is_not_part_of_the_run_identity():
     quick, patient = compose(["rl.stall_timeout_s=60"]), compose(["rl.stall_timeout_s=6000"])
     assert rl_run(quick, "sft") == rl_run(patient, "sft")
     assert rl_run(quick, "sft").directory != rl_run(compose(["rl.lr=1e-5"]), "sft").directory
+
+
+def test_sigterm_to_the_rl_stage_stops_verl_and_the_workers_it_started(tmp_path):
+    # SIGTERM to `python -m rl.train` (a scheduler's time limit, `kill`) ended it without its cleanup, so verl's
+    # main_ppo and Ray's workers, each in a session of their own, trained on; the stall path did stop them.
+    pids = tmp_path / "pids"
+    fake_verl = ("import os, subprocess, sys, time\n"
+                 "worker = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'], "
+                 "start_new_session=True)\n"
+                 f"open({str(pids)!r}, 'w').write(f'{{os.getpid()}} {{worker.pid}}')\n"
+                 "time.sleep(600)\n")
+    stage_script = ("import sys; from pathlib import Path; from common.config import stage_main; from rl import train\n"
+                    f"train.build_command = lambda cfg, variant: [sys.executable, '-c', {fake_verl!r}]\n"
+                    f"stage_main(lambda cfg: train.run_verl(cfg, 'sft', Path({str(tmp_path)!r}), 0))()\n")
+    stage = subprocess.Popen([sys.executable, "-c", stage_script, "logging.progress=false"], cwd=REPO,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while not (pids.exists() and len(pids.read_text().split()) == 2) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    started = [psutil.Process(int(pid)) for pid in pids.read_text().split()]
+    try:
+        stage.send_signal(signal.SIGTERM)
+        stage.wait(timeout=60)
+        psutil.wait_procs(started, timeout=2 * train.KILL_GRACE_S)
+        assert not [p.pid for p in started if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    finally:
+        for process in started:
+            if process.is_running():
+                process.kill()
