@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from common.config.toy import FORK_FAMILIES, FORK_STRATEGIES, ToyConfig
+from common.models import load_causal_lm, load_tokenizer
 from common.seeding import derive_seed
 from toy import forking, worlds
 from toy.pretrain import EVAL_MAX_NEW_TOKENS, boxed_integer
@@ -176,14 +177,11 @@ def main() -> None:
     parser.add_argument("--fork-only", action="store_true",
                         help="the exact fork distribution per family, one forward pass per problem (no sampling)")
     args = parser.parse_args()
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     toy = ToyConfig(world="forking", world_seed=args.seed, fork_entropy_problems=args.problems,
                     fork_entropy_samples=args.samples)
     toy.validate()
-    model = AutoModelForCausalLM.from_pretrained(args.model_dir).eval()
     measure = fork_distribution if args.fork_only else fork_profile
-    print(json.dumps(measure(model, AutoTokenizer.from_pretrained(args.model_dir), toy), indent=1))
+    print(json.dumps(measure(load_causal_lm(args.model_dir).eval(), load_tokenizer(args.model_dir), toy), indent=1))
 
 
 if __name__ == "__main__":
