@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import re
+import sys
 import threading
 import time
 from pathlib import Path
@@ -47,10 +49,18 @@ REQUIRED_COLUMNS = ("data_source", "prompt", "reward_model")
 STEP_LINE = re.compile(r"(?:^|\s)step:\d+ - ")
 """verl's console logger line of a finished step (Ray prefixes it with the actor name)."""
 KILL_GRACE_S = 10.0
+RAY_START_FAILURE = "The current node timed out during startup"
+"""ray.init's error when its raylet has not registered within Ray's fixed 30 s (ray/_private/node.py)."""
+RAY_START_ATTEMPTS = 3
 
 
 class RLError(RuntimeError):
     """The RL stage cannot run or did not finish; the message says what to fix."""
+
+
+class RayStartFailed(RLError):
+    """verl died in ``ray.init`` before any step: Ray's node did not start in time (a loaded machine, e.g. another
+    Ray instance starting beside it). Nothing was trained, so starting verl again is safe."""
 
 
 # ------------------------------------------------------------------------------------------- preflight
@@ -196,6 +206,7 @@ def run_verl(cfg: Config, variant: str, stage: Path, already_done: int) -> int:
         copier = _MetricsCopier(Path(env["VERL_FILE_LOGGER_PATH"]), metrics)
         process = start_in_new_session(command, env)
         watchdog = StallWatchdog(cfg.rl.stall_timeout_s, lambda: stop_tree(process, KILL_GRACE_S))
+        ray_did_not_start = False
         try:
             for line in process.stdout:
                 log.write(line)
@@ -205,6 +216,7 @@ def run_verl(cfg: Config, variant: str, stage: Path, already_done: int) -> int:
                     copier.poll()
                     bar.update(max(0, copier.last_step - bar.n))
                 watchdog.saw_line(is_step)
+                ray_did_not_start = ray_did_not_start or (RAY_START_FAILURE in line and not watchdog.stepping)
             returncode = process.wait()
         except BaseException:
             stop_tree(process, KILL_GRACE_S)
@@ -219,8 +231,24 @@ def run_verl(cfg: Config, variant: str, stage: Path, already_done: int) -> int:
                       "during start-up, no new step after it) and was stopped; a Ray actor may have died (e.g. killed "
                       "for memory)" if watchdog.fired
                       else f"verl exited with {returncode}")
-            raise RLError(f"{reason}; last lines of {log_path}:\n" + "\n".join(tail))
+            failure = RayStartFailed if ray_did_not_start else RLError
+            raise failure(f"{reason}; last lines of {log_path}:\n" + "\n".join(tail))
     return latest_checkpoint_step(stage / CHECKPOINT_SUBDIR)
+
+
+def run_verl_retrying_ray_start(cfg: Config, variant: str, stage: Path, already_done: int,
+                                pause_s: float = 30.0) -> int:
+    """:func:`run_verl`, started again (up to ``RAY_START_ATTEMPTS`` in all) when Ray's node timed out during
+    start-up, after a random pause of up to ``pause_s`` seconds so that two runs that collided start apart."""
+    for attempt in range(1, RAY_START_ATTEMPTS):
+        try:
+            return run_verl(cfg, variant, stage, already_done)
+        except RayStartFailed:
+            pause = random.uniform(0.0, pause_s)
+            print(f"[rl/{variant}] Ray's node timed out during start-up (attempt {attempt} of {RAY_START_ATTEMPTS}); "
+                  f"starting verl again in {pause:.0f} s", file=sys.stderr, flush=True)
+            time.sleep(pause)
+    return run_verl(cfg, variant, stage, already_done)
 
 
 # -------------------------------------------------------------------------------------------- summaries
@@ -267,7 +295,7 @@ def run(cfg: Config) -> Manifest:
                                          "verl_env": verl_env(cfg)})
         current.checkpoint()
         if done < cfg.rl.total_steps:
-            done = run_verl(cfg, variant, stage, done)
+            done = run_verl_retrying_ray_start(cfg, variant, stage, done)
         if done != cfg.rl.total_steps:
             raise RLError(f"verl stopped with its newest checkpoint at step {done}, not rl.total_steps="
                           f"{cfg.rl.total_steps}; see {stage / VERL_LOG}")

@@ -15,7 +15,8 @@ from common.config import compose
 from common.models import end_of_turn_token
 from common.paths import rl_run
 from rl import train
-from rl.export import latest_checkpoint_step
+from rl.export import LATEST_ITERATION_FILE, latest_checkpoint_step
+from rl.verl_args import CHECKPOINT_SUBDIR
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -119,3 +120,33 @@ def test_sigterm_to_the_rl_stage_stops_verl_and_the_workers_it_started(tmp_path)
         for process in started:
             if process.is_running():
                 process.kill()
+
+
+def test_a_ray_node_that_times_out_during_start_up_is_started_again(tmp_path, monkeypatch):
+    # Two DAPO runs starting together on a loaded 2-core machine: one verl died in ray.init with Ray's fixed 30 s
+    # raylet wait, the RL stage failed, and the orchestrator launched nothing more.
+    attempts = tmp_path / "attempts"
+    fake_verl = ("import pathlib, sys\n"
+                 f"attempts = pathlib.Path({str(attempts)!r})\n"
+                 "attempts.write_text(attempts.read_text() + 'x' if attempts.exists() else 'x')\n"
+                 "if len(attempts.read_text()) == 1:\n"
+                 f"    print('Exception: {train.RAY_START_FAILURE}. This could happen ...'); sys.exit(1)\n"
+                 f"checkpoints = pathlib.Path({str(tmp_path / CHECKPOINT_SUBDIR)!r})\n"
+                 f"checkpoints.mkdir(); (checkpoints / {LATEST_ITERATION_FILE!r}).write_text('32')\n")
+    monkeypatch.setattr(train, "build_command", lambda cfg, variant: [sys.executable, "-c", fake_verl])
+    cfg = compose(["logging.progress=false"])
+    assert train.run_verl_retrying_ray_start(cfg, "sft", tmp_path, 0, pause_s=0.0) == 32
+    assert attempts.read_text() == "xx"
+
+
+def test_other_verl_failures_and_start_up_timeouts_after_a_step_are_not_retried(tmp_path, monkeypatch):
+    runs = tmp_path / "runs"
+    for output in ("Exception: CUDA out of memory", f"step:1 - x:1\\nException: {train.RAY_START_FAILURE}"):
+        fake_verl = (f"import pathlib, sys; runs = pathlib.Path({str(runs)!r}); "
+                     "runs.write_text(runs.read_text() + 'x' if runs.exists() else 'x'); "
+                     f"print('{output}'); sys.exit(1)")
+        monkeypatch.setattr(train, "build_command", lambda cfg, variant: [sys.executable, "-c", fake_verl])
+        with pytest.raises(train.RLError) as failure:
+            train.run_verl_retrying_ray_start(compose(["logging.progress=false"]), "sft", tmp_path, 0, pause_s=0.0)
+        assert not isinstance(failure.value, train.RayStartFailed)
+    assert runs.read_text() == "xx"
