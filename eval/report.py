@@ -48,6 +48,7 @@ from eval.run import METRICS_FILE
 from eval.sweep import Sweep, evaluated_methods, find_sweeps, format_values, plot_sweep
 from eval.tables import (
     AVERAGE,
+    MISSING,
     Block,
     ResultTable,
     Row,
@@ -55,6 +56,8 @@ from eval.tables import (
     delta_label,
     fill_estimates,
     load_paper_tables,
+    rl_gains,
+    signed_estimate,
     to_csv,
     to_latex,
     to_markdown,
@@ -357,6 +360,36 @@ def curves_section(cfg: Config, mcfg: Config, labels: list[str], out_dir: Path, 
     return lines
 
 
+def rl_gain_section(collected: dict) -> tuple[list[str], dict]:
+    """Per RL arm: Table 2 − Table 1 of the same arm in each Table 2 metric's Avg column, paired on seeds and
+    problems, and that gain minus SFT's (:func:`eval.tables.rl_gains`)."""
+    if "sft" not in collected or "rl" not in collected:
+        return ["Skipped: needs both Table 1 (before RL) and Table 2 (after RL) evaluations.", ""], {}
+    before, after = collected["sft"][0], collected["rl"][0]
+    by_metric = {metric: rl_gains(before, after, metric) for metric in after.metrics}
+    first = after.metrics[0]
+    lines = [f"Table 2 − Table 1 of the same arm, Avg column, in points: mean [95% interval] over the seeds and "
+             f"problems both evaluated, paired (same resamples); <sub>{delta_label(after)}</sub>: that gain minus "
+             f"{after.reference}'s gain, paired on the seeds all four evaluations share.", "",
+             "| model | arm | seeds | " + " | ".join(f"RL gain in Avg {metric} | {delta_label(after)}"
+                                                      for metric in after.metrics) + f" | {first} gain per seed |",
+             "|---|---|:---:|" + ":---:|:---:|" * len(after.metrics) + ":---:|"]
+    metrics = {}
+    for b, (title, gains) in enumerate(by_metric[first]):
+        for g, gain in enumerate(gains):
+            cells = []
+            for metric in after.metrics:
+                this = by_metric[metric][b][1][g]
+                versus = this.versus_reference
+                cells += [signed_estimate(this.gain), MISSING if versus is None else signed_estimate(versus)]
+                metrics[f"{title}/{gain.label}/{metric}"] = {
+                    "gain": this.gain.mean, "low": this.gain.low, "high": this.gain.high,
+                    "versus_reference": None if versus is None else versus.mean}
+            per_seed = ", ".join(f"{seed}: {value:+.1f}" for seed, value in gain.per_seed.items())
+            lines.append(f"| {title} | {gain.label} | {len(gain.per_seed)} | {' | '.join(cells)} | {per_seed} |")
+    return lines + [""], metrics
+
+
 def headroom_section(collected: dict, heldout: dict[tuple[int, str], dict[int, float]]) -> tuple[list[str], dict]:
     """Spearman correlation, across RL arms and seeds, of pre-RL diagnostics with the RL gain in Avg pass@1 (the
     entropy's over the pairs whose pre-RL samples all carry log-probabilities, the held-out NLL's over the pairs with
@@ -579,6 +612,8 @@ def run(cfg: Config) -> Manifest:
         lines += ["## Training curves", ""]
         for mcfg in models:
             lines += curves_section(cfg, mcfg, labels, out_dir, run_)
+        more, analysis_metrics["rl_gain"] = rl_gain_section(collected)
+        lines += ["## RL gain per arm", "", *more]
         more, analysis_metrics["headroom"] = headroom_section(collected, heldout_nll_per_seed(models, rows["rl"]))
         lines += ["## RL headroom: what predicts the RL gain", "", *more]
         (out_dir / "report.md").write_text("\n".join(lines), encoding="utf-8")

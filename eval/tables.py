@@ -141,6 +141,53 @@ def fill_estimates(table: ResultTable, reference_variant: str = REFERENCE_VARIAN
                         row.delta[(column, metric)] = paired_difference(*paired[1]).scaled(100)
 
 
+@dataclass(frozen=True)
+class Gain:
+    """What RL added to one arm: Table 2 − Table 1 of the same variant, in points of the ``Avg`` column."""
+
+    label: str
+    variant: str
+    gain: Estimate
+    """Paired on the arm's own seeds and problems (the RL run of seed s starts from the SFT model of seed s)."""
+    versus_reference: Estimate | None
+    """``gain`` − the reference arm's gain, paired on the seeds and problems all four evaluations share (a
+    difference in differences); None for the reference itself or when it has no gain."""
+    per_seed: dict[int, float]
+
+
+def rl_gains(before: ResultTable, after: ResultTable, metric: str,
+             reference_variant: str = REFERENCE_VARIANT) -> list[tuple[str, list[Gain]]]:
+    """Per block (model): the :class:`Gain` in ``metric`` of every Table 2 row whose variant has a Table 1 row,
+    in Table 2's order. Each bootstrap replicate is linear in the values, so a gain's replicates are those of the
+    per-(seed, problem) differences ``after − before``."""
+    columns = [column for column in after.columns if column != AVERAGE]
+    k = _metric_k(metric)
+    result = []
+    for block_before, block_after in zip(before.blocks, after.blocks):
+        pre_rl = {row.variant: row for row in block_before.rows}
+        pairs = [(row, pre_rl[row.variant]) for row in block_after.rows if row.variant in pre_rl]
+        reference = next(((a, b) for a, b in pairs if a.variant == reference_variant), None)
+        gains = []
+        for row_after, row_before in pairs:
+            found = _groups([row_after, row_before], columns, k)
+            if found is None:
+                continue
+            seeds, (after_groups, before_groups) = found
+            differences = [a - b for a, b in zip(after_groups, before_groups)]
+            versus = None
+            if reference is not None and row_after is not reference[0]:
+                shared = _groups([row_after, row_before, *reference], columns, k)
+                if shared is not None:
+                    mine_after, mine_before, theirs_after, theirs_before = shared[1]
+                    versus = paired_difference([a - b for a, b in zip(mine_after, mine_before)],
+                                               [a - b for a, b in zip(theirs_after, theirs_before)]).scaled(100)
+            gains.append(Gain(row_after.label, row_after.variant, estimate(differences).scaled(100), versus,
+                              {seed: 100 * float(np.mean([d[i].mean() for d in differences]))
+                               for i, seed in enumerate(seeds)}))
+        result.append((block_after.title, gains))
+    return result
+
+
 def load_paper_tables(path: Path = PAPER_TABLES) -> dict:
     return json.loads(path.read_text(encoding="utf-8"))["tables"]
 
@@ -214,6 +261,11 @@ def _interval(estimate_: Estimate, signed: bool = False) -> str:
     return f"[{show(estimate_.low)}, {show(estimate_.high)}]"
 
 
+def signed_estimate(estimate_: Estimate) -> str:
+    """A difference with its interval: ``+12.5 [+0.0, +25.0]``."""
+    return f"{_signed(estimate_.mean)} {_interval(estimate_, signed=True)}"
+
+
 def delta_label(table: ResultTable) -> str:
     return f"Δ vs {table.reference}"
 
@@ -241,7 +293,7 @@ def to_markdown(table: ResultTable) -> str:
                 cells.append(text)
             lines.append("| " + " | ".join([row.label, *cells]) + " |")
             if row.delta:
-                deltas = [f"{_signed(row.delta[cell].mean)} {_interval(row.delta[cell], signed=True)}"
+                deltas = [signed_estimate(row.delta[cell])
                           if cell in row.delta else MISSING for cell in table.cells]
                 lines.append("| " + " | ".join([f"<sub>{delta_label(table)}</sub>",
                                                 *(f"<sub>{d}</sub>" for d in deltas)]) + " |")

@@ -140,6 +140,14 @@ def test_report_training_curves_and_rl_headroom(tmp_path):
     assert "| mean sample entropy (nats/token) | +0.94 (6 of 6 pairs) |" in text
     assert "| Toy-Qwen3-0.8M | EKSFT (paper eq.) | 0 | 25.0 | 100.0 (4) | 1.200 | n/a | +75.0 |" in text
     assert "held-out NLL on a held-out slice of the SFT set | not computed" in text
+    # RL gain per arm (pass@1, seeds 0, 1): base 50, 25 | sft 25, 0 | eksft 75, 25; minus SFT's of the same seed:
+    # base 25, 25 | eksft 50, 25. One problem per benchmark, so only the two seeds are resampled.
+    gains = manifest.metrics["rl_gain"]
+    assert gains["Toy-Qwen3-0.8M/EKSFT (paper eq.)/pass@1"] == {"gain": 50.0, "low": 25.0, "high": 75.0,
+                                                                 "versus_reference": 37.5}
+    assert gains["Toy-Qwen3-0.8M/SFT/pass@1"]["versus_reference"] is None
+    assert "| Toy-Qwen3-0.8M | Base | 2 | +37.5 [+25.0, +50.0] | +25.0 [+25.0, +25.0] |" in text
+    assert text.index("## RL gain per arm") < text.index("## RL headroom")
 
 
 def test_report_reaches_wandb_offline(tmp_path, monkeypatch):

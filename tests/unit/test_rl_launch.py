@@ -1,4 +1,5 @@
-"""rl.train's helpers: phase-timing summary, the step-line pattern, checkpoint markers, eos check, stall watchdog, stopping verl on SIGTERM."""
+"""rl.train's helpers: phase-timing summary, the step-line pattern, checkpoint markers, eos check, stall watchdog;
+stopping verl on SIGTERM, starting it again when Ray's node times out during start-up."""
 from __future__ import annotations
 
 import signal

@@ -13,6 +13,7 @@ from eval.tables import (
     interval_marks,
     load_paper_tables,
     rank_marks,
+    rl_gains,
     to_csv,
     to_latex,
     to_markdown,
@@ -125,3 +126,24 @@ def test_paper_values_attach_by_variant_to_both_eksft_arms():
     paper_eq, official, sweep_point = table.blocks[0].rows
     assert paper_eq.paper[("AIME", "pass@1")] == official.paper[("AIME", "pass@1")] == 45.7
     assert not sweep_point.paper  # a sweep point is not the paper's configuration
+
+
+def test_rl_gain_is_paired_on_the_arm_and_compared_with_the_reference_gain():
+    # One benchmark, two problems, n = 4, two seeds; each seed's two problems are alike, so only seeds vary.
+    before = ResultTable(caption="1", row_header="Method", columns=["A", "Avg"], metrics=["pass@1"], blocks=[Block(
+        "m", [Row("SFT", "sft", evaluations={"A": {0: _doc(2, 2, n=4), 1: _doc(1, 1, n=4)}}),
+              Row("EKSFT", "eksft", evaluations={"A": {0: _doc(0, 0, n=4), 1: _doc(0, 0, n=4)}}),
+              Row("DFT", "dft", evaluations={"A": {0: _doc(4, 4, n=4)}})])])
+    after = ResultTable(caption="2", row_header="Method(+DAPO)", columns=["A", "Avg"], metrics=["pass@1"],
+                        blocks=[Block("m", [
+                            Row("SFT", "sft", evaluations={"A": {0: _doc(3, 3, n=4), 1: _doc(1, 1, n=4)}}),
+                            Row("EKSFT", "eksft", evaluations={"A": {0: _doc(4, 4, n=4), 1: _doc(2, 2, n=4)}})])])
+    (title, gains), = rl_gains(before, after, "pass@1")
+    assert title == "m" and [gain.variant for gain in gains] == ["sft", "eksft"]
+    sft, eksft = gains
+    # SFT: seed 0 +25, seed 1 +0. Two seeds resampled 2000 times: the interval spans both seeds' values.
+    assert sft.per_seed == {0: 25.0, 1: 0.0} and sft.gain == Estimate(12.5, 0.0, 25.0)
+    assert sft.versus_reference is None
+    # EKSFT: +100, +50; minus SFT's gain of the same seed: +75, +50.
+    assert eksft.per_seed == {0: 100.0, 1: 50.0} and eksft.gain == Estimate(75.0, 50.0, 100.0)
+    assert eksft.versus_reference == Estimate(62.5, 50.0, 75.0)
