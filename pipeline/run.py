@@ -16,7 +16,6 @@ import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from fnmatch import fnmatch
 from pathlib import Path
-from typing import Iterator
 
 import hydra
 from hydra.core.hydra_config import HydraConfig

@@ -7,7 +7,8 @@ of ``rl/verl_args.py`` as a subprocess (its log teed to ``verl.log``, its per-st
 checkpoint in ``checkpoints/``; a finished training run goes straight to the merge.
 
 Ray: a local cluster started by verl, or the cluster at ``RAY_ADDRESS`` (GPU profile; docs/rl.md has the
-multi-node recipe). On failure or Ctrl-C the verl process group and every process it started are killed.
+multi-node recipe). On failure, Ctrl-C, SIGTERM or SIGHUP the verl process group and every process it started are
+killed. A verl whose Ray node timed out during start-up is started again (:func:`run_verl_retrying_ray_start`).
 """
 from __future__ import annotations
 
