@@ -10,9 +10,10 @@ Collects every ``metrics.json`` the eval stages wrote for the experiment's model
   numbers in parentheses where the cell exists in the paper, each seed's value in the CSV;
 * ``plots/passk_<model>_<phase>_<benchmark>.png``: pass@k curves with 95% bands, one line per method
   (:mod:`eval.plots`);
-* ``plots/curves_<model>_{sft,rl}.png``: training curves of the SFT and RL runs (:mod:`eval.analyses.curves`), and
-  the RL-headroom table (Spearman ρ of pre-RL pass@1 / pass@n / mean sample entropy / held-out NLL with the RL
-  gain, across arms and seeds);
+* ``plots/curves_<model>_{sft,rl}.png``: training curves of the SFT and RL runs (:mod:`eval.analyses.curves`), the
+  RL gain of each arm with its interval and minus SFT's (:func:`eval.tables.rl_gains`), and the RL-headroom table
+  (Spearman ρ of pre-RL pass@1 / pass@n / mean sample entropy / held-out NLL with the RL gain, across arms and
+  seeds);
 * the analyses of ``eval.analysis.run`` (:mod:`eval.analyses`, :mod:`eval.sweep`), each skipped with a note in
   ``report.md`` when its inputs are missing: ``drift_<model>_<phase>.{json,csv}`` and ``plots/drift_*.png``
   (parameter drift of every SFT / RL export vs the base model), ``iou_<model>.{md,json}`` and ``plots/iou_*.png``
