@@ -205,9 +205,11 @@ def run_verl(cfg: Config, variant: str, stage: Path, already_done: int) -> int:
         log.write(f"\n# attempt {attempt} at {time.strftime('%Y-%m-%d %H:%M:%S')}\n$ {' '.join(command)}\n")
         log.flush()
         copier = _MetricsCopier(Path(env["VERL_FILE_LOGGER_PATH"]), metrics)
-        process = start_in_new_session(command, env)
+        # Everything that can take time comes before the start, so a signal after it lands inside the try
+        # (the watchdog reads `process` only when it fires, seconds later).
         watchdog = StallWatchdog(cfg.rl.stall_timeout_s, lambda: stop_tree(process, KILL_GRACE_S))
         ray_did_not_start = False
+        process = start_in_new_session(command, env)
         try:
             for line in process.stdout:
                 log.write(line)

@@ -108,9 +108,10 @@ def test_sigterm_to_the_rl_stage_stops_verl_and_the_workers_it_started(tmp_path)
                     f"stage_main(lambda cfg: train.run_verl(cfg, 'sft', Path({str(tmp_path)!r}), 0))()\n")
     stage = subprocess.Popen([sys.executable, "-c", stage_script, "logging.progress=false"], cwd=REPO,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 180
     while not (pids.exists() and len(pids.read_text().split()) == 2) and time.monotonic() < deadline:
         time.sleep(0.1)
+    assert pids.exists(), "the fake verl did not start within 180 s"
     started = [psutil.Process(int(pid)) for pid in pids.read_text().split()]
     try:
         stage.send_signal(signal.SIGTERM)
