@@ -1,5 +1,6 @@
 """Judge process for ``eval.scoring``: writes ``ready`` once math-verify is imported, then reads
-``{"answer", "gold", "timeout"}`` JSON lines and writes a ``1`` or ``0`` line for each.
+``{"answer", "gold", "timeout"}`` JSON lines and writes a verdict line for each: ``1`` (equal), ``0`` (not), or ``t``
+(not shown equal, and math-verify's timeout fired on a parse or a comparison, so the time limit decided it).
 
 Runs math-verify on this process's main thread, so its ``signal.alarm`` timeouts work; the parent enforces a wall
 limit on top and kills this process if it overruns. Address space is capped so a huge integer raises MemoryError
@@ -13,6 +14,7 @@ import resource
 import signal
 import sys
 
+CORRECT, WRONG, TIME_LIMITED = "1", "0", "t"
 READY = "ready"
 """The line written once math-verify is imported and has judged once (the parent counts no time limit before it)."""
 STARTUP_JUDGE_TIMEOUT = 60
@@ -21,18 +23,34 @@ ADDRESS_SPACE_BYTES = 4 << 30
 """Virtual memory cap of a judge process."""
 
 
-def judge(answer: str, gold: str, timeout: int) -> bool:
+def judge(answer: str, gold: str, timeout: int) -> str:
+    """:data:`CORRECT`, :data:`WRONG` or :data:`TIME_LIMITED`. The verdict is math-verify's
+    ``verify(parse(gold), parse(answer))``, taken pair by pair over the parsed candidates as ``verify`` itself does
+    (an error in one pair counts as not equal), with its timeouts told apart from its other failures."""
+    from itertools import product
+
     from math_verify import parse, verify
     from math_verify.errors import TimeoutException
     from math_verify.parser import LatexExtractionConfig
 
     try:
-        gold_parsed = parse(f"${gold}$", parsing_timeout=timeout)
+        gold_parsed = parse(f"${gold}$", parsing_timeout=timeout, raise_on_error=True)
         predicted = parse(f"\\boxed{{{answer}}}", extraction_config=[LatexExtractionConfig(boxed_match_priority=0)],
-                          parsing_timeout=timeout)
-        return bool(gold_parsed and predicted and verify(gold_parsed, predicted, timeout_seconds=timeout))
-    except (Exception, TimeoutException):
-        return False
+                          parsing_timeout=timeout, raise_on_error=True)
+    except TimeoutException:
+        return TIME_LIMITED
+    except Exception:
+        return WRONG
+    timed_out = False
+    for gold_candidate, candidate in product(gold_parsed, predicted):
+        try:
+            if verify(gold_candidate, candidate, timeout_seconds=timeout, raise_on_error=True):
+                return CORRECT
+        except TimeoutException:
+            timed_out = True
+        except Exception:
+            pass
+    return TIME_LIMITED if timed_out else WRONG
 
 
 def main() -> None:
@@ -41,14 +59,13 @@ def main() -> None:
     cap = ADDRESS_SPACE_BYTES if hard == resource.RLIM_INFINITY else min(ADDRESS_SPACE_BYTES, hard)
     resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
     logging.disable(logging.CRITICAL)
-    if not judge("1", "1", STARTUP_JUDGE_TIMEOUT):  # imports and first-use set-up, so no request pays for them
+    if judge("1", "1", STARTUP_JUDGE_TIMEOUT) != CORRECT:  # imports and first-use set-up, so no request pays
         sys.exit("math-verify does not judge 1 = 1: is it installed?")
     sys.stdout.write(READY + "\n")
     sys.stdout.flush()
     for line in sys.stdin:
         request = json.loads(line)
-        verdict = judge(request["answer"], request["gold"], request["timeout"])
-        sys.stdout.write("1\n" if verdict else "0\n")
+        sys.stdout.write(judge(request["answer"], request["gold"], request["timeout"]) + "\n")
         sys.stdout.flush()
 
 

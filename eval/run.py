@@ -3,12 +3,12 @@
 For each benchmark (``eval.benchmarks``, default: every one in ``data.benchmarks``) it reads the data stage's
 ``benchmarks/<name>.jsonl``, renders each row's ``prompt`` messages with the evaluated model's chat template,
 samples ``n`` completions per problem (seed per problem: ``derive_seed(seed, "eval/<benchmark>/<id>")``), scores
-every sample with :func:`eval.scoring.verify`, and writes into ``eval_dir(cfg, phase, variant, benchmark)``:
+every sample with :func:`eval.scoring.verdict` (the judgement of ``verify``), and writes into ``eval_dir(cfg, phase, variant, benchmark)``:
 
 * ``samples.jsonl``: one line per sample, appended and flushed problem by problem. A crash or Ctrl-C loses no
   finished problem; a re-run keeps the finished problems and samples only the missing ones.
 * ``metrics.json``: avg@n, pass@k for k = 1, 2, 4, …, n, per-problem correct counts, truncation and no-answer
-  rates, and the protocol (n, temperature, top_p, max_tokens, seed, backend and its version).
+  rates, the number of samples the scorer's time limit scored 0 (``time_limited_samples``), and the protocol (n, temperature, top_p, max_tokens, seed, backend and its version).
 * ``manifest.json`` (``common.manifest.stage_run``): config, input hashes, engine settings, headline metrics.
 
 In phase ``sft`` with a held-out SFT slice (``data.num_heldout_rows``), the same engine also scores that slice: the
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
@@ -42,7 +43,7 @@ from eval.sample import (
     render_prompt,
     response_prefix,
 )
-from eval.scoring import MAX_WORKERS, extract_answer, verify
+from eval.scoring import CORRECT, MAX_WORKERS, TIME_LIMITED, TIMEOUT_S, extract_answer, verdict
 from common.benchmarks import read_benchmark
 from common.config import Config, ConfigError, stage_main
 from common.manifest import (
@@ -142,13 +143,14 @@ def _write_atomic(path: Path, text: str) -> None:
 
 def score_problem(row: dict[str, Any], completions: list, prefix: str, seed: int,
                   pool: ThreadPoolExecutor) -> list[dict[str, Any]]:
-    """One samples.jsonl record per completion: text, tokens, finish reason, extracted answer, verdict."""
+    """One samples.jsonl record per completion: text, tokens, finish reason, extracted answer, verdict (``correct``
+    0/1, and ``time_limited`` when the scorer's time limit decided a 0)."""
     scored_texts = [prefix + c.text for c in completions]
-    verdicts = list(pool.map(verify, scored_texts, [row["answer"]] * len(completions)))
+    verdicts = list(pool.map(verdict, scored_texts, [row["answer"]] * len(completions)))
     return [{"problem_id": row["id"], "sample_index": index, "seed": seed, "text": c.text,
              "num_tokens": c.num_tokens, "neg_logprob_sum": c.neg_logprob_sum, "finish_reason": c.finish_reason,
-             "answer": extract_answer(text), "correct": int(verdict)}
-            for index, (c, text, verdict) in enumerate(zip(completions, scored_texts, verdicts))]
+             "answer": extract_answer(text), "correct": int(judged == CORRECT), "time_limited": judged == TIME_LIMITED}
+            for index, (c, text, judged) in enumerate(zip(completions, scored_texts, verdicts))]
 
 
 def in_batches(items: list, size: int) -> Iterator[list]:
@@ -230,12 +232,17 @@ def evaluate_benchmark(cfg: Config, benchmark: str, engine: _Engine, model_recor
 
         records_by_problem = [finished[row["id"]] for row in rows]
         metrics = summarize(records_by_problem, n)
+        if metrics["time_limited_samples"]:
+            print(f"[eval/{benchmark}] {metrics['time_limited_samples']} samples scored 0 with no verdict within the "
+                  f"scorer's time limit ({TIMEOUT_S:.0f} s, eval.scoring.TIMEOUT_S; math-verify's own timeout "
+                  "included); a loaded machine makes them more frequent (time_limited in samples.jsonl)",
+                  file=sys.stderr, flush=True)
         metrics_doc = {"benchmark": benchmark, "phase": cfg.eval.phase, "variant": cfg.eval.variant,
                        "model": cfg.model.name, "model_path": engine.model_path, **metrics, "protocol": {
                            **protocol, "backend_version": _backend_version(engine, run.manifest)}}
         write_json_atomic(out_dir / METRICS_FILE, metrics_doc)
         run.add_output(SAMPLES_FILE, "one line per sample: problem_id, sample_index, seed, text, num_tokens, "
-                                     "neg_logprob_sum, finish_reason, answer (extracted), correct (0/1)")
+                                     "neg_logprob_sum, finish_reason, answer (extracted), correct (0/1), time_limited")
         run.add_output(METRICS_FILE, "avg@n, pass@k, per-problem correct counts, protocol")
         run.manifest.metrics = {key: value for key, value in metrics.items() if key != "correct_counts"}
         if engine.started is not None:
@@ -262,6 +269,7 @@ def summarize(records_by_problem: list[list[dict[str, Any]]], n: int) -> dict[st
             "correct_counts": {records[0]["problem_id"]: c for records, c in zip(records_by_problem, counts)},
             "truncated_rate": sum(r["finish_reason"] == "length" for r in samples) / len(samples),
             "no_answer_rate": sum(r["answer"] is None for r in samples) / len(samples),
+            "time_limited_samples": sum(r.get("time_limited", False) for r in samples),
             "mean_response_tokens": sum(r["num_tokens"] for r in samples) / len(samples),
             MEAN_TOKEN_ENTROPY: mean_token_entropy([r.get("neg_logprob_sum") for r in samples],
                                                    [r["num_tokens"] for r in samples])}

@@ -33,7 +33,7 @@ import threading
 import time
 from pathlib import Path
 
-from eval._judge_worker import READY
+from eval._judge_worker import CORRECT, READY, TIME_LIMITED, WRONG
 from common.answers import last_boxed
 
 TIMEOUT_S = 5.0
@@ -113,15 +113,22 @@ def verify(solution_str: str, ground_truth: str, *, timeout_s: float = TIMEOUT_S
     Never raises for any model output; returns within about ``timeout_s`` seconds of the call, waiting for a judge
     included (plus, once per judge process, its start-up); safe from any thread.
     """
+    return 1.0 if verdict(solution_str, ground_truth, timeout_s=timeout_s) == CORRECT else 0.0
+
+
+def verdict(solution_str: str, ground_truth: str, *, timeout_s: float = TIMEOUT_S) -> str:
+    """:func:`verify`'s judgement: ``CORRECT``; ``WRONG``; or ``TIME_LIMITED`` (it scores 0 too) when the answer
+    was not shown equal and the time limit decided it: no judge was free, the judge overran the deadline, or
+    math-verify's own timeout fired. The evaluation counts those, since a loaded machine makes them more frequent."""
     deadline = time.monotonic() + timeout_s
     answer = extract_answer(solution_str)
     if not answer or too_complex(answer):
-        return 0.0
-    return 1.0 if _POOL.judge(answer, ground_truth, deadline) else 0.0
+        return WRONG
+    return _POOL.judge(answer, ground_truth, deadline)
 
 
 class _JudgeWorker:
-    """One started ``_judge_worker.py`` process: a JSON line in (answer, gold, timeout), ``1``/``0`` out."""
+    """One started ``_judge_worker.py`` process: a JSON line in (answer, gold, timeout), a verdict line out."""
 
     def __init__(self) -> None:
         self.process = subprocess.Popen([sys.executable, "-u", str(_WORKER_SCRIPT)], stdin=subprocess.PIPE,
@@ -132,7 +139,7 @@ class _JudgeWorker:
             raise RuntimeError(f"the judge process {_WORKER_SCRIPT} did not start within {STARTUP_TIMEOUT_S:.0f} s "
                                f"(exit code {self.process.returncode}); run it with python to see why")
 
-    def judge(self, answer: str, gold: str, deadline: float) -> bool | None:
+    def judge(self, answer: str, gold: str, deadline: float) -> str | None:
         """The verdict, or None when the worker did not answer before ``deadline`` or died (the caller discards it)."""
         # math-verify's own per-call timeout (parse gold, parse answer, verify) fires first in the usual case,
         # so a slow sample costs no worker restart; the deadline catches what a signal cannot interrupt.
@@ -142,8 +149,7 @@ class _JudgeWorker:
             self.process.stdin.flush()
         except (BrokenPipeError, OSError):
             return None
-        line = self._read_line(deadline)
-        return None if line is None else line == "1"
+        return self._read_line(deadline)
 
     def _read_line(self, deadline: float) -> str | None:
         """The next line the worker writes, stripped; None if none comes before ``deadline`` or the worker exited."""
@@ -178,22 +184,24 @@ class _JudgePool:
         """Judges running or being started."""
         self._changed = threading.Condition()
 
-    def judge(self, answer: str, gold: str, deadline: float) -> bool:
-        """math-verify's verdict; False when no judge is free before ``deadline`` (``time.monotonic()``) or the judge
-        overruns it. Starting a judge for this call moves the deadline by the start-up time."""
+    def judge(self, answer: str, gold: str, deadline: float) -> str:
+        """The worker's verdict (``CORRECT``, ``WRONG``, ``TIME_LIMITED``); ``TIME_LIMITED`` when no judge is free
+        before ``deadline`` (``time.monotonic()``) or the judge overruns it. Starting a judge for this call moves
+        the deadline by the start-up time."""
         if os.getpid() != self._pid:  # a forked child must not share its parent's worker pipes
             self.__init__(self._max_judges)
         worker, deadline = self._acquire(deadline)
         if worker is None:
-            return False
-        verdict = worker.judge(answer, gold, deadline) if time.monotonic() < deadline else False
-        if verdict is None:
+            return TIME_LIMITED
+        if time.monotonic() >= deadline:
+            result = TIME_LIMITED
+        elif (result := worker.judge(answer, gold, deadline)) is None:
             self._discard(worker)
-            return False
+            return TIME_LIMITED
         with self._changed:
             self._idle.append(worker)
             self._changed.notify()
-        return verdict
+        return result
 
     def _acquire(self, deadline: float) -> tuple[_JudgeWorker | None, float]:
         """An idle judge, else a newly started one (and the deadline moved by its start-up), else the first judge freed

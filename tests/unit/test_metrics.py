@@ -80,3 +80,12 @@ def test_summary_reads_samples_with_and_without_neg_logprob_sum():
     assert summarize(new, 2)[MEAN_TOKEN_ENTROPY] == pytest.approx(4.0 / 10)
     old = [[record("a", 0, 4), record("a", 1, 2)]]  # samples.jsonl from before: no neg_logprob_sum
     assert summarize(old, 2)[MEAN_TOKEN_ENTROPY] is None
+
+
+def test_summary_counts_the_samples_the_time_limit_scored():
+    def record(pid, index, **extra):
+        return {"problem_id": pid, "sample_index": index, "num_tokens": 2, "finish_reason": "stop", "answer": "1",
+                "correct": 0, **extra}
+
+    records = [[record("a", 0, time_limited=True), record("a", 1, time_limited=False)], [record("b", 0), record("b", 1)]]
+    assert summarize(records, 2)["time_limited_samples"] == 1  # samples written before the field count as judged

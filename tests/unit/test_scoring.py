@@ -208,14 +208,25 @@ def test_slow_answers_do_not_delay_a_concurrent_fast_one():
 def test_waiting_for_a_judge_counts_against_the_limit():
     pool = scoring._JudgePool(max_judges=1)
     try:
-        assert pool.judge("5", "5", time.monotonic() + 60.0)  # started, so start-up plays no part below
+        assert pool.judge("5", "5", time.monotonic() + 60.0) == scoring.CORRECT  # started: no start-up below
         slow = threading.Thread(target=pool.judge, args=("99999999!", "5", time.monotonic() + 4.0))
         slow.start()
         time.sleep(0.2)
         start = time.monotonic()
-        assert pool.judge("5", "5", start + 1.0) is False  # no judge free within its own 1 s
+        assert pool.judge("5", "5", start + 1.0) == scoring.TIME_LIMITED  # no judge free within its own 1 s
         assert time.monotonic() - start < 1.5
         slow.join()
-        assert pool.judge("5", "5", time.monotonic() + 4.0)
+        assert pool.judge("5", "5", time.monotonic() + 4.0) == scoring.CORRECT
     finally:
         pool.close()
+
+
+def test_a_verdict_says_when_the_time_limit_decided_it():
+    # A sample that scores 0 because no judgement came in time is not a wrong answer: on a loaded machine
+    # (the suite at nice 19 beside two DAPO runs) "(x+1)^2" against "x^2+2x+1" scored 0 that way, silently.
+    assert scoring.verdict("\\boxed{5}", "5") == scoring.CORRECT
+    assert scoring.verdict("\\boxed{4}", "5") == scoring.WRONG
+    assert scoring.verdict("no box", "5") == scoring.WRONG
+    assert scoring.verdict("\\boxed{5}", "5", timeout_s=-1.0) == scoring.TIME_LIMITED  # the deadline had passed
+    assert scoring.verdict(SLOW_ANSWER, "5", timeout_s=4.0) == scoring.TIME_LIMITED  # math-verify's own timeout
+    assert verify(SLOW_ANSWER, "5", timeout_s=4.0) == 0.0
