@@ -3,12 +3,14 @@
 For each benchmark (``eval.benchmarks``, default: every one in ``data.benchmarks``) it reads the data stage's
 ``benchmarks/<name>.jsonl``, renders each row's ``prompt`` messages with the evaluated model's chat template,
 samples ``n`` completions per problem (seed per problem: ``derive_seed(seed, "eval/<benchmark>/<id>")``), scores
-every sample with :func:`eval.scoring.verdict` (the judgement of ``verify``), and writes into ``eval_dir(cfg, phase, variant, benchmark)``:
+every sample with :func:`eval.scoring.verdict` (the judgement of ``verify``), and writes into
+``eval_dir(cfg, phase, variant, benchmark)``:
 
 * ``samples.jsonl``: one line per sample, appended and flushed problem by problem. A crash or Ctrl-C loses no
   finished problem; a re-run keeps the finished problems and samples only the missing ones.
 * ``metrics.json``: avg@n, pass@k for k = 1, 2, 4, …, n, per-problem correct counts, truncation and no-answer
-  rates, the number of samples the scorer's time limit scored 0 (``time_limited_samples``), and the protocol (n, temperature, top_p, max_tokens, seed, backend and its version).
+  rates, the number of samples the scorer's time limit scored 0 (``time_limited_samples``), and the protocol (n,
+  temperature, top_p, max_tokens, seed, backend and its version).
 * ``manifest.json`` (``common.manifest.stage_run``): config, input hashes, engine settings, headline metrics.
 
 In phase ``sft`` with a held-out SFT slice (``data.num_heldout_rows``), the same engine also scores that slice: the
@@ -149,7 +151,8 @@ def score_problem(row: dict[str, Any], completions: list, prefix: str, seed: int
     verdicts = list(pool.map(verdict, scored_texts, [row["answer"]] * len(completions)))
     return [{"problem_id": row["id"], "sample_index": index, "seed": seed, "text": c.text,
              "num_tokens": c.num_tokens, "neg_logprob_sum": c.neg_logprob_sum, "finish_reason": c.finish_reason,
-             "answer": extract_answer(text), "correct": int(judged == CORRECT), "time_limited": judged == TIME_LIMITED}
+             "answer": extract_answer(text), "correct": int(judged == CORRECT),
+             "time_limited": judged == TIME_LIMITED}
             for index, (c, text, judged) in enumerate(zip(completions, scored_texts, verdicts))]
 
 

@@ -87,5 +87,6 @@ def test_summary_counts_the_samples_the_time_limit_scored():
         return {"problem_id": pid, "sample_index": index, "num_tokens": 2, "finish_reason": "stop", "answer": "1",
                 "correct": 0, **extra}
 
-    records = [[record("a", 0, time_limited=True), record("a", 1, time_limited=False)], [record("b", 0), record("b", 1)]]
+    records = [[record("a", 0, time_limited=True), record("a", 1, time_limited=False)],
+               [record("b", 0), record("b", 1)]]
     assert summarize(records, 2)["time_limited_samples"] == 1  # samples written before the field count as judged
