@@ -136,8 +136,9 @@ def collect(cfg: Config, phase: str, models: list[Config], labels: list[str]
                         inputs[f"{mcfg.model.name}/{phase}/{variant}/{bench}/seed{seed}"] = path
     # The second column is pass@table_k unless some evaluation drew fewer samples than that.
     k = min([cfg.eval.table_k, *(doc["n"] for by_seed in docs.values() for doc in by_seed.values())])
+    present = sorted({seed for by_seed in docs.values() for seed in by_seed}) or cfg.run_seeds()
     table = ResultTable(caption=f"{stage}: pass@1 (avg@n) and pass@{k} in percent, mean [95% interval] over "
-                                f"{_seeds_text(cfg)} and problems",
+                                f"{_seeds_text(present)} and problems",
                         row_header=header, columns=[*columns, AVERAGE], metrics=["pass@1", f"pass@{k}"], blocks=[])
     curves: dict[tuple[str, str], dict] = {}
     for m, mcfg in enumerate(models):
@@ -156,8 +157,8 @@ def collect(cfg: Config, phase: str, models: list[Config], labels: list[str]
     return table, inputs, curves
 
 
-def _seeds_text(cfg: Config) -> str:
-    seeds = cfg.run_seeds()
+def _seeds_text(seeds: list[int]) -> str:
+    """The seeds a table holds (every seed some evaluation of it has), as its caption names them."""
     return f"seed {seeds[0]}" if len(seeds) == 1 else f"seeds {', '.join(map(str, seeds))}"
 
 

@@ -81,6 +81,19 @@ def test_report_aggregates_seeds(tmp_path):
     assert eksft["Avg pass@1 Δ vs reference"] == [25.0, 25.0, 25.0]
 
 
+def test_a_table_caption_names_the_seeds_it_holds(tmp_path):
+    # With seed 7 not evaluated yet, the caption said "over seeds 3, 7" (a line further down named the missing seed).
+    cfg = compose([f"experiment.run_root={tmp_path}", "experiment.methods=[sft]", "experiment.seeds=[3,7]",
+                   "eval.analysis.run=[]"])
+    for variant in ("base", "sft"):
+        for bench in ("toy_add", "toy_mixed"):
+            _write_metrics(replace(cfg, seed=3), "sft", variant, bench, {"p": 1})
+    report.run(cfg)
+    text = (report_dir(cfg) / "report.md").read_text()
+    assert "mean [95% interval] over seed 3 and problems" in text
+    assert "Seeds missing (cells use the seeds present): Toy-Qwen3-0.8M / Base / Toy-Add: seed 7" in text
+
+
 def test_report_shows_the_papers_numbers_next_to_ours(tmp_path):
     cfg = compose(["profile=paper", "experiment=table1", f"experiment.run_root={tmp_path}"])
     _write_metrics(cfg, "sft", "eksft", "aime24", {"p": 16}, n=32)
