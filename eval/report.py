@@ -377,18 +377,18 @@ def rl_gain_section(collected: dict) -> tuple[list[str], dict]:
                                                       for metric in after.metrics) + f" | {first} gain per seed |",
              "|---|---|:---:|" + ":---:|:---:|" * len(after.metrics) + ":---:|"]
     metrics = {}
-    for b, (title, gains) in enumerate(by_metric[first]):
-        for g, gain in enumerate(gains):
+    for blocks in zip(*by_metric.values()):  # one model: its (title, gains) under each metric
+        title = blocks[0][0]
+        for arm in zip(*(gains for _, gains in blocks)):  # one arm: its Gain under each metric
             cells = []
-            for metric in after.metrics:
-                this = by_metric[metric][b][1][g]
-                versus = this.versus_reference
-                cells += [signed_estimate(this.gain), MISSING if versus is None else signed_estimate(versus)]
+            for metric, gain in zip(after.metrics, arm):
+                versus = gain.versus_reference
+                cells += [signed_estimate(gain.gain), MISSING if versus is None else signed_estimate(versus)]
                 metrics[f"{title}/{gain.label}/{metric}"] = {
-                    "gain": this.gain.mean, "low": this.gain.low, "high": this.gain.high,
+                    "gain": gain.gain.mean, "low": gain.gain.low, "high": gain.gain.high,
                     "versus_reference": None if versus is None else versus.mean}
-            per_seed = ", ".join(f"{seed}: {value:+.1f}" for seed, value in gain.per_seed.items())
-            lines.append(f"| {title} | {gain.label} | {len(gain.per_seed)} | {' | '.join(cells)} | {per_seed} |")
+            per_seed = ", ".join(f"{seed}: {value:+.1f}" for seed, value in arm[0].per_seed.items())
+            lines.append(f"| {title} | {arm[0].label} | {len(arm[0].per_seed)} | {' | '.join(cells)} | {per_seed} |")
     return lines + [""], metrics
 
 
