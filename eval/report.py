@@ -170,6 +170,17 @@ def missing_seeds(cfg: Config, table: ResultTable) -> list[str]:
             if expected - set(by_seed)]
 
 
+def time_limited_evaluations(files: dict[str, Path]) -> list[str]:
+    """``key: limited of total`` for every evaluation whose scorer's time limit scored samples 0 with no verdict
+    (``time_limited_samples`` in its metrics file; a file written before that field counts none)."""
+    found = []
+    for key, path in files.items():
+        doc = json.loads(path.read_text(encoding="utf-8"))
+        if doc.get("time_limited_samples"):
+            found.append(f"{key}: {doc['time_limited_samples']} of {doc['n'] * len(doc['correct_counts'])}")
+    return found
+
+
 # ------------------------------------------------------------------------------------------------ analyses
 def run_folder_label(name: str) -> str:
     """The label of a run folder: ``eksft_rho0.1-1a2b3c4d`` → ``eksft_rho0.1`` (a bare label stays as it is)."""
@@ -584,6 +595,11 @@ def run(cfg: Config) -> Manifest:
             partial = missing_seeds(cfg, table)
             if partial:
                 lines += [f"Seeds missing (cells use the seeds present): {'; '.join(partial)}", ""]
+            limited = time_limited_evaluations(files)
+            if limited:
+                lines += ["Samples scored 0 because the scorer's time limit passed before a verdict (counted as wrong "
+                          "above; a loaded machine makes them more frequent, and `python -m pipeline.run "
+                          "force=[<eval command>]` on a quiet one scores them again): " + "; ".join(limited), ""]
             lines += ["### pass@k curves", ""]
             for (title, bench), by_method in curves.items():
                 relative = f"plots/passk_{_slug(title)}_{phase}_{bench}.png"

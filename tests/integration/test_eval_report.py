@@ -94,6 +94,18 @@ def test_a_table_caption_names_the_seeds_it_holds(tmp_path):
     assert "Seeds missing (cells use the seeds present): Toy-Qwen3-0.8M / Base / Toy-Add: seed 7" in text
 
 
+def test_report_names_the_evaluations_the_scorers_time_limit_scored(tmp_path):
+    cfg = compose([f"experiment.run_root={tmp_path}", "experiment.methods=[sft]", "eval.analysis.run=[]"])
+    for variant in ("base", "sft"):
+        for bench in ("toy_add", "toy_mixed"):
+            limited = 3 if (variant, bench) == ("sft", "toy_mixed") else 0
+            _write_metrics(cfg, "sft", variant, bench, {"p1": 1, "p2": 0}, time_limited_samples=limited)
+    report.run(cfg)
+    lines = (report_dir(cfg) / "report.md").read_text().splitlines()
+    found = [line for line in lines if line.startswith("Samples scored 0 because the scorer's time limit passed")]
+    assert len(found) == 1 and found[0].endswith(": toy/sft/sft/toy_mixed/seed0: 3 of 8")  # 2 problems x 4
+
+
 def test_report_shows_the_papers_numbers_next_to_ours(tmp_path):
     cfg = compose(["profile=paper", "experiment=table1", f"experiment.run_root={tmp_path}"])
     _write_metrics(cfg, "sft", "eksft", "aime24", {"p": 16}, n=32)
