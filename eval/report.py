@@ -406,27 +406,25 @@ def rl_gain_section(collected: dict) -> tuple[list[str], dict]:
 def headroom_section(collected: dict, heldout: dict[tuple[int, str], dict[int, float]]) -> tuple[list[str], dict]:
     """Spearman correlation, across RL arms and seeds, of pre-RL diagnostics with the RL gain in Avg pass@1 (the
     entropy's over the pairs whose pre-RL samples all carry log-probabilities, the held-out NLL's over the pairs with
-    one: ``heldout`` maps (model index, variant) to seed → NLL, :func:`heldout_nll_per_seed`). Each RL arm is paired
-    with the Table 1 row of the same variant (Table 2 may hold fewer arms: ``experiment.rl_methods``)."""
+    one: ``heldout`` maps (model index, variant) to seed → NLL, :func:`heldout_nll_per_seed`). The gain is
+    :func:`eval.tables.rl_gains`' per seed: each RL arm paired with the Table 1 row of the same variant (Table 2 may
+    hold fewer arms: ``experiment.rl_methods``) on the problems both evaluated."""
     if "sft" not in collected or "rl" not in collected:
         return ["Skipped: needs both Table 1 (before RL) and Table 2 (after RL) evaluations.", ""], {}
     before, after = collected["sft"][0], collected["rl"][0]
+    columns = [c for c in before.columns if c != AVERAGE]
     points = []
-    for m, (block_before, block_after) in enumerate(zip(before.blocks, after.blocks)):
+    for m, (block_before, (_, gains)) in enumerate(zip(before.blocks, rl_gains(before, after, "pass@1"))):
         pre_rl = {row.variant: row for row in block_before.rows}
-        for row_after in block_after.rows:
-            if row_after.variant not in pre_rl:
-                continue
-            row_before = pre_rl[row_after.variant]
-            nll = heldout.get((m, row_after.variant), {})
+        for gain in gains:
+            row_before = pre_rl[gain.variant]
+            nll = heldout.get((m, gain.variant), {})
             pass1 = row_before.per_seed.get((AVERAGE, "pass@1"), {})
-            after_rl = row_after.per_seed.get((AVERAGE, "pass@1"), {})
-            columns = [c for c in before.columns if c != AVERAGE]
             pass_n = pass_at_n_per_seed(row_before, columns)
             entropy = entropy_per_seed(row_before, columns)
-            for seed in sorted(set(pass1) & set(after_rl) & set(pass_n)):
+            for seed in sorted(set(pass1) & set(gain.per_seed) & set(pass_n)):
                 points.append((block_before.title, row_before.label, seed, pass1[seed], *pass_n[seed],
-                               entropy.get(seed), nll.get(seed), after_rl[seed] - pass1[seed]))
+                               entropy.get(seed), nll.get(seed), gain.per_seed[seed]))
     if not points:
         return ["Skipped: no arm and seed has both its Table 1 and Table 2 evaluations on every benchmark.", ""], {}
     gain = [p[8] for p in points]
