@@ -10,9 +10,10 @@ ANALYSES = ("drift", "iou", "case_study", "sweep")
 PAPER_ROW_LABELS = {"base": "Base", "sft": "SFT", "dft": "DFT", "iwsft": "IW-SFT", "psft": "PSFT",
                     "eksft": "EKSFT (paper eq.)", "eksft_compatofficial_code": "EKSFT (official code)",
                     "asft": "ASFT", "gem": "GEM", "sedsft": "SED-SFT", "eaft": "EAFT",
-                    "highentropy": "CE on top-ρ H (ours)"}
+                    "highentropy": "CE on top-ρ H (ours)", "eksft_lambda_entropy0_lambda_kl0": "masking only (λ = 0)"}
 """Row titles by method label (``common.paths.method_label``): ``eksft`` is EKSFT as the paper's equations write it,
-``eksft_compatofficial_code`` (``sft/method=eksft_official``) as the public code runs it (docs/methods.md)."""
+``eksft_compatofficial_code`` (``sft/method=eksft_official``) as the public code runs it (docs/methods.md), and
+``eksft_lambda_entropy0_lambda_kl0`` (``sft/method=eksft_no_reg``) masks M from CE with no regulariser."""
 
 
 @dataclass

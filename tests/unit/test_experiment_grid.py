@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from common.config import ConfigError, compose
-from common.paths import model_configs, rl_variants, variants
+from common.paths import method_labels, model_configs, rl_variants, variants
+from eval.report import row_label
 from pipeline.stages import build_plan
 
 TWO_METHODS = ["experiment=table1", "profile=toy", "experiment.methods=[sft,eksft]"]
@@ -64,3 +65,9 @@ def test_a_model_override_that_the_report_would_not_see_is_refused():
     overrides = ["experiment=table1", "profile=paper", "experiment.methods=[sft]", "model.attn_implementation=eager"]
     with pytest.raises(ConfigError, match=r"profile.models: a model.\* override .* reaches qwen3_8b"):
         build_plan(compose(overrides), overrides)
+
+
+def test_every_arm_of_the_forking_experiment_has_a_row_title():
+    cfg = compose(["experiment=forking"])
+    assert [row_label(cfg, label) for label in method_labels(cfg)] == [
+        "SFT", "EKSFT (paper eq.)", "EKSFT (official code)", "masking only (λ = 0)", "DFT"]
