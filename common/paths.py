@@ -147,6 +147,13 @@ HELDOUT_NLL = "heldout_nll_nats"
 """Metric of a :func:`heldout_nll_run`: mean negative log-likelihood per supervised token of the held-out slice."""
 TRAINING_METRICS_FILE = "metrics.jsonl"
 """One JSON line per logged step, written by every training stage (base pretraining, SFT, RL) and read by the report."""
+RL_DISCARDED_GROUPS = "training/filter_groups/evicted_samples"
+"""verl's per-step count, in an RL run's :data:`TRAINING_METRICS_FILE`, of the prompt groups DAPO's dynamic sampling
+discarded because all their rollouts got one verdict (it counts groups, not rollouts, despite its name; absent on a
+step that discarded none)."""
+RL_GROUPS_KEPT = "groups_kept_share"
+"""Metric of an RL run's manifest with group filtering: the share of the prompt groups DAPO kept
+(:func:`common.tracking.dapo_groups_kept`)."""
 
 
 def sft_stat_key(stat: str) -> str:

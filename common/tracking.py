@@ -10,6 +10,8 @@ from typing import Any, Iterable, Mapping, MutableMapping
 
 from tqdm.auto import tqdm
 
+from common.paths import RL_DISCARDED_GROUPS
+
 
 def _plain(value: Any) -> Any:
     """JSON-friendly scalar: tensors and numpy numbers become Python floats/ints; NaN/inf become strings."""
@@ -77,6 +79,18 @@ class MetricsLogger:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def dapo_groups_kept(records: Mapping[int, Mapping[str, Any]], groups_per_step: int) -> float | None:
+    """Share of the prompt groups DAPO's dynamic sampling judged that it kept, over an RL run's steps (step → verl
+    record; step 0 is validation): S·B / (S·B + Σ discarded) for S steps of B groups (``rl.train_batch_size``), the
+    discarded ones counted by :data:`common.paths.RL_DISCARDED_GROUPS`. Low when the policy's rollouts of a prompt
+    mostly agree, so few groups carry a group-relative advantage. None for no steps."""
+    steps = [record for step, record in records.items() if step > 0]
+    if not steps:
+        return None
+    kept = groups_per_step * len(steps)
+    return kept / (kept + sum(float(record.get(RL_DISCARDED_GROUPS, 0)) for record in steps))
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:

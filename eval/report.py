@@ -39,7 +39,7 @@ from typing import Any
 
 from eval.analyses.case_study import read_case_study_row, token_probabilities, token_texts, write_case_study
 from eval.analyses.drift import compare_checkpoints, fraction_above, plot_drift, write_drift
-from eval.analyses.iou import iou_markdown, iou_series, plot_iou
+from eval.analyses.iou import iou_markdown, iou_series, plot_iou, read_metrics_log
 from eval.analyses.curves import RL_PANELS, SFT_PANELS, logged_panels, plot_curves, read_runs
 from eval.bfcl_report import run as bfcl_report
 from eval.intervals import per_problem_values, spearman
@@ -69,6 +69,8 @@ from common.models import local_model_dir
 from common.paths import (
     BASE_VARIANT,
     HELDOUT_NLL,
+    RL_DISCARDED_GROUPS,
+    RL_GROUPS_KEPT,
     TRAINING_METRICS_FILE,
     base_run,
     eval_dir,
@@ -83,7 +85,7 @@ from common.paths import (
     sft_tokens_path,
     variants,
 )
-from common.tracking import progress, start_wandb
+from common.tracking import dapo_groups_kept, progress, start_wandb
 
 PHASES = {"sft": ("table1", "Method", "Table 1 (stage 1: without RL)"),
           "rl": ("table2", "Method(+DAPO)", "Table 2 (stage 2: after RL)")}
@@ -373,9 +375,10 @@ def curves_section(cfg: Config, mcfg: Config, labels: list[str], out_dir: Path, 
     return lines
 
 
-def rl_gain_section(collected: dict) -> tuple[list[str], dict]:
+def rl_gain_section(collected: dict, kept: dict[tuple[int, str], dict[int, float]]) -> tuple[list[str], dict]:
     """Per RL arm: Table 2 − Table 1 of the same arm in each Table 2 metric's Avg column, paired on seeds and
-    problems, and that gain minus SFT's (:func:`eval.tables.rl_gains`)."""
+    problems, and that gain minus SFT's (:func:`eval.tables.rl_gains`); beside them the share of the prompt groups
+    DAPO kept in the arm's RL runs (``kept``: (model index, variant) → seed → share, :func:`groups_kept_per_seed`)."""
     if "sft" not in collected or "rl" not in collected:
         return ["Skipped: needs both Table 1 (before RL) and Table 2 (after RL) evaluations.", ""], {}
     before, after = collected["sft"][0], collected["rl"][0]
@@ -385,10 +388,11 @@ def rl_gain_section(collected: dict) -> tuple[list[str], dict]:
              f"problems both evaluated, paired (same resamples); <sub>{delta_label(after)}</sub>: that gain minus "
              f"{after.reference}'s gain, paired on the seeds all four evaluations share.", "",
              "| model | arm | seeds | " + " | ".join(f"RL gain in Avg {metric} | {delta_label(after)}"
-                                                      for metric in after.metrics) + f" | {first} gain per seed |",
-             "|---|---|:---:|" + ":---:|:---:|" * len(after.metrics) + ":---:|"]
+                                                      for metric in after.metrics)
+             + f" | {first} gain per seed | groups DAPO kept |",
+             "|---|---|:---:|" + ":---:|:---:|" * len(after.metrics) + ":---:|:---:|"]
     metrics = {}
-    for blocks in zip(*by_metric.values()):  # one model: its (title, gains) under each metric
+    for m, blocks in enumerate(zip(*by_metric.values())):  # one model: its (title, gains) under each metric
         title = blocks[0][0]
         for arm in zip(*(gains for _, gains in blocks)):  # one arm: its Gain under each metric
             cells = []
@@ -399,8 +403,34 @@ def rl_gain_section(collected: dict) -> tuple[list[str], dict]:
                     "gain": gain.gain.mean, "low": gain.gain.low, "high": gain.gain.high,
                     "versus_reference": None if versus is None else versus.mean}
             per_seed = ", ".join(f"{seed}: {value:+.1f}" for seed, value in arm[0].per_seed.items())
-            lines.append(f"| {title} | {arm[0].label} | {len(arm[0].per_seed)} | {' | '.join(cells)} | {per_seed} |")
-    return lines + [""], metrics
+            shares = list(kept.get((m, arm[0].variant), {}).values())
+            share = f"{100 * sum(shares) / len(shares):.1f}%" if shares else MISSING
+            if shares:
+                metrics[f"{title}/{arm[0].label}/{RL_GROUPS_KEPT}"] = sum(shares) / len(shares)
+            lines.append(f"| {title} | {arm[0].label} | {len(arm[0].per_seed)} | {' | '.join(cells)} | {per_seed} "
+                         f"| {share} |")
+    return lines + ["", "Groups DAPO kept: of the prompt groups DAPO's dynamic sampling judged, the share it trained "
+                        "on, mean over the arm's RL runs. It discards a group whose rollouts all got one verdict "
+                        "(all right or all wrong: no group-relative advantage), counted per step as "
+                        f"`{RL_DISCARDED_GROUPS}` in each run's `{TRAINING_METRICS_FILE}`.", ""], metrics
+
+
+def groups_kept_per_seed(models: list[Config], labels: list[str]) -> dict[tuple[int, str], dict[int, float]]:
+    """(model index, variant) → seed → share of the prompt groups DAPO kept (:func:`common.tracking.dapo_groups_kept`)
+    in every RL run of ``labels`` with group filtering that logged a step."""
+    result: dict[tuple[int, str], dict[int, float]] = {}
+    for m, mcfg in enumerate(models):
+        for seed, scfg in seed_configs(mcfg).items():
+            if not scfg.rl.filter_groups:
+                continue
+            for variant in labels:
+                folder = stage_folder(scfg, "rl", variant)
+                if folder is None:
+                    continue
+                share = dapo_groups_kept(read_metrics_log(folder / TRAINING_METRICS_FILE), scfg.rl.train_batch_size)
+                if share is not None:
+                    result.setdefault((m, variant), {})[seed] = share
+    return result
 
 
 def headroom_section(collected: dict, heldout: dict[tuple[int, str], dict[int, float]]) -> tuple[list[str], dict]:
@@ -628,7 +658,7 @@ def run(cfg: Config) -> Manifest:
         lines += ["## Training curves", ""]
         for mcfg in models:
             lines += curves_section(cfg, mcfg, labels, out_dir, run_)
-        more, analysis_metrics["rl_gain"] = rl_gain_section(collected)
+        more, analysis_metrics["rl_gain"] = rl_gain_section(collected, groups_kept_per_seed(models, rows["rl"]))
         lines += ["## RL gain per arm", "", *more]
         more, analysis_metrics["headroom"] = headroom_section(collected, heldout_nll_per_seed(models, rows["rl"]))
         lines += ["## RL headroom: what predicts the RL gain", "", *more]

@@ -25,10 +25,10 @@ from typing import Any, Callable
 
 from common.config import Config, stage_main
 from common.manifest import Manifest, input_records, read_manifest, stage_run
-from common.paths import BASE_VARIANT, HF_EXPORT, TRAINING_METRICS_FILE, hf_export_dir, rl_run
+from common.paths import BASE_VARIANT, HF_EXPORT, RL_GROUPS_KEPT, TRAINING_METRICS_FILE, hf_export_dir, rl_run
 from common.processes import start_in_new_session, stop_tree
 from common.seeding import derive_seed
-from common.tracking import MetricsLogger, progress, read_metrics
+from common.tracking import MetricsLogger, dapo_groups_kept, progress, read_metrics
 from rl.export import check_hf_export, latest_checkpoint_step, merge_actor
 from rl.verl_args import (
     CHECKPOINT_SUBDIR,
@@ -169,7 +169,7 @@ class _MetricsCopier:
     """Copies verl's per-step JSONL records into our metrics file as they appear (one line per step)."""
 
     def __init__(self, source: Path, logger: MetricsLogger):
-        self.source, self.logger, self.offset, self.last_step = source, logger, 0, 0
+        self.source, self.logger, self.offset, self.last_step, self.last_record = source, logger, 0, 0, {}
 
     def poll(self) -> None:
         if not self.source.exists():
@@ -181,7 +181,7 @@ class _MetricsCopier:
                     break
                 self.offset += len(line)
                 record = json.loads(line)
-                self.last_step = int(record["step"])
+                self.last_step, self.last_record = int(record["step"]), record["data"]
                 self.logger.log(self.last_step, record["data"])
 
 
@@ -218,6 +218,7 @@ def run_verl(cfg: Config, variant: str, stage: Path, already_done: int) -> int:
                     log.flush()
                     copier.poll()
                     bar.update(max(0, copier.last_step - bar.n))
+                    bar.set_postfix_str(step_postfix(copier.last_record, cfg), refresh=False)
                 watchdog.saw_line(is_step)
                 ray_did_not_start = ray_did_not_start or (RAY_START_FAILURE in line and not watchdog.stepping)
             returncode = process.wait()
@@ -239,6 +240,17 @@ def run_verl(cfg: Config, variant: str, stage: Path, already_done: int) -> int:
     return latest_checkpoint_step(stage / CHECKPOINT_SUBDIR)
 
 
+def step_postfix(record: dict[str, Any], cfg: Config) -> str:
+    """The progress bar's note on verl's newest step: its mean reward and, with group filtering, the share of the
+    prompt groups judged at that step that DAPO kept (:func:`common.tracking.dapo_groups_kept`)."""
+    parts = []
+    if isinstance(record.get("critic/score/mean"), (int, float)):
+        parts.append(f"reward {record['critic/score/mean']:+.2f}")
+    if cfg.rl.filter_groups:
+        parts.append(f"groups kept {dapo_groups_kept({1: record}, cfg.rl.train_batch_size):.0%}")
+    return ", ".join(parts)
+
+
 def run_verl_retrying_ray_start(cfg: Config, variant: str, stage: Path, already_done: int,
                                 pause_s: float = 30.0) -> int:
     """:func:`run_verl`, started again (up to ``RAY_START_ATTEMPTS`` in all) when Ray's node timed out during
@@ -255,13 +267,16 @@ def run_verl_retrying_ray_start(cfg: Config, variant: str, stage: Path, already_
 
 
 # -------------------------------------------------------------------------------------------- summaries
-def summarize_metrics(records: list[dict[str, Any]]) -> dict[str, Any]:
-    """Headline numbers: first/last mean training score, the last validation scores, seconds per phase."""
+def summarize_metrics(records: list[dict[str, Any]], filtered_groups_per_step: int | None = None) -> dict[str, Any]:
+    """Headline numbers: first/last mean training score, the last validation scores, seconds per phase, and with
+    group filtering (``filtered_groups_per_step``: ``rl.train_batch_size``) the share of the groups DAPO kept."""
     by_step: dict[int, dict[str, Any]] = {}
     for record in records:  # a resumed run repeats the steps after its last checkpoint; the later record wins
         by_step[record["step"]] = record
     steps = [by_step[s] for s in sorted(by_step) if s > 0 and "timing_s/step" in by_step[s]]
     summary: dict[str, Any] = {"steps_logged": len(steps)}
+    if filtered_groups_per_step is not None and steps:
+        summary[RL_GROUPS_KEPT] = dapo_groups_kept({r["step"]: r for r in steps}, filtered_groups_per_step)
     scores = [r["critic/score/mean"] for r in steps if isinstance(r.get("critic/score/mean"), (int, float))]
     if scores:
         summary["train_score_first"], summary["train_score_last"] = scores[0], scores[-1]
@@ -306,7 +321,8 @@ def run(cfg: Config) -> Manifest:
         merge_actor(checkpoint_dir, done, hf_dir, {**os.environ, **verl_env(cfg)}, stage / VERL_LOG)
         export = check_hf_export(hf_dir)
         current.manifest.details["export"] = export
-        current.manifest.metrics = summarize_metrics(read_metrics(stage / TRAINING_METRICS_FILE))
+        current.manifest.metrics = summarize_metrics(read_metrics(stage / TRAINING_METRICS_FILE),
+                                                     cfg.rl.train_batch_size if cfg.rl.filter_groups else None)
         current.manifest.metrics["final_step"] = done
         current.add_output(HF_EXPORT, f"merged final actor (step {done}, {export['dtype']}), for evaluation")
         current.add_output(CHECKPOINT_SUBDIR, "verl FSDP checkpoints (resume_mode=auto)", verify=False)

@@ -10,7 +10,7 @@ from dataclasses import replace
 from eval import report
 from common.config import compose
 from common.manifest import read_manifest
-from common.paths import eval_dir, report_dir, rl_dir, sft_dir
+from common.paths import RL_DISCARDED_GROUPS, RL_GROUPS_KEPT, eval_dir, report_dir, rl_dir, sft_dir
 
 pytestmark = pytest.mark.integration
 
@@ -140,6 +140,7 @@ def test_report_training_curves_and_rl_headroom(tmp_path):
         (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in sft_log))
         rl_log = [{"step": step, "critic/score/mean": 0.1 * step, "response_length/mean": 30.0, "actor/entropy": 0.9,
                    "timing_s/step": 5.0} for step in (1, 2)]
+        rl_log[0][RL_DISCARDED_GROUPS] = 2 * cfg.rl.train_batch_size  # step 2 discarded none: it logs no count
         folder = rl_dir(scfg, "sft")
         folder.mkdir(parents=True)
         (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rl_log))
@@ -172,6 +173,9 @@ def test_report_training_curves_and_rl_headroom(tmp_path):
                                                                  "versus_reference": 37.5}
     assert gains["Toy-Qwen3-0.8M/SFT/pass@1"]["versus_reference"] is None
     assert "| Toy-Qwen3-0.8M | Base | 2 | +37.5 [+25.0, +50.0] | +25.0 [+25.0, +25.0] |" in text
+    # Groups DAPO kept: only the sft arm's RL runs logged steps; 2 steps of B kept against 2·B discarded, both seeds.
+    assert "| 0: +25.0, 1: +0.0 | 50.0% |" in text and "| 0: +50.0, 1: +25.0 | – |" in text
+    assert gains[f"Toy-Qwen3-0.8M/SFT/{RL_GROUPS_KEPT}"] == 0.5
     assert text.index("## RL gain per arm") < text.index("## RL headroom")
 
 

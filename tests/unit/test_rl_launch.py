@@ -14,7 +14,8 @@ import pytest
 
 from common.config import compose
 from common.models import end_of_turn_token
-from common.paths import rl_run
+from common.paths import RL_DISCARDED_GROUPS, RL_GROUPS_KEPT, rl_run
+from common.tracking import dapo_groups_kept
 from rl import train
 from rl.export import LATEST_ITERATION_FILE, latest_checkpoint_step
 from rl.verl_args import CHECKPOINT_SUBDIR
@@ -25,13 +26,17 @@ REPO = Path(__file__).resolve().parents[2]
 def test_summary_keeps_phases_apart_and_later_records_win():
     records = [
         {"step": 0, "val-core/toy/acc/mean@1": 0.25, "timing_s/testing": 4.0},
-        {"step": 1, "timing_s/step": 10.0, "timing_s/gen": 6.0, "timing_s/update_actor": 3.0, "critic/score/mean": -0.5},
-        {"step": 2, "timing_s/step": 9.0, "timing_s/gen": 5.0, "timing_s/update_actor": 3.0, "critic/score/mean": 0.0},
+        {"step": 1, "timing_s/step": 10.0, "timing_s/gen": 6.0, "timing_s/update_actor": 3.0, "critic/score/mean": -0.5,
+         RL_DISCARDED_GROUPS: 48},
+        {"step": 2, "timing_s/step": 9.0, "timing_s/gen": 5.0, "timing_s/update_actor": 3.0, "critic/score/mean": 0.0,
+         RL_DISCARDED_GROUPS: 100},
         # a resume repeated step 2: this record replaces the one above
         {"step": 2, "timing_s/step": 7.0, "timing_s/gen": 4.0, "timing_s/update_actor": 2.0, "critic/score/mean": 0.5,
-         "timing_s/testing": 2.0, "val-core/toy/acc/mean@1": 0.5},
+         "timing_s/testing": 2.0, "val-core/toy/acc/mean@1": 0.5, RL_DISCARDED_GROUPS: 16},
     ]
-    summary = train.summarize_metrics(records)
+    assert RL_GROUPS_KEPT not in train.summarize_metrics(records)  # no group filtering
+    summary = train.summarize_metrics(records, filtered_groups_per_step=16)
+    assert summary[RL_GROUPS_KEPT] == 32 / (32 + 48 + 16)  # two steps of 16 kept groups
     assert summary["steps_logged"] == 2
     assert (summary["train_score_first"], summary["train_score_last"]) == (-0.5, 0.5)
     assert (summary["val_step"], summary["val-core/toy/acc/mean@1"]) == (2, 0.5)
@@ -39,6 +44,19 @@ def test_summary_keeps_phases_apart_and_later_records_win():
     assert summary["time_training_s_total"] == 5.0  # 3 + 2
     assert summary["time_validation_s_total"] == 6.0  # 4 (before training) + 2
     assert summary["time_step_s_mean"] == 8.5  # (10 + 7) / 2; validation is not inside a step
+
+
+def test_groups_kept_counts_a_step_that_logged_no_discards_as_discarding_none():
+    records = {0: {RL_DISCARDED_GROUPS: 99}, 1: {RL_DISCARDED_GROUPS: 24}, 2: {"critic/score/mean": 0.1}}
+    assert dapo_groups_kept(records, 8) == 16 / (16 + 24)  # step 0 (validation) is not a training step
+    assert dapo_groups_kept({0: {}}, 8) is None
+
+
+def test_progress_bar_note_names_the_reward_and_the_groups_kept():
+    cfg = compose(["rl.train_batch_size=16"])
+    record = {"critic/score/mean": 0.65625, RL_DISCARDED_GROUPS: 953}
+    assert train.step_postfix(record, cfg) == "reward +0.66, groups kept 2%"  # 16 / (16 + 953)
+    assert train.step_postfix(record, compose(["rl.filter_groups=false"])) == "reward +0.66"
 
 
 def test_step_line_pattern_matches_verl_console_lines_behind_ray_prefixes():
