@@ -25,6 +25,13 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - product
 
 
+def mixed_group_rate(n: int, c: int, g: int) -> float:
+    """Unbiased probability that a group of ``g`` samples of one problem (c of n correct) holds both verdicts, the
+    groups with a group-relative advantage: ``1 − C(c, g)/C(n, g) − C(n−c, g)/C(n, g)`` = pass@g of the correct plus
+    pass@g of the wrong samples − 1 (each ``C(·, g)/C(n, g)`` is the unbiased estimate of p^g or (1 − p)^g)."""
+    return max(0.0, pass_at_k(n, c, g) + pass_at_k(n, n - c, g) - 1.0)  # max: rounding can leave -2e-16
+
+
 def k_values(n: int) -> list[int]:
     """The k of a pass@k curve: 1, 2, 4, … (powers of two up to n), then n itself."""
     ks, k = [], 1

@@ -34,7 +34,7 @@ import math
 import os
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 
 from eval.analyses.case_study import read_case_study_row, token_probabilities, token_texts, write_case_study
@@ -43,7 +43,7 @@ from eval.analyses.iou import iou_markdown, iou_series, plot_iou, read_metrics_l
 from eval.analyses.curves import RL_PANELS, SFT_PANELS, logged_panels, plot_curves, read_runs
 from eval.bfcl_report import run as bfcl_report
 from eval.intervals import per_problem_values, spearman
-from eval.metrics import MEAN_TOKEN_ENTROPY
+from eval.metrics import MEAN_TOKEN_ENTROPY, mixed_group_rate
 from eval.plots import plot_heatmap, plot_pass_at_k
 from eval.run import METRICS_FILE
 from eval.sweep import Sweep, evaluated_methods, find_sweeps, format_values, plot_sweep
@@ -433,12 +433,44 @@ def groups_kept_per_seed(models: list[Config], labels: list[str]) -> dict[tuple[
     return result
 
 
-def headroom_section(collected: dict, heldout: dict[tuple[int, str], dict[int, float]]) -> tuple[list[str], dict]:
-    """Spearman correlation, across RL arms and seeds, of pre-RL diagnostics with the RL gain in Avg pass@1 (the
-    entropy's over the pairs whose pre-RL samples all carry log-probabilities, the held-out NLL's over the pairs with
-    one: ``heldout`` maps (model index, variant) to seed → NLL, :func:`heldout_nll_per_seed`). The gain is
-    :func:`eval.tables.rl_gains`' per seed: each RL arm paired with the Table 1 row of the same variant (Table 2 may
-    hold fewer arms: ``experiment.rl_methods``) on the problems both evaluated."""
+class HeadroomPoint(NamedTuple):
+    """One RL arm and seed: its pre-RL diagnostics (None where not measured) and its RL gain in Avg pass@1 (points)."""
+
+    model: str
+    arm: str
+    seed: int
+    pass1: float
+    pass_n: float
+    n: int
+    mixed_groups: float | None
+    entropy: float | None
+    heldout_nll: float | None
+    gain: float
+
+
+HEADROOM_DIAGNOSTICS = {
+    "pass1": "Avg pass@1",
+    "pass_n": "Avg pass@n (k = n, all samples)",
+    "mixed_groups": "share of mixed groups of G = rl.rollout_n samples",
+    "entropy": "mean sample entropy (nats/token)",
+    "heldout_nll": "held-out NLL on a held-out slice of the SFT set",
+}
+"""HeadroomPoint field → the report's name of that pre-RL diagnostic."""
+NOT_COMPUTED = {
+    "mixed_groups": "not computed (fewer pre-RL samples per problem than rl.rollout_n)",
+    "entropy": "not computed (no pre-RL samples with log-probabilities: hf backend, or sampled before)",
+    "heldout_nll": "not computed (no held-out NLL run: data.num_heldout_rows=0, or not evaluated yet)",
+}
+
+
+def headroom_section(collected: dict, heldout: dict[tuple[int, str], dict[int, float]], group_size: int
+                     ) -> tuple[list[str], dict]:
+    """Spearman correlation, across RL arms and seeds, of pre-RL diagnostics with the RL gain in Avg pass@1, each over
+    the pairs that have it: the share of mixed groups (:func:`mixed_groups_per_seed` at ``group_size``), the entropy
+    (pre-RL samples that all carry log-probabilities) and the held-out NLL (``heldout``: (model index, variant) →
+    seed → NLL, :func:`heldout_nll_per_seed`). The gain is :func:`eval.tables.rl_gains`' per seed: each RL arm paired
+    with the Table 1 row of the same variant (Table 2 may hold fewer arms: ``experiment.rl_methods``) on the problems
+    both evaluated."""
     if "sft" not in collected or "rl" not in collected:
         return ["Skipped: needs both Table 1 (before RL) and Table 2 (after RL) evaluations.", ""], {}
     before, after = collected["sft"][0], collected["rl"][0]
@@ -451,41 +483,40 @@ def headroom_section(collected: dict, heldout: dict[tuple[int, str], dict[int, f
             nll = heldout.get((m, gain.variant), {})
             pass1 = row_before.per_seed.get((AVERAGE, "pass@1"), {})
             pass_n = pass_at_n_per_seed(row_before, columns)
+            mixed = mixed_groups_per_seed(row_before, columns, group_size)
             entropy = entropy_per_seed(row_before, columns)
             for seed in sorted(set(pass1) & set(gain.per_seed) & set(pass_n)):
-                points.append((block_before.title, row_before.label, seed, pass1[seed], *pass_n[seed],
-                               entropy.get(seed), nll.get(seed), gain.per_seed[seed]))
+                points.append(HeadroomPoint(block_before.title, row_before.label, seed, pass1[seed], *pass_n[seed],
+                                            mixed.get(seed), entropy.get(seed), nll.get(seed), gain.per_seed[seed]))
     if not points:
         return ["Skipped: no arm and seed has both its Table 1 and Table 2 evaluations on every benchmark.", ""], {}
-    gain = [p[8] for p in points]
-    with_entropy = [p for p in points if p[6] is not None]
-    with_nll = [p for p in points if p[7] is not None]
-    rho = {"pass1": spearman([p[3] for p in points], gain), "pass_n": spearman([p[4] for p in points], gain),
-           "entropy": spearman([p[6] for p in with_entropy], [p[8] for p in with_entropy]),
-           "heldout_nll": spearman([p[7] for p in with_nll], [p[8] for p in with_nll])}
+    rho, rows = {}, []
+    for field, name in HEADROOM_DIAGNOSTICS.items():
+        having = [p for p in points if getattr(p, field) is not None]
+        rho[field] = spearman([getattr(p, field) for p in having], [p.gain for p in having])
+        value = "n/a (fewer than 3 points, or a constant side)" if math.isnan(rho[field]) else f"{rho[field]:+.2f}"
+        if field in NOT_COMPUTED:
+            value = f"{value} ({len(having)} of {len(points)} pairs)" if having else NOT_COMPUTED[field]
+        rows.append(f"| {name} | {value} |")
 
-    def show(value: float) -> str:
-        return "n/a (fewer than 3 points, or a constant side)" if math.isnan(value) else f"{value:+.2f}"
+    def show(value: float | None, digits: int) -> str:
+        return "n/a" if value is None else f"{value:.{digits}f}"
 
     lines = [f"{len(points)} (arm, seed) pairs, every RL arm (Base included). RL gain = Table 2 Avg pass@1 − Table 1 "
              "Avg pass@1 of the same arm and seed (points); Spearman's ρ of each pre-RL diagnostic with it:", "",
-             "| pre-RL diagnostic | Spearman ρ with the RL gain |", "|---|:---:|",
-             f"| Avg pass@1 | {show(rho['pass1'])} |",
-             f"| Avg pass@n (k = n, all samples) | {show(rho['pass_n'])} |",
-             "| mean sample entropy (nats/token) | " + (
-                 f"{show(rho['entropy'])} ({len(with_entropy)} of {len(points)} pairs) |" if with_entropy else
-                 "not computed (no pre-RL samples with log-probabilities: hf backend, or sampled before) |"),
-             "| held-out NLL on a held-out slice of the SFT set | " + (
-                 f"{show(rho['heldout_nll'])} ({len(with_nll)} of {len(points)} pairs) |" if with_nll else
-                 "not computed (no held-out NLL run: data.num_heldout_rows=0, or not evaluated yet) |"), "",
-             "| model | arm | seed | pre-RL pass@1 | pre-RL pass@n (n) | pre-RL entropy (nats/token) | "
-             "pre-RL held-out NLL (nats/token) | RL gain |",
-             "|---|---|:---:|:---:|:---:|:---:|:---:|:---:|",
-             *(f"| {model} | {label} | {seed} | {p1:.1f} | {pn:.1f} ({n}) | "
-               f"{'n/a' if entropy is None else f'{entropy:.3f}'} | {'n/a' if nll is None else f'{nll:.3f}'} | "
-               f"{g:+.1f} |" for model, label, seed, p1, pn, n, entropy, nll, g in points), ""]
-    return lines, {"points": len(points), **{f"spearman_{key}": None if math.isnan(value) else value
-                                              for key, value in rho.items()}}
+             "| pre-RL diagnostic | Spearman ρ with the RL gain |", "|---|:---:|", *rows, "",
+             f"Mixed groups: the expected share of groups of G = {group_size} samples of a problem that get both "
+             "verdicts, the groups DAPO's dynamic sampling keeps (unbiased from the pre-RL samples, "
+             "`eval.metrics.mixed_group_rate`; mean over problems, then benchmarks). It reads the evaluation's "
+             "sampling temperature, which may differ from the rollouts'.", "",
+             "| model | arm | seed | pre-RL pass@1 | pre-RL pass@n (n) | pre-RL mixed groups | "
+             "pre-RL entropy (nats/token) | pre-RL held-out NLL (nats/token) | RL gain |",
+             "|---|---|:---:|:---:|:---:|:---:|:---:|:---:|:---:|",
+             *(f"| {p.model} | {p.arm} | {p.seed} | {p.pass1:.1f} | {p.pass_n:.1f} ({p.n}) | "
+               f"{show(p.mixed_groups, 3)} | {show(p.entropy, 3)} | {show(p.heldout_nll, 3)} | {p.gain:+.1f} |"
+               for p in points), ""]
+    return lines, {"points": len(points), **{f"spearman_{field}": None if math.isnan(value) else value
+                                              for field, value in rho.items()}}
 
 
 def heldout_nll_per_seed(models: list[Config], labels: list[str]) -> dict[tuple[int, str], dict[int, float]]:
@@ -512,6 +543,21 @@ def pass_at_n_per_seed(row: Row, columns: list[str]) -> dict[int, tuple[float, i
         docs = [row.evaluations[column][seed] for column in columns]
         values = [per_problem_values(list(doc["correct_counts"].values()), doc["n"], doc["n"]).mean() for doc in docs]
         result[seed] = (100 * sum(values) / len(values), min(doc["n"] for doc in docs))
+    return result
+
+
+def mixed_groups_per_seed(row: Row, columns: list[str], group_size: int) -> dict[int, float]:
+    """seed → mean over benchmarks of the per-problem mean :func:`eval.metrics.mixed_group_rate` at ``group_size``,
+    for the seeds evaluated on every column with at least ``group_size`` samples per problem."""
+    if any(column not in row.evaluations for column in columns):
+        return {}
+    result = {}
+    for seed in sorted(set.intersection(*(set(row.evaluations[column]) for column in columns))):
+        docs = [row.evaluations[column][seed] for column in columns]
+        if all(doc["n"] >= group_size for doc in docs):
+            per_benchmark = [[mixed_group_rate(doc["n"], c, group_size) for c in doc["correct_counts"].values()]
+                             for doc in docs]
+            result[seed] = sum(sum(rates) / len(rates) for rates in per_benchmark) / len(per_benchmark)
     return result
 
 
@@ -660,7 +706,8 @@ def run(cfg: Config) -> Manifest:
             lines += curves_section(cfg, mcfg, labels, out_dir, run_)
         more, analysis_metrics["rl_gain"] = rl_gain_section(collected, groups_kept_per_seed(models, rows["rl"]))
         lines += ["## RL gain per arm", "", *more]
-        more, analysis_metrics["headroom"] = headroom_section(collected, heldout_nll_per_seed(models, rows["rl"]))
+        more, analysis_metrics["headroom"] = headroom_section(collected, heldout_nll_per_seed(models, rows["rl"]),
+                                                             cfg.rl.rollout_n)
         lines += ["## RL headroom: what predicts the RL gain", "", *more]
         (out_dir / "report.md").write_text("\n".join(lines), encoding="utf-8")
         run_.add_output("report.md", "tables, plots and links to every eval manifest")

@@ -119,7 +119,8 @@ def test_report_shows_the_papers_numbers_next_to_ours(tmp_path):
 
 def test_report_training_curves_and_rl_headroom(tmp_path):
     cfg = compose([f"experiment.run_root={tmp_path}", "experiment.methods=[sft,eksft]", "experiment.rl_methods=[]",
-                   "experiment.seeds=[0,1]", "eval.analysis.run=[]"])
+                   "experiment.seeds=[0,1]", "eval.analysis.run=[]", "rl.rollout_n=2",
+                   "rl.micro_batch_size_per_gpu=16"])
     # One problem per benchmark (both benchmarks alike), n = 4: correct counts per (arm, seed) before / after RL.
     before = {"base": (0, 1), "sft": (2, 3), "eksft": (1, 2)}
     after = {"base": (2, 2), "sft": (3, 3), "eksft": (4, 3)}
@@ -164,7 +165,11 @@ def test_report_training_curves_and_rl_headroom(tmp_path):
     # entropy 1.0, 0.8 | 0.6, 0.4 | 1.2, 0.9: ranks (5, 3, 2, 1, 6, 4) against the gain ranks: ρ = 15.5 / sqrt(17.5 · 15.5).
     assert headroom["spearman_entropy"] == pytest.approx(15.5 / (17.5 * 15.5) ** 0.5)
     assert "| mean sample entropy (nats/token) | +0.94 (6 of 6 pairs) |" in text
-    assert "| Toy-Qwen3-0.8M | EKSFT (paper eq.) | 0 | 25.0 | 100.0 (4) | 1.200 | n/a | +75.0 |" in text
+    # Mixed groups of G = 2 of 4 samples: c = 0 -> 0, c = 1 or 3 -> 1 − 3/6 = 0.5, c = 2 -> 4/6; so
+    # (0, 0.5, 0.667, 0.5, 0.5, 0.667), ranks (1, 3, 5.5, 3, 3, 5.5) against the gain ranks: ρ = −5.5 / sqrt(15 · 15.5).
+    assert headroom["spearman_mixed_groups"] == pytest.approx(-5.5 / (15 * 15.5) ** 0.5)
+    assert "| share of mixed groups of G = rl.rollout_n samples | -0.36 (6 of 6 pairs) |" in text
+    assert "| Toy-Qwen3-0.8M | EKSFT (paper eq.) | 0 | 25.0 | 100.0 (4) | 0.500 | 1.200 | n/a | +75.0 |" in text
     assert "held-out NLL on a held-out slice of the SFT set | not computed" in text
     # RL gain per arm (pass@1, seeds 0, 1): base 50, 25 | sft 25, 0 | eksft 75, 25; minus SFT's of the same seed:
     # base 25, 25 | eksft 50, 25. One problem per benchmark, so only the two seeds are resampled.

@@ -6,7 +6,8 @@ from math import comb
 
 import pytest
 
-from eval.metrics import MEAN_TOKEN_ENTROPY, benchmark_metrics, k_values, mean_token_entropy, pass_at_k
+from eval.metrics import (MEAN_TOKEN_ENTROPY, benchmark_metrics, k_values, mean_token_entropy, mixed_group_rate,
+                          pass_at_k)
 from eval.run import summarize
 
 
@@ -29,6 +30,24 @@ def test_hand_computed_values():
     assert pass_at_k(5, 2, 3) == pytest.approx(0.9)  # 1 - C(3,3)/C(5,3) = 1 - 1/10
     assert pass_at_k(4, 1, 1) == pytest.approx(0.25)  # pass@1 = c/n
     assert pass_at_k(4, 0, 4) == 0.0 and pass_at_k(4, 4, 1) == 1.0 and pass_at_k(4, 1, 4) == 1.0
+
+
+@pytest.mark.parametrize("n", range(2, 8))
+def test_mixed_group_rate_equals_the_share_of_g_subsets_with_both_verdicts(n):
+    for c in range(n + 1):
+        samples = [1] * c + [0] * (n - c)
+        for g in range(1, n + 1):
+            subsets = list(itertools.combinations(samples, g))
+            mixed = sum(0 < sum(subset) < g for subset in subsets) / len(subsets)
+            assert mixed_group_rate(n, c, g) == pytest.approx(mixed, abs=1e-12), (n, c, g)
+
+
+def test_mixed_group_rate_hand_computed():
+    # 2 of 4 correct, groups of 2: 6 pairs, 1 all right, 1 all wrong -> 4/6.
+    assert mixed_group_rate(4, 2, 2) == pytest.approx(4 / 6)
+    # 1 of 4 correct, groups of 3: C(3,3) = 1 of C(4,3) = 4 groups is all wrong, none all right -> 3/4.
+    assert mixed_group_rate(4, 1, 3) == pytest.approx(0.75)
+    assert mixed_group_rate(8, 0, 8) == 0.0 and mixed_group_rate(8, 8, 2) == 0.0 and mixed_group_rate(8, 3, 1) == 0.0
 
 
 def test_large_n_is_stable():
