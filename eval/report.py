@@ -40,7 +40,7 @@ from typing import Any, NamedTuple
 from eval.analyses.case_study import read_case_study_row, token_probabilities, token_texts, write_case_study
 from eval.analyses.drift import compare_checkpoints, fraction_above, plot_drift, write_drift
 from eval.analyses.iou import iou_markdown, iou_series, plot_iou, read_metrics_log
-from eval.analyses.curves import RL_PANELS, SFT_PANELS, logged_panels, plot_curves, read_runs
+from eval.analyses.curves import SFT_PANELS, logged_panels, plot_curves, read_runs, rl_panels
 from eval.bfcl_report import run as bfcl_report
 from eval.intervals import per_problem_values, spearman
 from eval.metrics import MEAN_TOKEN_ENTROPY, mixed_group_rate
@@ -348,7 +348,8 @@ def curves_section(cfg: Config, mcfg: Config, labels: list[str], out_dir: Path, 
     """Training curves of the experiment's SFT runs and RL runs (every seed), from their ``metrics.jsonl``."""
     title = model_title(mcfg)
     lines = [f"### {title}", ""]
-    for phase, panels, what in (("sft", SFT_PANELS, "SFT"), ("rl", RL_PANELS, "RL (DAPO)")):
+    filtered = cfg.rl.train_batch_size if cfg.rl.filter_groups else None
+    for phase, panels, what in (("sft", SFT_PANELS, "SFT"), ("rl", rl_panels(filtered), "RL (DAPO)")):
         paths = {}
         for variant in labels:
             by_seed = {}

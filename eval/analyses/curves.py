@@ -7,7 +7,8 @@ and |M|/|T| = ``stats/num_M`` / ``stats/num_T``.
 
 RL (verl's per-step records, copied by ``rl/train.py``): reward ``critic/score/mean`` (±1 plus the overlong
 penalty), validation accuracy (the mean of the ``val-core/<source>/acc/mean@<n>`` keys, logged every
-``rl.test_freq`` steps), ``response_length/mean``, ``actor/entropy`` and ``timing_s/step``.
+``rl.test_freq`` steps), ``response_length/mean``, ``actor/entropy``, ``timing_s/step`` and, with group filtering,
+the share of the judged prompt groups DAPO kept.
 
 A quantity no run logged is left out; a seed is one line, the seeds of a run share its colour.
 """
@@ -26,6 +27,7 @@ from common.paths import (
     set_size_stat,
     sft_stat_key,
 )
+from common.tracking import dapo_groups_kept
 from eval.analyses import pyplot, save_figure
 from eval.analyses.iou import read_metrics_log
 
@@ -80,6 +82,21 @@ RL_PANELS = (
     Panel("actor entropy", (("solid", key("actor/entropy")),)),
     Panel("step time (s, timing_s/step)", (("solid", key("timing_s/step")),)),
 )
+
+
+def groups_kept(groups_per_step: int) -> Getter:
+    """A training step's share of the judged prompt groups DAPO kept (:func:`common.tracking.dapo_groups_kept`);
+    None for a record without a reward (validation only)."""
+    return lambda record: (dapo_groups_kept({1: record}, groups_per_step)
+                           if _number(record.get("critic/score/mean")) is not None else None)
+
+
+def rl_panels(filtered_groups_per_step: int | None) -> tuple[Panel, ...]:
+    """:data:`RL_PANELS`, plus the share of groups DAPO kept per step when it filters groups of
+    ``filtered_groups_per_step`` kept prompts (``rl.train_batch_size``; None: no group filtering)."""
+    if filtered_groups_per_step is None:
+        return RL_PANELS
+    return (*RL_PANELS, Panel("groups DAPO kept (share of judged)", (("solid", groups_kept(filtered_groups_per_step)),)))
 
 
 def series(records: dict[int, Record], getter: Getter) -> tuple[list[int], list[float]]:

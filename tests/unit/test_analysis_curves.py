@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import json
 
-from eval.analyses.curves import RL_PANELS, SFT_PANELS, logged_panels, plot_curves, read_runs, series
+from common.paths import RL_DISCARDED_GROUPS
+from eval.analyses.curves import RL_PANELS, SFT_PANELS, logged_panels, plot_curves, read_runs, rl_panels, series
 
 SFT_LOG = [
     {"step": 1, "loss": 2.0, "stats/ce": 1.5, "stats/entropy_mean_M": 3.0, "stats/entropy_mean_rest": 1.0,
@@ -46,6 +47,14 @@ def test_rl_series_and_validation_accuracy(tmp_path):
     steps, values = series(records, _panel(RL_PANELS, "validation accuracy").lines[0][1])
     assert steps == [0, 2] and values[0] == 0.25 and abs(values[1] - 0.6) < 1e-12
     assert series(records, _panel(RL_PANELS, "step time").lines[0][1]) == ([1, 2], [10.0, 9.0])
+
+
+def test_groups_kept_per_step_only_with_group_filtering(tmp_path):
+    log = [{**record, RL_DISCARDED_GROUPS: 48} if record["step"] == 1 else record for record in RL_LOG]
+    records = read_runs({"RL": {0: _write(tmp_path / "rl.jsonl", log)}})["RL"][0]
+    assert rl_panels(None) == RL_PANELS
+    # step 1: 16 kept of 16 + 48 judged; step 2 logged no discards: all kept; step 0 is validation only
+    assert series(records, _panel(rl_panels(16), "groups DAPO kept").lines[0][1]) == ([1, 2], [0.25, 1.0])
 
 
 def test_only_logged_panels_are_drawn(tmp_path):
