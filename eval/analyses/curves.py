@@ -120,10 +120,11 @@ def logged_panels(runs: dict[str, dict[int, dict[int, Record]]], panels: tuple[P
 
 
 def plot_curves(runs: dict[str, dict[int, dict[int, Record]]], panels: list[Panel], title: str, path: Path) -> None:
-    """One panel per quantity, one line per (run, seed); a run's seeds share a colour."""
+    """One panel per quantity, one line per (run, seed); a run's seeds share a colour. The legend has a cell of its
+    own, after the panels, so it hides no line."""
     plt = pyplot()
-    columns = min(3, len(panels))
-    rows = -(-len(panels) // columns)
+    columns = min(3, len(panels) + 1)
+    rows = -(-(len(panels) + 1) // columns)
     figure, axes = plt.subplots(rows, columns, figsize=(4.2 * columns, 3.0 * rows), dpi=100, squeeze=False)
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for index, panel in enumerate(panels):
@@ -139,8 +140,14 @@ def plot_curves(runs: dict[str, dict[int, dict[int, Record]]], panels: list[Pane
         axis.set_title(panel.title, fontsize=9)
         axis.set_xlabel("step")
         axis.grid(True, alpha=0.3)
-    for index in range(len(panels), rows * columns):
+    for index in range(len(panels) + 1, rows * columns):
         axes[index // columns][index % columns].set_visible(False)
-    axes[0][0].legend(fontsize=7)
+    handles = {}  # label → line, over every panel (a run may be missing from the first)
+    for axis in axes.flat:
+        for handle, label in zip(*axis.get_legend_handles_labels()):
+            handles.setdefault(label, handle)
+    legend = axes[len(panels) // columns][len(panels) % columns]
+    legend.axis("off")
+    legend.legend(list(handles.values()), list(handles), loc="center", fontsize=8)
     figure.suptitle(title, fontsize=10)
     save_figure(figure, path)
