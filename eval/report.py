@@ -366,7 +366,8 @@ def curves_section(cfg: Config, mcfg: Config, labels: list[str], out_dir: Path, 
                       "quantities yet.", ""]
             continue
         relative = f"plots/curves_{_slug(title)}_{phase}.png"
-        plot_curves(runs, shown, f"{title} · {what} training", out_dir / relative)
+        plot_curves(runs, shown, f"{title} · {what} training", out_dir / relative,
+                    colour_order=[row_label(cfg, variant) for variant in labels])
         run_.add_output(relative, f"{what} training curves, {title}")
         left_out = [panel.title for panel in panels if panel not in shown]
         lines += [f"{what}: " + ", ".join(panel.title for panel in shown) + " over optimiser steps; one line per run "

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 from common.paths import (
     STAT_CE,
@@ -119,17 +119,21 @@ def logged_panels(runs: dict[str, dict[int, dict[int, Record]]], panels: tuple[P
                                              for records in by_seed.values() for _, getter in panel.lines)]
 
 
-def plot_curves(runs: dict[str, dict[int, dict[int, Record]]], panels: list[Panel], title: str, path: Path) -> None:
-    """One panel per quantity, one line per (run, seed); a run's seeds share a colour. The legend has a cell of its
-    own, after the panels, so it hides no line."""
+def plot_curves(runs: dict[str, dict[int, dict[int, Record]]], panels: list[Panel], title: str, path: Path,
+                colour_order: Sequence[str] = ()) -> None:
+    """One panel per quantity, one line per (run, seed); a run's seeds share a colour: the colour of its place in
+    ``colour_order`` (the experiment's rows, so an arm keeps its colour in every plot), then runs not in it. The
+    legend has a cell of its own, after the panels, so it hides no line."""
     plt = pyplot()
     columns = min(3, len(panels) + 1)
     rows = -(-(len(panels) + 1) // columns)
     figure, axes = plt.subplots(rows, columns, figsize=(4.2 * columns, 3.0 * rows), dpi=100, squeeze=False)
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    places = [*colour_order, *(label for label in runs if label not in colour_order)]
     for index, panel in enumerate(panels):
         axis = axes[index // columns][index % columns]
-        for number, (label, by_seed) in enumerate(runs.items()):
+        for label, by_seed in runs.items():
+            number = places.index(label)
             for s, records in enumerate(by_seed.values()):
                 for style, getter in panel.lines:
                     steps, values = series(records, getter)

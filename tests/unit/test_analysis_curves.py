@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import json
 
+from eval.analyses import curves
+
 from common.paths import RL_DISCARDED_GROUPS
 from eval.analyses.curves import RL_PANELS, SFT_PANELS, logged_panels, plot_curves, read_runs, rl_panels, series
 
@@ -65,3 +67,17 @@ def test_only_logged_panels_are_drawn(tmp_path):
     plot_curves(runs, shown, "t", tmp_path / "curves.png")
     assert (tmp_path / "curves.png").stat().st_size > 1000
     assert logged_panels(read_runs({}), RL_PANELS) == []
+
+
+def test_an_arm_keeps_its_colour_and_the_legend_has_its_own_cell(tmp_path, monkeypatch):
+    figures = []
+    monkeypatch.setattr(curves, "save_figure", lambda figure, path: figures.append(figure))
+    runs = read_runs({"SFT": {0: _write(tmp_path / "sft.jsonl", SFT_LOG)}, "sweep": {0: tmp_path / "sft.jsonl"}})
+    shown = logged_panels(runs, SFT_PANELS)
+    plot_curves(runs, shown, "t", tmp_path / "curves.png", colour_order=["Base", "SFT"])
+    axes = figures[0].axes
+    colours = curves.pyplot().rcParams["axes.prop_cycle"].by_key()["color"]
+    first = {line.get_label(): line.get_color() for line in axes[0].get_lines()}
+    assert first == {"SFT": colours[1], "sweep": colours[2]}  # Base (no SFT run) keeps colour 0 for itself
+    legend = axes[len(shown)]
+    assert not legend.axison and [text.get_text() for text in legend.get_legend().get_texts()] == ["SFT", "sweep"]
