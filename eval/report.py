@@ -535,14 +535,18 @@ def heldout_nll_per_seed(models: list[Config], labels: list[str]) -> dict[tuple[
     return result
 
 
-def pass_at_n_per_seed(row: Row, columns: list[str]) -> dict[int, tuple[float, int]]:
-    """seed → (mean over benchmarks of pass@n in percent, the smallest n) for the seeds evaluated on every column."""
+def docs_per_seed(row: Row, columns: list[str]) -> dict[int, list[dict]]:
+    """seed → its ``metrics.json`` on each of ``columns`` (in order), for the seeds evaluated on every column."""
     if any(column not in row.evaluations for column in columns):
         return {}
     seeds = set.intersection(*(set(row.evaluations[column]) for column in columns))
+    return {seed: [row.evaluations[column][seed] for column in columns] for seed in sorted(seeds)}
+
+
+def pass_at_n_per_seed(row: Row, columns: list[str]) -> dict[int, tuple[float, int]]:
+    """seed → (mean over benchmarks of pass@n in percent, the smallest n) for the seeds evaluated on every column."""
     result = {}
-    for seed in sorted(seeds):
-        docs = [row.evaluations[column][seed] for column in columns]
+    for seed, docs in docs_per_seed(row, columns).items():
         values = [per_problem_values(list(doc["correct_counts"].values()), doc["n"], doc["n"]).mean() for doc in docs]
         result[seed] = (100 * sum(values) / len(values), min(doc["n"] for doc in docs))
     return result
@@ -551,11 +555,8 @@ def pass_at_n_per_seed(row: Row, columns: list[str]) -> dict[int, tuple[float, i
 def mixed_groups_per_seed(row: Row, columns: list[str], group_size: int) -> dict[int, float]:
     """seed → mean over benchmarks of the per-problem mean :func:`eval.metrics.mixed_group_rate` at ``group_size``,
     for the seeds evaluated on every column with at least ``group_size`` samples per problem."""
-    if any(column not in row.evaluations for column in columns):
-        return {}
     result = {}
-    for seed in sorted(set.intersection(*(set(row.evaluations[column]) for column in columns))):
-        docs = [row.evaluations[column][seed] for column in columns]
+    for seed, docs in docs_per_seed(row, columns).items():
         if all(doc["n"] >= group_size for doc in docs):
             per_benchmark = [[mixed_group_rate(doc["n"], c, group_size) for c in doc["correct_counts"].values()]
                              for doc in docs]
@@ -565,11 +566,9 @@ def mixed_groups_per_seed(row: Row, columns: list[str], group_size: int) -> dict
 
 def entropy_per_seed(row: Row, columns: list[str]) -> dict[int, float]:
     """seed → mean over benchmarks of their ``mean_token_entropy_nats``, for the seeds that have it on every column."""
-    if any(column not in row.evaluations for column in columns):
-        return {}
     result = {}
-    for seed in set.intersection(*(set(row.evaluations[column]) for column in columns)):
-        values = [row.evaluations[column][seed].get(MEAN_TOKEN_ENTROPY) for column in columns]
+    for seed, docs in docs_per_seed(row, columns).items():
+        values = [doc.get(MEAN_TOKEN_ENTROPY) for doc in docs]
         if None not in values:
             result[seed] = sum(values) / len(values)
     return result
