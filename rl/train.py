@@ -217,8 +217,9 @@ def run_verl(cfg: Config, variant: str, stage: Path, already_done: int) -> int:
                 if is_step:
                     log.flush()
                     copier.poll()
-                    bar.update(max(0, copier.last_step - bar.n))
+                    # the note first: the update draws the bar, so a note set after it shows with the next step
                     bar.set_postfix_str(step_postfix(copier.last_record, cfg), refresh=False)
+                    bar.update(max(0, copier.last_step - bar.n))
                 watchdog.saw_line(is_step)
                 ray_did_not_start = ray_did_not_start or (RAY_START_FAILURE in line and not watchdog.stepping)
             returncode = process.wait()

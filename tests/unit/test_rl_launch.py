@@ -170,3 +170,38 @@ def test_other_verl_failures_and_start_up_timeouts_after_a_step_are_not_retried(
             train.run_verl_retrying_ray_start(compose(["logging.progress=false"]), "sft", tmp_path, 0, pause_s=0.0)
         assert not isinstance(failure.value, train.RayStartFailed)
     assert runs.read_text() == "xx"
+
+
+def test_progress_bar_shows_each_step_with_that_steps_note(tmp_path, monkeypatch):
+    # DFT's seed-1 DAPO run showed at step 25 the note of step 24 (and none on the first step after a resume):
+    # the note was set after the bar had drawn the step.
+    fake_verl = ("import json, os, pathlib\n"
+                 "records = open(os.environ['VERL_FILE_LOGGER_PATH'], 'w')\n"
+                 "for step, score in ((1, 0.25), (2, 0.75)):\n"
+                 "    records.write(json.dumps({'step': step, 'data': {'critic/score/mean': score}}) + '\\n')\n"
+                 "    records.flush()\n"
+                 "    print(f'step:{step} - critic/score/mean:{score}', flush=True)\n"
+                 f"checkpoints = pathlib.Path({str(tmp_path / CHECKPOINT_SUBDIR)!r})\n"
+                 f"checkpoints.mkdir(); (checkpoints / {LATEST_ITERATION_FILE!r}).write_text('2')\n")
+    drawn = []
+
+    class RecordingBar:
+        n, note = 0, ""
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def set_postfix_str(self, note, refresh=True):
+            self.note = note
+
+        def update(self, steps):
+            self.n += steps
+            drawn.append((self.n, self.note))
+
+    monkeypatch.setattr(train, "build_command", lambda cfg, variant: [sys.executable, "-c", fake_verl])
+    monkeypatch.setattr(train, "progress", lambda **kwargs: RecordingBar())
+    assert train.run_verl(compose(["rl.filter_groups=false"]), "sft", tmp_path, 0) == 2
+    assert drawn == [(1, "reward +0.25"), (2, "reward +0.75")]
