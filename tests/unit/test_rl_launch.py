@@ -204,4 +204,6 @@ def test_progress_bar_shows_each_step_with_that_steps_note(tmp_path, monkeypatch
     monkeypatch.setattr(train, "build_command", lambda cfg, variant: [sys.executable, "-c", fake_verl])
     monkeypatch.setattr(train, "progress", lambda **kwargs: RecordingBar())
     assert train.run_verl(compose(["rl.filter_groups=false"]), "sft", tmp_path, 0) == 2
-    assert drawn == [(1, "reward +0.25"), (2, "reward +0.75")]
+    notes = {1: "reward +0.25", 2: "reward +0.75"}
+    # on a loaded machine both records may be read at the first step line, and the bar then jumps to step 2
+    assert drawn and drawn[-1][0] == 2 and all(note == notes[step] for step, note in drawn), drawn
