@@ -348,8 +348,8 @@ def curves_section(cfg: Config, mcfg: Config, labels: list[str], out_dir: Path, 
     """Training curves of the experiment's SFT runs and RL runs (every seed), from their ``metrics.jsonl``."""
     title = model_title(mcfg)
     lines = [f"### {title}", ""]
-    filtered = cfg.rl.train_batch_size if cfg.rl.filter_groups else None
-    for phase, panels, what in (("sft", SFT_PANELS, "SFT"), ("rl", rl_panels(filtered), "RL (DAPO)")):
+    rl_curves = rl_panels(cfg.rl.kept_groups_per_step)
+    for phase, panels, what in (("sft", SFT_PANELS, "SFT"), ("rl", rl_curves, "RL (DAPO)")):
         paths = {}
         for variant in labels:
             by_seed = {}
@@ -423,13 +423,14 @@ def groups_kept_per_seed(models: list[Config], labels: list[str]) -> dict[tuple[
     result: dict[tuple[int, str], dict[int, float]] = {}
     for m, mcfg in enumerate(models):
         for seed, scfg in seed_configs(mcfg).items():
-            if not scfg.rl.filter_groups:
+            kept_per_step = scfg.rl.kept_groups_per_step
+            if kept_per_step is None:
                 continue
             for variant in labels:
                 folder = stage_folder(scfg, "rl", variant)
                 if folder is None:
                     continue
-                share = dapo_groups_kept(read_metrics_log(folder / TRAINING_METRICS_FILE), scfg.rl.train_batch_size)
+                share = dapo_groups_kept(read_metrics_log(folder / TRAINING_METRICS_FILE), kept_per_step)
                 if share is not None:
                     result.setdefault((m, variant), {})[seed] = share
     return result

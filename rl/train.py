@@ -247,8 +247,9 @@ def step_postfix(record: dict[str, Any], cfg: Config) -> str:
     parts = []
     if isinstance(record.get("critic/score/mean"), (int, float)):
         parts.append(f"reward {record['critic/score/mean']:+.2f}")
-    if cfg.rl.filter_groups:
-        parts.append(f"groups kept {dapo_groups_kept({1: record}, cfg.rl.train_batch_size):.0%}")
+    kept_per_step = cfg.rl.kept_groups_per_step
+    if kept_per_step is not None:
+        parts.append(f"groups kept {dapo_groups_kept({1: record}, kept_per_step):.0%}")
     return ", ".join(parts)
 
 
@@ -323,7 +324,7 @@ def run(cfg: Config) -> Manifest:
         export = check_hf_export(hf_dir)
         current.manifest.details["export"] = export
         current.manifest.metrics = summarize_metrics(read_metrics(stage / TRAINING_METRICS_FILE),
-                                                     cfg.rl.train_batch_size if cfg.rl.filter_groups else None)
+                                                     cfg.rl.kept_groups_per_step)
         current.manifest.metrics["final_step"] = done
         current.add_output(HF_EXPORT, f"merged final actor (step {done}, {export['dtype']}), for evaluation")
         current.add_output(CHECKPOINT_SUBDIR, "verl FSDP checkpoints (resume_mode=auto)", verify=False)

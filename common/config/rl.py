@@ -98,6 +98,12 @@ class RLConfig:
     verl_overrides: dict[str, str] = field(default_factory=dict)
     """Extra verl keys passed through unchanged (``key: value``; prefix ``+`` for keys not in verl's schema); they win."""
 
+    @property
+    def kept_groups_per_step(self) -> int | None:
+        """Prompt groups a DAPO step trains on when it filters groups (``train_batch_size``; dynamic sampling refills
+        the ones it drops); None without group filtering."""
+        return self.train_batch_size if self.filter_groups else None
+
     def validate(self) -> None:
         if "/" in self.init:
             raise ConfigError(f"rl.init must be 'base' or an SFT method label (a folder name); got {self.init!r}")
