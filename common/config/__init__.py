@@ -33,6 +33,7 @@ from common.config.eval import EvalConfig
 from common.config.rl import RLConfig
 from common.config.sft import SFT_METHOD_SCHEMAS, SFTConfig
 from common.config.toy import ToyConfig
+from common.numerics import pin_this_process
 from common.processes import termination_signals_interrupt
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
@@ -163,14 +164,17 @@ def unknown_keys(obj: Any, prefix: str = "") -> Iterator[str]:
 
 
 def stage_main(run: Callable[[Config], Any]) -> Callable[[], None]:
-    """A stage's command-line entry point: Hydra composes ``conf/config.yaml`` with the arguments, then
+    """A stage's command-line entry point: Hydra composes ``conf/config.yaml`` with the arguments, the process
+    computes with the kernels ``profile.cpu_isa`` names (:func:`common.numerics.pin_this_process`), then
     ``run(to_config(cfg))``, with SIGTERM and SIGHUP acting as Ctrl-C (:func:`termination_signals_interrupt`).
     Use as ``main = stage_main(run)`` in the stage module."""
 
     @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base=None)
     def main(cfg: DictConfig) -> None:
+        config = to_config(cfg)
+        pin_this_process(config.profile.device, config.profile.cpu_isa)
         with termination_signals_interrupt():
-            run(to_config(cfg))
+            run(config)
 
     return main
 

@@ -17,6 +17,8 @@ not what it computes: :func:`computation_config` leaves it out, so it never chan
 IDENTITY_WHEN_SET = {"identity_when_set": True}
 """Field metadata of a setting added after runs already exist: :func:`computation_config` leaves it out while it
 holds its default, so existing run identities do not change, and includes it once set."""
+CPU_ISAS = ("avx2", "native")
+"""``profile.cpu_isa`` choices; the first is the default (common/numerics.py)."""
 SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.=+-]*")
 """Names that become path components: letters, digits and ``_ . = + -``, not starting with a dot."""
 
@@ -129,7 +131,11 @@ class ProfileConfig:
     nnodes: int = 1
     """Nodes for torchrun's rendezvous and verl's Ray cluster."""
     num_threads: int = field(default=2, metadata=SUPERVISION)
-    """torch CPU threads for single-process stages (CPU profile)."""
+    """torch CPU threads for single-process stages (CPU profile). The numbers do not depend on it."""
+    cpu_isa: str = CPU_ISAS[0]
+    """Instruction set of the CPU kernels (ATen, MKL, oneDNN) on a CPU profile: avx2 pins them, so every x86-64 CPU
+    with AVX2 computes the same numbers; native lets each library pick the machine's best, and the run identities
+    then name the instruction set found (common/numerics.py)."""
 
     def validate(self) -> None:
         check_choice("profile.name", self.name, ("toy", "paper"))
@@ -139,6 +145,7 @@ class ProfileConfig:
         check_range("profile.nproc_per_node", self.nproc_per_node, 1, 1024)
         check_range("profile.nnodes", self.nnodes, 1, 4096)
         check_range("profile.num_threads", self.num_threads, 1, 1024)
+        check_choice("profile.cpu_isa", self.cpu_isa, CPU_ISAS)
 
 
 @dataclass

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from common.config.common import SUPERVISION, ConfigError, check_choice, check_range, computation_config
+from common.config.common import IDENTITY_WHEN_SET, SUPERVISION, ConfigError, check_choice, check_range, computation_config
 
 TOY_STYLES = ("chain", "steps", "careful", "direct")
 """Solution styles of the toy world (toy/world.py explains each)."""
@@ -88,6 +88,10 @@ class ToyConfig:
     """Tokens per packed pretraining sequence."""
     pretrain_lr: float = 5e-3
     """Peak learning rate (30 warm-up steps, cosine to 10%)."""
+    pretrain_dtype: str = field(default="float32", metadata=IDENTITY_WHEN_SET)
+    """Compute dtype of pretraining: float32, or bfloat16 (autocast over fp32 weights; fast only on CPUs with native
+    bf16, emulated ~10x slower elsewhere). Chosen here, never from the CPU: in the base model's key when not
+    float32."""
     pretrain_checkpoint_every: int = field(default=250, metadata=SUPERVISION)
     """Steps between resumable checkpoints of the pretraining run."""
     pretrain_eval_problems: int = 64
@@ -147,5 +151,6 @@ class ToyConfig:
         check_range("toy.pretrain_batch_size", self.pretrain_batch_size, 1)
         check_range("toy.pretrain_seq_len", self.pretrain_seq_len, 16, self.max_position_embeddings)
         check_range("toy.pretrain_lr", self.pretrain_lr, 0.0, 1.0, low_open=True)
+        check_choice("toy.pretrain_dtype", self.pretrain_dtype, ("float32", "bfloat16"))
         check_range("toy.pretrain_checkpoint_every", self.pretrain_checkpoint_every, 1)
         check_range("toy.pretrain_eval_problems", self.pretrain_eval_problems, 0)

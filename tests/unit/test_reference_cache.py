@@ -25,7 +25,7 @@ ROWS = [[5, 1, 2], [7, 7, 7, 7, 7], [3, 4], [9, 8, 7, 6]]
 
 def identity(mixed_precision: str = "bf16") -> dict:
     return cache_identity(base_model_sha256="b" * 64, sft_tokens_sha256="t" * 64, attn_implementation="sdpa",
-                          gguf_file=None, device_type="cpu", mixed_precision=mixed_precision)
+                          gguf_file=None, device_type="cpu", mixed_precision=mixed_precision, kernels={})
 
 
 class FakeTrunk:
