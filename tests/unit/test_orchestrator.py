@@ -77,21 +77,25 @@ def _span(tmp_path, name: str) -> tuple[float, float]:
     return tuple(json.loads((tmp_path / f"{name}.json").read_text()))
 
 
+EVERY_STAGE = ["experiment=table2", "profile=toy", "experiment.stages=[data,base,sft,eval_sft,rl,eval_rl,report]"]
+"""The toy first wave through every stage: six SFT methods, DAPO from the base model and each of them."""
+
+
 def test_plan_needs_point_at_the_producers():
-    cfg = compose(["experiment=demo"])
-    plan = {c.name: c for c in build_plan(cfg, [])}
+    cfg = compose(EVERY_STAGE)
+    plan = {c.name: c for c in build_plan(cfg, EVERY_STAGE)}
     assert plan["tokenize/toy"].needs == ["data", "base/toy"]
     assert plan["rl/toy/eksft"].needs == ["sft/toy/eksft"]
     assert plan["rl/toy/base"].needs == ["data", "base/toy"]
     assert plan["eval/toy/rl/eksft"].needs == ["data", "rl/toy/eksft"]
     assert set(plan["report"].needs) == set(plan) - {"report"}
-    only_eval = {c.name: c for c in build_plan(compose(["experiment=demo", "experiment.stages=[eval_sft]"]), [])}
+    only_eval = {c.name: c for c in build_plan(compose([*EVERY_STAGE, "experiment.stages=[eval_sft]"]), [])}
     assert all(c.needs == [] for c in only_eval.values())  # producers outside the plan are not waited for
 
 
 def test_longest_chain_goes_first():
-    cfg = compose(["experiment=demo"])
-    chain = critical_path_lengths(build_plan(cfg, []))
+    cfg = compose(EVERY_STAGE)
+    chain = critical_path_lengths(build_plan(cfg, EVERY_STAGE))
     assert chain["sft/toy/sft"] > chain["rl/toy/base"] > chain["eval/toy/sft/base"]
     assert chain["report"] == 1 and chain["base/toy"] > chain["tokenize/toy"]
 
@@ -200,7 +204,7 @@ def test_seeds_and_other_settings_get_their_own_folders():
     folders = {sft_dir(compose(overrides)) for overrides in
                ([], ["seed=1"], ["sft.lr=0.00123"], ["sft.epochs=7"], ["sft.checkpoint_every=5"])}
     assert len(folders) == 4  # the checkpoint cadence supervises; it does not change the computation
-    plan = build_plan(compose(["experiment=demo", "experiment.seeds=[0,1]"]), [])
+    plan = build_plan(compose([*EVERY_STAGE, "experiment.seeds=[0,1]"]), [])
     sft = [c for c in plan if c.name.startswith("sft/toy/eksft/")]
     assert [c.name for c in sft] == ["sft/toy/eksft/seed0", "sft/toy/eksft/seed1"]
     assert sft[0].manifest_dirs != sft[1].manifest_dirs and "seed=1" in sft[1].argv

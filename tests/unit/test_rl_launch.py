@@ -53,7 +53,7 @@ def test_groups_kept_counts_a_step_that_logged_no_discards_as_discarding_none():
 
 
 def test_progress_bar_note_names_the_reward_and_the_groups_kept():
-    cfg = compose(["rl.train_batch_size=16"])
+    cfg = compose(["rl.train_batch_size=16", "rl.ppo_mini_batch_size=16"])
     record = {"critic/score/mean": 0.65625, RL_DISCARDED_GROUPS: 953}
     assert train.step_postfix(record, cfg) == "reward +0.66, groups kept 2%"  # 16 / (16 + 953)
     assert train.step_postfix(record, compose(["rl.filter_groups=false"])) == "reward +0.66"
