@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
@@ -220,12 +221,17 @@ def evaluate_benchmark(cfg: Config, benchmark: str, engine: _Engine, model_recor
                   f"sampling the other {len(todo)}")
         bar = progress(total=len(rows), initial=len(finished), desc=f"eval {cfg.eval.variant}/{benchmark}",
                        enabled=cfg.logging.progress, unit="problem")
+        sampling = {"seconds": 0.0, "generated_tokens": 0}
         with bar, open(samples_path, "a", encoding="utf-8") as samples:
             for batch in in_batches(todo, cfg.eval.problems_per_batch * engine_count(cfg)):
                 prompt_ids = [engine.prompt_ids(p) for _, p in batch]
                 seeds = [derive_seed(cfg.seed, f"eval/{benchmark}/{row['id']}") for row, _ in batch]
                 sampler = engine.sampler()
-                for (row, prompt), seed, completions in zip(batch, seeds, sampler.sample(prompt_ids, seeds, n)):
+                started = time.perf_counter()
+                sampled = sampler.sample(prompt_ids, seeds, n)
+                sampling["seconds"] += time.perf_counter() - started
+                sampling["generated_tokens"] += sum(c.num_tokens for completions in sampled for c in completions)
+                for (row, prompt), seed, completions in zip(batch, seeds, sampled):
                     records = score_problem(row, completions, response_prefix(prompt), seed, pool)
                     samples.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
                     samples.flush()
@@ -250,8 +256,10 @@ def evaluate_benchmark(cfg: Config, benchmark: str, engine: _Engine, model_recor
         run.manifest.metrics = {key: value for key, value in metrics.items() if key != "correct_counts"}
         if engine.started is not None:
             run.manifest.details["backend"] = {"name": engine.started.backend, "version": engine.started.version,
-                                               "max_model_len": engine.max_model_len, **engine.started.settings}
+                                               "max_model_len": engine.max_model_len, "start_s": engine.start_s,
+                                               **engine.started.settings}
         run.manifest.details["protocol"] = metrics_doc["protocol"]
+        run.manifest.details["sampling"] = sampling  # this attempt's generate calls (bench/stage_overhead.py)
         run.manifest.details["seed_rule"] = "derive_seed(seed, 'eval/<benchmark>/<problem id>') per problem"
         return run.manifest
 

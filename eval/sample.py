@@ -16,6 +16,7 @@ import os
 import pickle
 import subprocess
 import sys
+import time
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol, Sequence
@@ -241,6 +242,8 @@ class LazySampler:
     def __init__(self, model_path: str, cfg: Config, factory: Callable[..., Sampler]):
         self.model_path, self.cfg, self._factory = model_path, cfg, factory
         self._sampler: Sampler | None = None
+        self.start_s: float | None = None
+        """Seconds the engine took to start (import and construction), once started."""
 
     @property
     def started(self) -> Sampler | None:
@@ -249,7 +252,9 @@ class LazySampler:
 
     def sampler(self) -> Sampler:
         if self._sampler is None:
+            started = time.perf_counter()
             self._sampler = self._factory(self.model_path, self.cfg, self.max_model_len)
+            self.start_s = time.perf_counter() - started
         return self._sampler
 
     def close(self) -> None:
