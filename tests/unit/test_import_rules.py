@@ -122,3 +122,13 @@ def test_tier_is_the_folder():
     assert str(error.value).splitlines()[1:] == [
         "tests/integration/test_c.py: marked ['e2e'] but lives in tests/integration/ (move it to tests/e2e/)",
         "tests/unit/test_d.py: a unit test reads ../shared (move it to tests/integration/)"]
+
+
+def test_the_verl_plugin_imports_before_anything_else():
+    """verl imports ``rl.verl_cpu_plugin`` first in each Ray worker; an import cycle through the config package
+    showed only there (as verl's 'Unknown platform cpu')."""
+    import subprocess
+
+    result = subprocess.run([sys.executable, "-c", "import rl.verl_cpu_plugin"], cwd=REPO, capture_output=True,
+                            text=True, env={"PATH": "", "VERL_PLATFORM": ""})
+    assert result.returncode == 0, result.stderr[-2000:]
