@@ -30,10 +30,9 @@ from pathlib import Path
 
 OVERRIDES = [
     "experiment=forking", "profile=toy", "experiment.name=bench", "experiment.seeds=[]", "experiment.parallel=1",
-    "logging.progress=false",
-    "experiment.stages=[data,base,sft,eval_sft,rl,eval_rl]", "experiment.methods=[eksft]",
-    "experiment.rl_methods=[eksft]", "experiment.rl_from_base=false", "toy.pretrain_steps=200", "sft.max_steps=20", "eval.max_problems=16",
-    "rl.total_steps=3", "rl.save_freq=3",
+    "logging.progress=false", "experiment.stages=[data,base,sft,eval_sft,rl,eval_rl]", "experiment.methods=[eksft]",
+    "experiment.rl_methods=[eksft]", "experiment.rl_from_base=false", "toy.pretrain_steps=200", "sft.max_steps=20",
+    "eval.max_problems=16", "rl.total_steps=3", "rl.save_freq=3",
 ]
 
 
