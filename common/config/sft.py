@@ -320,6 +320,13 @@ class SFTConfig:
     """Save a resumable checkpoint every N optimiser steps; one is also saved at every epoch end and after the last step (0: only those)."""
     keep_checkpoints: int = field(default=2, metadata=SUPERVISION)
     """Resumable checkpoints kept on disk."""
+    process_group_timeout_s: int = field(default=3600, metadata=SUPERVISION)
+    """How long a collective waits for the slowest rank before the run fails (the process group's timeout; torch's
+    default is 10 minutes): the other ranks wait while rank 0 alone loads the fp32 base model (Qwen3-8B: 33 GB) and
+    writes, reloads and hashes the export before the final barrier."""
+    download_timeout_s: int = field(default=7200, metadata=SUPERVISION)
+    """How long the other ranks wait, at a barrier of their own before any NCCL collective, for rank 0 to download a
+    hub base model (Qwen3-8B: 16 GB) into the HF cache."""
 
     def effective_loss_norm(self) -> str:
         """The normalisation the trainer applies: the method's own (``sft.method.own_loss_norm()``) or ``loss_norm``."""
@@ -353,3 +360,5 @@ class SFTConfig:
         check_choice("sft.reference_cache", self.reference_cache, (False, True))
         check_range("sft.checkpoint_every", self.checkpoint_every, 0)
         check_range("sft.keep_checkpoints", self.keep_checkpoints, 1)
+        check_range("sft.process_group_timeout_s", self.process_group_timeout_s, 1)
+        check_range("sft.download_timeout_s", self.download_timeout_s, 1)
