@@ -6,7 +6,7 @@ lists it first in its defaults, so a misspelled method key fails at composition.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, ClassVar, Optional
 
 from omegaconf import MISSING
 
@@ -23,6 +23,9 @@ class SFTMethod:
 
     name: str = "sft"
     """Registry name of the token loss (``sft.losses.TOKEN_LOSSES``)."""
+    keeps_old_policy: ClassVar[bool] = False
+    """The trainer holds and checkpoints a frozen fp32 copy of the policy (the loss's ``needs_old_policy``, tested):
+    what the preflight's disk estimate adds per checkpoint. Not a setting."""
     loss_norm: Optional[str] = None
     """This method's own loss normalisation, winning over ``sft.loss_norm``; None: ``sft.loss_norm`` applies
     (except EKSFT with ``compat=official_code``, whose preset is micro_batch_sum, D13 in docs/methods.md)."""
@@ -71,6 +74,7 @@ class PSFTMethod(SFTMethod):
     """PSFT: PPO-clipped surrogate with advantage 1 against an old-policy snapshot, −min(r, 1+ε_h) (arXiv 2508.17784)."""
 
     name: str = "psft"
+    keeps_old_policy: ClassVar[bool] = True
     clip_high: float = 0.28
     """ε_h."""
     updates_per_refresh: int = 8
