@@ -7,8 +7,9 @@ Under FSDP2 mixed precision (the GPU profile) the head weight reaching ``sft.tok
 Three computations differentiate one objective on the same bf16 hidden states and weights:
 
 * ``chunked``: the trainer's head, ``chunk_size`` rows at a time (the weight gradient summed over the chunks);
-* ``plain``: plain autograd on the dense bf16 logits ``h @ Wᵀ`` (one bf16 GEMM for the weight gradient; the dense
-  logits are ``rows × vocab``, so this is for sizes where they fit);
+* ``plain``: plain autograd on the bf16 logits ``h @ Wᵀ``, whose weight gradient is one bf16 GEMM of the bf16
+  logit gradients with ``h``; the logit gradients are formed by autograd ``block`` rows at a time (the objective is
+  a sum over rows once the selection is fixed), so only they, ``rows × vocab`` in bf16, are held at once;
 * ``fp64``: the chunked head on fp64 copies of the same inputs (the reference; its per-chunk logit gradients are
   formed in fp32, an error floor near 1e-7).
 
@@ -23,7 +24,7 @@ from typing import Any
 
 import torch
 
-from sft.token_stats import TokenStats, TokenWeights, chunked_loss, dense_loss
+from sft.token_stats import TokenStats, TokenWeights, chunked_loss, dense_loss, prediction_rows, row_terms
 
 
 class FixedSelection:
@@ -61,11 +62,33 @@ def weight_grad(loss: Any, hidden: torch.Tensor, weight: torch.Tensor, labels: t
     return weight.grad
 
 
+def plain_weight_grad(fixed: FixedSelection, hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
+                      ref_hidden: torch.Tensor | None, ref_weight: torch.Tensor | None, block: int) -> torch.Tensor:
+    """Plain bf16 autograd's weight gradient for ``fixed``'s selection (``weigh`` called once already): the bf16
+    gradient of each row's logits by autograd through the fp32 terms of ``dense_loss``, ``block`` rows at a time,
+    then one bf16 GEMM with the hidden states, as ``(h @ Wᵀ).backward`` does."""
+    rows = prediction_rows(labels, fixed.uses_label_positions)
+    hidden_nd = hidden.detach().flatten(0, 1).index_select(0, rows.index)
+    ref_nd = None if ref_hidden is None else ref_hidden.detach().flatten(0, 1).index_select(0, rows.index)
+    coefs = fixed.weights.coefs
+    grad_logits = hidden_nd.new_empty(hidden_nd.shape[0], weight.shape[0])
+    for start in range(0, hidden_nd.shape[0], block):
+        part = slice(start, start + block)
+        logits = (hidden_nd[part] @ weight.detach().T).requires_grad_()
+        ref_logits = None if ref_nd is None else (ref_nd[part] @ ref_weight.T).float()
+        terms = row_terms(logits.float(), rows.targets[part], list(coefs), ref_logits=ref_logits,
+                          **fixed.term_options)
+        sum(coefs[name][part].to(terms[name].dtype) @ terms[name] for name in coefs).backward()
+        grad_logits[part] = logits.grad
+    return grad_logits.T @ hidden_nd
+
+
 def head_grad_errors(loss: Any, hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, chunk_size: int,
                      ref_hidden: torch.Tensor | None = None, ref_weight: torch.Tensor | None = None,
                      plain: bool = True) -> dict[str, float]:
     """Relative errors against fp64 of the bf16 chunked head's weight gradient (``chunked``) and, when ``plain``,
-    of plain bf16 autograd's (``plain``); ``hidden [B, L, d]``, ``weight [V, d]`` and the reference's in bf16."""
+    of plain bf16 autograd's (``plain``, :func:`plain_weight_grad`); ``hidden [B, L, d]``, ``weight [V, d]`` and
+    the reference's in bf16."""
     fixed = FixedSelection(loss)
     chunked = weight_grad(fixed, hidden, weight, labels, chunk_size, ref_hidden, ref_weight, dense=False)
     as64 = lambda tensor: None if tensor is None else tensor.double()  # noqa: E731
@@ -75,7 +98,7 @@ def head_grad_errors(loss: Any, hidden: torch.Tensor, weight: torch.Tensor, labe
     del chunked
     if plain:
         errors["plain"] = relative_error(
-            weight_grad(fixed, hidden, weight, labels, chunk_size, ref_hidden, ref_weight, dense=True), exact)
+            plain_weight_grad(fixed, hidden, weight, labels, ref_hidden, ref_weight, block=chunk_size), exact)
     return errors
 
 
