@@ -5,7 +5,7 @@ Needs a CUDA torch, transformers and the project's base dependencies (no vLLM, n
 * A, head gradient: a 2-layer Qwen3 at Qwen3-4B width (2560) with the real 151,936-token vocabulary, tied and untied
   head, 8,192 and 20,480 tokens, SFT and EKSFT: the LM-head weight gradient of the trainer's chunked bf16 head
   (chunk 256) and of plain bf16 autograd against fp64 (``bench.head_grad_accuracy``). Passes when the chunked
-  head's error is within 1.5x plain autograd's.
+  head's error is within 2x plain autograd's (:data:`HEAD_TOLERANCE`).
 * B, memory and time: the trainer's step (``sft.trainer.train_step``, FSDP2 on one rank, bf16 mixed precision,
   activation checkpointing, chunk 256) on one 20,480-token sequence, EKSFT (live reference) and PSFT (old policy),
   2 and 4 layers of the Qwen3-8B shape (untied head), inside ``sdpa_kernel(FLASH_ATTENTION)`` so that a fallback
@@ -47,8 +47,10 @@ GB = 1e9
 QWEN3_VOCAB = 151_936
 HEAD_TOKENS = (8192, 20480)
 HEAD_CHUNK = 256
-HEAD_TOLERANCE = 1.5
-"""Part A passes when the chunked head's error is at most this times plain bf16 autograd's."""
+HEAD_TOLERANCE = 2.0
+"""Part A passes when the chunked head's error is at most this times plain bf16 autograd's: the per-chunk bf16
+products and the final cast add to plain autograd's one rounding (1.2-1.4x measured on CPUs); a bf16 running sum
+over the chunks was 4-5x."""
 STEP_TOKENS = 20480
 STEP_LAYERS = (2, 4)
 FULL_LAYERS, GPUS = 36, 8
