@@ -67,7 +67,7 @@ test-gpu: env-gpu
 	$(call python_of,gpu) -m pytest -q -m gpu tests/gpu $(ARGS)
 
 ## The paper profile's GPU path on one GPU, < 8 min on an H100, one results file (scripts/gpu_smoke.sh; needs CUDA torch
-## and transformers, not vLLM or verl). ARGS="--dry-run" checks it on any machine in seconds.
+## and transformers, not vLLM or verl). ARGS="--dry-run" checks it on any machine in under a minute.
 gpu-smoke:
 	PYTHON=$(call python_of,$(call stack,$(if $(findstring dry-run,$(ARGS)),cpu,gpu))) scripts/gpu_smoke.sh $(ARGS)
 

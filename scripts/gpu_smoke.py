@@ -1,4 +1,4 @@
-"""The paper profile's GPU path on one GPU, in under 8 minutes on an H100: run by ``scripts/gpu_smoke.sh``.
+"""The paper profile's GPU path on one GPU, meant to take under 8 minutes on an H100: run by ``scripts/gpu_smoke.sh``.
 
 Needs a CUDA torch, transformers and the project's base dependencies (no vLLM, no verl). Parts:
 
@@ -17,7 +17,7 @@ Needs a CUDA torch, transformers and the project's base dependencies (no vLLM, n
   checkpoint and must end complete with the uninterrupted run's weights (within bf16 round-off).
 
 Prints the CUDA, driver and NCCL versions and writes one JSON results file (``--out``). ``--dry-run`` runs on the CPU
-in seconds: argument parsing, imports, the shapes and parameter counts of A and B, A and B on tiny CPU sizes through
+in under a minute: argument parsing, imports, the shapes and parameter counts of A and B, A and B on tiny CPU sizes through
 the same code, and C's configuration and command (not run).
 """
 from __future__ import annotations
@@ -277,7 +277,7 @@ def build_untied_model(folder: Path) -> None:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dry-run", action="store_true",
-                        help="on the CPU, in seconds: imports, shapes, A and B at tiny sizes, C's command")
+                        help="on the CPU, in under a minute: imports, shapes, A and B at tiny sizes, C's command")
     parser.add_argument("--parts", nargs="+", choices=("A", "B", "C"), default=["A", "B", "C"])
     parser.add_argument("--out", type=Path, default=None,
                         help="results file (default runs/gpu_smoke/<UTC time>.json)")
