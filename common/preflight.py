@@ -119,8 +119,7 @@ def installed_stack() -> str:
 
 GPU_STACK_FIX = "install the CUDA stack in its own venv (make env-gpu: .venv-gpu) and run with its python"
 CUDA_MIN_DRIVER = {11: 450, 12: 525, 13: 580}
-"""Oldest NVIDIA driver branch each CUDA major runs on (NVIDIA's minor-version compatibility table: 13.x ≥ 580,
-12.x ≥ 525 and < 580 as the newest it needs, 11.x ≥ 450)."""
+"""Oldest NVIDIA driver branch each CUDA major runs on (NVIDIA's minor-version compatibility table)."""
 DRIVER_FIX = {13: "upgrade the node's NVIDIA driver to the R580 branch or newer; on a data-center GPU (A100, H100, "
                   "H200) whose driver cannot be upgraded, install NVIDIA's forward-compatibility package "
                   "cuda-compat-13-0 and put /usr/local/cuda-13.0/compat first in LD_LIBRARY_PATH (README, "
@@ -153,10 +152,10 @@ def driver_problem(torch_version: str, torch_cuda: str, driver: str | None) -> P
     CUDA torch sees no GPU on such a node (PyPI's torch 2.11 is a CUDA 13 build: R535-R570 nodes see none)."""
     major = int(torch_cuda.split(".")[0])
     needed = CUDA_MIN_DRIVER.get(major)
-    if driver is None or needed is None or int(driver.split(".")[0]) >= needed:
+    branch = None if driver is None else int(driver.split(".")[0])
+    if branch is None or needed is None or branch >= needed:
         return None
-    newest = max((cuda for cuda, oldest in CUDA_MIN_DRIVER.items() if int(driver.split(".")[0]) >= oldest),
-                 default=None)
+    newest = max((cuda for cuda, oldest in CUDA_MIN_DRIVER.items() if branch >= oldest), default=None)
     supports = f"CUDA {newest}.x at most" if newest is not None else "no CUDA this torch knows"
     return Problem("gpus", f"torch {torch_version} is built for CUDA {torch_cuda}, which needs NVIDIA driver "
                            f">= {needed}; this node's driver is {driver} ({supports}), so torch sees no GPU",
