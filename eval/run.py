@@ -17,8 +17,9 @@ In phase ``sft`` with a held-out SFT slice (``data.num_heldout_rows``), the same
 held-out NLL (:mod:`eval.heldout`), in its own run folder ``heldout_nll/`` beside the benchmarks'.
 
 Sampling runs on ``eval.data_parallel_size`` engines side by side (``eval.sample.EnginePool``, one process per
-``tensor_parallel_size`` GPUs), which get the batches a one-engine run would generate; this process alone writes the
-files. With ``logging.wandb_mode`` online or offline, the headline metrics also go to wandb (:func:`log_to_wandb`).
+``tensor_parallel_size`` GPUs), each call's problems dealt so that every engine gets a share (``engine_chunks``);
+this process alone writes the files. With ``logging.wandb_mode`` online or offline, the headline metrics also go to
+wandb (:func:`log_to_wandb`).
 
 Any HF folder or hub id:
 ``python -m eval.run eval.model_path=/path/to/hf eval.variant=my_model eval.benchmarks=[aime24,amc] eval.n=4``.

@@ -262,14 +262,44 @@ class LazySampler:
             self._sampler.close()
 
 
+def engine_chunks(count: int, engines: int, most: int) -> list[slice]:
+    """``count`` prompts cut into consecutive chunks for ``engines`` engines: a multiple of ``engines`` chunks (or
+    one per prompt when there are fewer), as few as keep each within ``most`` prompts, sizes differing by at most one.
+    A 30-problem benchmark on 8 engines with ``most`` 16: 4, 4, 4, 4, 4, 4, 3, 3 (not 16 and 14 on engines 0-1)."""
+    rounds = -(-count // (most * engines)) if count else 0
+    pieces = min(count, rounds * engines)
+    base, extra = divmod(count, pieces) if pieces else (0, 0)
+    bounds = [0]
+    for index in range(pieces):
+        bounds.append(bounds[-1] + base + (index < extra))
+    return [slice(start, stop) for start, stop in zip(bounds, bounds[1:])]
+
+
+def engine_environment(index: int, cuda_visible_devices: str | None) -> dict[str, str]:
+    """The environment of pool engine ``index``: its GPUs, and compile caches of its own (vLLM's, under which it
+    keeps torch.compile's artifacts, Inductor's and Triton's) below ``VLLM_CACHE_ROOT`` (default ~/.cache/vllm), so
+    engines that compile at the same time never write one folder (vllm-project/vllm#24601)."""
+    env = dict(os.environ)
+    if cuda_visible_devices is not None:
+        env["CUDA_VISIBLE_DEVICES"] = cuda_visible_devices
+    cache_home = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    engine_cache = os.path.join(os.environ.get("VLLM_CACHE_ROOT") or os.path.join(cache_home, "vllm"),
+                                f"engine_{index}")
+    env.update(VLLM_CACHE_ROOT=engine_cache, TORCHINDUCTOR_CACHE_DIR=os.path.join(engine_cache, "inductor"),
+               TRITON_CACHE_DIR=os.path.join(engine_cache, "triton"))
+    return env
+
+
 class EnginePool:
     """``engines`` samplers side by side, each in its own process (``eval/_sampler_worker.py``) on its own
-    ``tensor_parallel_size`` GPUs (``CUDA_VISIBLE_DEVICES``); on CPU each engine gets the same environment.
+    ``tensor_parallel_size`` GPUs (``CUDA_VISIBLE_DEVICES``) with its own compile caches (:func:`engine_environment`).
 
-    A :meth:`sample` call is cut into chunks of ``eval.problems_per_batch`` prompts, chunk j going to engine
-    j mod ``engines``; the engines run their chunks at the same time and the results come back in prompt order.
-    The evaluation hands over ``problems_per_batch × engines`` problems per call, so every engine receives exactly
-    the batches a one-engine run would generate, with the same per-prompt seeds: the samples are the same.
+    A :meth:`sample` call is cut into :func:`engine_chunks` of at most ``eval.problems_per_batch`` prompts, chunk j
+    going to engine j mod ``engines``, so every engine gets work even when a call holds fewer than
+    ``problems_per_batch × engines`` prompts (a 30-problem benchmark); the engines run their chunks at the same
+    time and the results come back in prompt order. Each prompt carries its own seed, so its samples do not depend
+    on which engine or chunk it is in (bitwise on the CPU; on GPUs a batch of another size may round differently,
+    as a resumed run's does).
     """
 
     def __init__(self, model_path: str, cfg: Config, max_model_len: int, engines: int):
@@ -280,7 +310,8 @@ class EnginePool:
         self._threads = ThreadPoolExecutor(engines, thread_name_prefix="engine")
         self._workers: list[_EngineProcess] = []
         try:
-            self._workers = [_EngineProcess(index, visible) for index, visible in enumerate(devices)]
+            self._workers = [_EngineProcess(index, engine_environment(index, visible))
+                             for index, visible in enumerate(devices)]
             for worker in self._workers:  # every engine loads at once
                 worker.send((model_path, cfg, max_model_len))
             backend, self.version, settings = self._workers[0].receive()
@@ -300,27 +331,26 @@ class EnginePool:
         return self._scatter("prompt_logprobs", prompts, lambda start, stop: ())
 
     def _scatter(self, method: str, prompts: Sequence[list[int]], more: Callable[[int, int], tuple]) -> list:
-        """``method(prompts chunk, *more(start, stop))`` on the engines, chunk j on engine j mod ``engines``; the
-        results in prompt order."""
-        starts = list(range(0, len(prompts), self._chunk))
+        """``method(prompts chunk, *more(start, stop))`` on the engines, chunk j (:func:`engine_chunks`) on engine
+        j mod ``engines``; the results in prompt order."""
         engines = len(self._workers)
+        chunks = engine_chunks(len(prompts), engines, self._chunk)
 
         def run_chunks(engine: int) -> list[tuple[int, list]]:
             done = []
-            for start in starts[engine::engines]:
-                stop = start + self._chunk
-                self._workers[engine].send((method, (list(prompts[start:stop]), *more(start, stop))))
-                done.append((start, self._workers[engine].receive()))
+            for chunk in chunks[engine::engines]:
+                self._workers[engine].send((method, (list(prompts[chunk]), *more(chunk.start, chunk.stop))))
+                done.append((chunk.start, self._workers[engine].receive()))
             return done
 
-        futures = [self._threads.submit(run_chunks, engine) for engine in range(min(engines, len(starts)))]
+        futures = [self._threads.submit(run_chunks, engine) for engine in range(min(engines, len(chunks)))]
         try:
             wait(futures, return_when=FIRST_EXCEPTION)
             by_start = dict(pair for future in futures for pair in future.result())
         except BaseException:
             self.close(kill=True)  # a failed or interrupted engine: stop them all now
             raise
-        return [result for start in starts for result in by_start[start]]
+        return [result for chunk in chunks for result in by_start[chunk.start]]
 
     def close(self, kill: bool = False) -> None:
         for worker in self._workers:
@@ -337,10 +367,7 @@ class _EngineProcess:
     TERMINATE_TIMEOUT_S = 10
     """How long it may take to exit after SIGTERM, before it is killed."""
 
-    def __init__(self, index: int, cuda_visible_devices: str | None):
-        env = dict(os.environ)
-        if cuda_visible_devices is not None:
-            env["CUDA_VISIBLE_DEVICES"] = cuda_visible_devices
+    def __init__(self, index: int, env: dict[str, str]):
         self.index = index
         self.process = subprocess.Popen([sys.executable, "-m", "eval._sampler_worker"], stdin=subprocess.PIPE,
                                         stdout=subprocess.PIPE, env=env)

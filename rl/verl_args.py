@@ -138,7 +138,8 @@ def _dapo_keys(cfg: Config, variant: str) -> dict[str, Any]:
         "actor_rollout_ref.model.path": _model_path(cfg, variant),
         "actor_rollout_ref.model.enable_gradient_checkpointing": rl.gradient_checkpointing,
         # actor and reference (they share the model config): ours, never verl's flash_attention_2 default, which
-        # needs the flash-attn package; the rollout's vLLM picks its own attention kernels
+        # needs the flash-attn package; the rollout's vLLM picks its own attention kernels. With sdpa, verl's packed
+        # rows (use_remove_padding) get a dense block-diagonal mask: exact, but no flash kernel (docs/rl.md)
         "+actor_rollout_ref.model.override_config.attn_implementation": cfg.model.attn_implementation,
         "actor_rollout_ref.actor.strategy": "fsdp2",
         "actor_rollout_ref.actor.optim.lr": rl.lr,

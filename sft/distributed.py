@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 import resource
 from dataclasses import dataclass
-from typing import Any
+from datetime import timedelta
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -26,10 +27,11 @@ class DistEnv:
         return self.rank == 0
 
 
-def init_distributed(device_type: str) -> DistEnv:
+def init_distributed(device_type: str, timeout_s: float | None = None) -> DistEnv:
     """Joins torchrun's group (env:// rendezvous) or, outside torchrun, makes a 1-rank group: same FSDP2 code path.
 
-    gloo on CPU, NCCL on CUDA (one GPU per local rank).
+    gloo on CPU, NCCL on CUDA (one GPU per local rank). ``timeout_s``: how long any collective of the group waits
+    (``sft.process_group_timeout_s``); None keeps torch's default (10 minutes).
     """
     if device_type == "cuda":
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -39,17 +41,32 @@ def init_distributed(device_type: str) -> DistEnv:
         device, backend = torch.device("cpu"), "gloo"
     owns_group = not dist.is_initialized()  # else reuse it (e.g. the 1-rank group an in-process vLLM engine leaves)
     if owns_group:
-        device_id = device if device.type == "cuda" else None
+        options = {"device_id": device if device.type == "cuda" else None}
+        if timeout_s is not None:
+            options["timeout"] = timedelta(seconds=timeout_s)
         if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-            dist.init_process_group(backend, device_id=device_id)
+            dist.init_process_group(backend, **options)
         else:
-            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, device_id=device_id)
+            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, **options)
     return DistEnv(rank=dist.get_rank(), world_size=dist.get_world_size(), device=device, owns_group=owns_group)
 
 
 def close_distributed(env: DistEnv) -> None:
     if env.owns_group and dist.is_initialized():
         dist.destroy_process_group()
+
+
+def wait_for_main(work: Callable[[], Any], env: DistEnv, timeout_s: float) -> None:
+    """Collective: rank 0 runs ``work`` (e.g. a model download) while the other ranks wait at a barrier of a gloo
+    group of their own with ``timeout_s``, so a long wait is not bounded by the main group's timeout and no NCCL
+    collective is pending meanwhile."""
+    group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
+    try:
+        if env.is_main:
+            work()
+        dist.barrier(group=group)
+    finally:
+        dist.destroy_process_group(group)
 
 
 def broadcast_from_main(value: Any) -> Any:

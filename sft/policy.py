@@ -87,13 +87,19 @@ class PolicyWithTokenLoss(nn.Module):
 
 
 def shard_models(root: PolicyWithTokenLoss, env: DistEnv, mixed_precision: str) -> None:
-    """``fully_shard`` each decoder layer of each model, then the root (embeddings, final norms, heads)."""
+    """``fully_shard`` each decoder layer of each model, then the root (embeddings, final norms, heads).
+
+    FSDP2 prefetches, in backward, the unit that ran forward just before the one being differentiated. The frozen
+    trunks run before the policy's, so the policy's first layer would all-gather the reference's (or old policy's)
+    last layer on every micro-batch, for no gradient; it prefetches the root instead (unsharded already: no-op).
+    """
     mesh = init_device_mesh(env.device.type, (env.world_size,))
     policy = mixed_precision_policy(env, mixed_precision)
     for model in root.models():
         for layer in model.get_decoder().layers:
             fully_shard(layer, mesh=mesh, mp_policy=policy)
     fully_shard(root, mesh=mesh, mp_policy=policy)
+    root.policy.get_decoder().layers[0].set_modules_to_backward_prefetch([root])
 
 
 def mixed_precision_policy(env: DistEnv, mixed_precision: str) -> MixedPrecisionPolicy:

@@ -48,7 +48,7 @@ from common.seeding import derive_seed, seed_everything
 from common.tracking import MetricsLogger, configure_cpu_threads
 from sft.checkpoint import CHECKPOINTS_DIR, Checkpointer
 from sft.data import DataOrder, TokenisedRow, read_sft_tokens
-from sft.distributed import DistEnv, broadcast_from_main, close_distributed, init_distributed
+from sft.distributed import DistEnv, broadcast_from_main, close_distributed, init_distributed, wait_for_main
 from sft.export import export_hf
 from sft.calibration import calibrate_token_loss
 from sft.losses import build_loss
@@ -74,12 +74,11 @@ def forward_dtype(cfg: Config, env: DistEnv) -> torch.dtype:
 
 
 def resolve_model_dir(cfg: Config, env: DistEnv) -> str:
-    """A local folder for the base model: the path itself, or the hub snapshot (downloaded by rank 0 first)."""
+    """A local folder for the base model: the path itself, or the hub snapshot, downloaded by rank 0 first while the
+    others wait up to ``sft.download_timeout_s`` (:func:`sft.distributed.wait_for_main`)."""
     path = base_model_path(cfg)
     if not Path(path).exists():
-        if env.is_main:
-            local_model_dir(path)
-        dist.barrier()
+        wait_for_main(lambda: local_model_dir(path), env, cfg.sft.download_timeout_s)
     return local_model_dir(path)
 
 
@@ -230,7 +229,7 @@ def run(cfg: Config) -> Manifest:
     require_stage(cfg, "sft")  # common/preflight.py: no CUDA/GPUs, flash-attn, model path, before any rank starts
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     configure_cpu_threads(max(1, cfg.profile.num_threads // local_world))
-    env = init_distributed(cfg.profile.device)
+    env = init_distributed(cfg.profile.device, timeout_s=cfg.sft.process_group_timeout_s)
     try:
         return _run(cfg, env)
     finally:

@@ -6,7 +6,7 @@ lists it first in its defaults, so a misspelled method key fails at composition.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, ClassVar, Optional
 
 from omegaconf import MISSING
 
@@ -23,6 +23,9 @@ class SFTMethod:
 
     name: str = "sft"
     """Registry name of the token loss (``sft.losses.TOKEN_LOSSES``)."""
+    keeps_old_policy: ClassVar[bool] = False
+    """The trainer holds and checkpoints a frozen fp32 copy of the policy (the loss's ``needs_old_policy``, tested):
+    what the preflight's disk estimate adds per checkpoint. Not a setting."""
     loss_norm: Optional[str] = None
     """This method's own loss normalisation, winning over ``sft.loss_norm``; None: ``sft.loss_norm`` applies
     (except EKSFT with ``compat=official_code``, whose preset is micro_batch_sum, D13 in docs/methods.md)."""
@@ -71,6 +74,7 @@ class PSFTMethod(SFTMethod):
     """PSFT: PPO-clipped surrogate with advantage 1 against an old-policy snapshot, −min(r, 1+ε_h) (arXiv 2508.17784)."""
 
     name: str = "psft"
+    keeps_old_policy: ClassVar[bool] = True
     clip_high: float = 0.28
     """ε_h."""
     updates_per_refresh: int = 8
@@ -320,6 +324,13 @@ class SFTConfig:
     """Save a resumable checkpoint every N optimiser steps; one is also saved at every epoch end and after the last step (0: only those)."""
     keep_checkpoints: int = field(default=2, metadata=SUPERVISION)
     """Resumable checkpoints kept on disk."""
+    process_group_timeout_s: int = field(default=3600, metadata=SUPERVISION)
+    """How long a collective waits for the slowest rank before the run fails (the process group's timeout; torch's
+    default is 10 minutes): the other ranks wait while rank 0 alone loads the fp32 base model (Qwen3-8B: 33 GB) and
+    writes, reloads and hashes the export before the final barrier."""
+    download_timeout_s: int = field(default=7200, metadata=SUPERVISION)
+    """How long the other ranks wait, at a barrier of their own before any NCCL collective, for rank 0 to download a
+    hub base model (Qwen3-8B: 16 GB) into the HF cache."""
 
     def effective_loss_norm(self) -> str:
         """The normalisation the trainer applies: the method's own (``sft.method.own_loss_norm()``) or ``loss_norm``."""
@@ -353,3 +364,5 @@ class SFTConfig:
         check_choice("sft.reference_cache", self.reference_cache, (False, True))
         check_range("sft.checkpoint_every", self.checkpoint_every, 0)
         check_range("sft.keep_checkpoints", self.keep_checkpoints, 1)
+        check_range("sft.process_group_timeout_s", self.process_group_timeout_s, 1)
+        check_range("sft.download_timeout_s", self.download_timeout_s, 1)

@@ -31,14 +31,19 @@ WORDS = sorted(set(" ".join(TRAINING_TEXTS).split()))
 """Words the tiny model's BPE tokenizer was trained on, so each is one or a few tokens."""
 
 
-def build_tiny_model(folder: Path, seed: int = 0) -> Path:
-    """The tiny fp32 Qwen3 (hidden 128, 2 layers, 2 heads x 64) of :mod:`bench.tiny_model` in ``folder``.
+HEADS = ["tied", "untied"]
+"""The LM head of the tiny model: tied to the embeddings (Qwen3-4B and smaller) or a weight of its own (Qwen3-8B)."""
+
+
+def build_tiny_model(folder: Path, seed: int = 0, head: str = "tied") -> Path:
+    """The tiny fp32 Qwen3 (hidden 128, 2 layers, 2 heads x 64) of :mod:`bench.tiny_model` in ``folder``, with a
+    ``head`` of :data:`HEADS`.
 
     Its eos and generation config's eos are ``<|endoftext|>``, not the template's ``<|im_end|>``: the export must
     fix them.
     """
     return build_tiny_qwen3(folder, intermediate_size=256, max_position_embeddings=512, eos_token="<|endoftext|>",
-                            dtype="float32", seed=seed)
+                            dtype="float32", seed=seed, tie_word_embeddings=head == "tied")
 
 
 def write_sft_tokens(cfg: Config, num_rows: int, seed: int = 0) -> Path:

@@ -13,18 +13,22 @@ from common.paths import TRAINING_METRICS_FILE, hf_export_dir, sft_dir
 from common.tracking import read_metrics
 from sft.losses import TOKEN_LOSSES
 from sft.train import run
-from sft_helpers import build_tiny_model, final_weights, prepare_run
+from sft_helpers import HEADS, build_tiny_model, final_weights, prepare_run
 
 pytestmark = pytest.mark.integration
+UNTIED_METHODS = ["sft", "eksft", "psft"]
+"""Run on the untied head (Qwen3-8B's layout) too: plain, with the reference's head, with the old policy's."""
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> Path:
-    return build_tiny_model(tmp_path_factory.mktemp("tiny_qwen3"))
+def model_dirs(tmp_path_factory) -> dict[str, Path]:
+    return {head: build_tiny_model(tmp_path_factory.mktemp(f"tiny_qwen3_{head}"), head=head) for head in HEADS}
 
 
-@pytest.mark.parametrize("method", sorted(TOKEN_LOSSES))
-def test_method_trains_and_exports(tmp_path, model_dir, method):
+@pytest.mark.parametrize("method, head", [(method, "tied") for method in sorted(TOKEN_LOSSES)]
+                         + [(method, "untied") for method in UNTIED_METHODS])
+def test_method_trains_and_exports(tmp_path, model_dirs, method, head):
+    model_dir = model_dirs[head]
     cfg, _ = prepare_run(tmp_path, model_dir, num_rows=8, method=method, micro_batch_size=2, grad_accum=1,
                          max_steps=2, mixed_precision="bf16", lr=1e-2, warmup_ratio=0.0)
     manifest = run(cfg)
@@ -38,6 +42,7 @@ def test_method_trains_and_exports(tmp_path, model_dir, method):
     trained = final_weights(cfg)
     unchanged = [name for name in base if name in trained and (trained[name] == base[name]).all()]
     assert not unchanged, f"{method}: parameters did not change: {unchanged}"
+    assert ("lm_head.weight" in trained) == (head == "untied")  # an untied head is exported as its own weight
 
     export = hf_export_dir(sft_dir(cfg))
     assert manifest.details["export"]["max_abs_logprob_diff"] < 1e-4

@@ -22,7 +22,7 @@ import sft.train
 from sft.train import run
 from sft.checkpoint import CHECKPOINTS_DIR, TRAINER_STATE_FILE, ResumeError
 from sft.trainer import TrainSummary
-from sft_helpers import build_tiny_model, final_weights, kill_after_checkpoint, prepare_run, run_torchrun
+from sft_helpers import HEADS, build_tiny_model, final_weights, kill_after_checkpoint, prepare_run, run_torchrun
 
 pytestmark = pytest.mark.integration
 
@@ -31,9 +31,11 @@ RUN = dict(method="psft", micro_batch_size=2, grad_accum=2, epochs=2, checkpoint
            loss_norm="global_token_mean", **{"method.updates_per_refresh": 3})
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> Path:
-    return build_tiny_model(tmp_path_factory.mktemp("tiny_qwen3"))
+@pytest.fixture(scope="module", params=HEADS)
+def model_dir(request, tmp_path_factory) -> Path:
+    """The tiny model with a tied head (Qwen3-4B's layout) and with an untied one (Qwen3-8B's): every test runs on
+    both."""
+    return build_tiny_model(tmp_path_factory.mktemp(f"tiny_qwen3_{request.param}"), head=request.param)
 
 
 @pytest.fixture(scope="module")

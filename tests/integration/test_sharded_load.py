@@ -1,9 +1,9 @@
 """Sharded loading of the SFT models (``sft.train.build_root``, ``sft.train.load_reference_trunk``) on 2 gloo ranks:
 every model is built on the meta device, sharded, and filled from rank 0's one full copy. Gathered back, the
 policy, live reference, PSFT old policy, cached-reference head and reference trunk equal a plain ``from_pretrained``
-load exactly, tied weights stay one parameter, the RoPE buffers (in no state dict) are the loaded ones on every
-rank, and rank 1 never loads the full model (its ``load_base_model`` raises). Sources: the tiny random Qwen3, and
-SmolLM2-135M as GGUF (dequantised by transformers on rank 0; skipped unless ``scripts/fetch_smollm2.sh`` fetched it).
+load exactly, tied weights stay one parameter (an untied head its own), the RoPE buffers (in no state dict) are the
+loaded ones on every rank, and rank 1 never loads the full model (its ``load_base_model`` raises). Sources: the tiny
+random Qwen3 with a tied head and with an untied one, and SmolLM2-135M as GGUF (dequantised by transformers on rank 0; skipped unless ``scripts/fetch_smollm2.sh`` fetched it).
 
 The module is also the worker: ``torchrun --nproc_per_node=2 tests/integration/test_sharded_load.py MODEL OUT [GGUF]``.
 """
@@ -79,11 +79,12 @@ def worker(model_dir: str, out_dir: str, gguf_file: str = "") -> None:
     close_distributed(env)
 
 
-@pytest.fixture(scope="module", params=["tiny_qwen3", "smollm2_gguf"])
+@pytest.fixture(scope="module", params=["tiny_qwen3", "tiny_qwen3_untied", "smollm2_gguf"])
 def source(request, tmp_path_factory) -> tuple[str, str]:
-    """(model folder, GGUF file name or "")."""
-    if request.param == "tiny_qwen3":
-        return str(build_tiny_model(tmp_path_factory.mktemp("tiny_qwen3"))), ""
+    """(model folder, GGUF file name or ""); the tiny model with a tied head and with an untied one (Qwen3-8B's)."""
+    if request.param.startswith("tiny_qwen3"):
+        head = "untied" if request.param.endswith("untied") else "tied"
+        return str(build_tiny_model(tmp_path_factory.mktemp(request.param), head=head)), ""
     from common.config import compose
 
     gguf_file = compose(["model=smollm2_135m"]).model.gguf_file
@@ -152,9 +153,9 @@ def test_every_rank_has_the_loaded_rotary_buffers_and_tied_weights(source, shard
         for name, buffer in buffers.items():
             key = f"model.{name}" if case == "trunk" else name.split(".", 1)[1]
             assert torch.equal(buffer, expected[key]), (case, name)
-    assert full_model.config.tie_word_embeddings
-    assert record["tied"] == {case: {"policy": True, **({} if FROZEN_PART[case] == "reference_head"
-                                                        else {FROZEN_PART[case]: True})}
+    tied = full_model.config.tie_word_embeddings  # tied weights stay one parameter; untied ones stay two
+    assert record["tied"] == {case: {"policy": tied, **({} if FROZEN_PART[case] == "reference_head"
+                                                        else {FROZEN_PART[case]: tied})}
                               for case in cases_for(source[1])}
 
 

@@ -67,6 +67,35 @@ def test_too_few_gpus_names_nproc_per_node(monkeypatch):
     assert preflight.check_gpus(paper(), 2) == []
 
 
+def test_a_driver_too_old_for_torchs_cuda_is_named_instead_of_fewer_gpus(monkeypatch):
+    """PyPI's torch 2.11 is a CUDA 13 build: on an R535-R570 node it sees no GPU, and the fix is the driver (or
+    NVIDIA's forward-compatibility package), not profile.nproc_per_node=1."""
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    monkeypatch.setattr(preflight, "nvidia_driver_version", lambda: "535.104.05")
+    problem = only(preflight.check_gpus(paper(), 8), "gpus")
+    assert "CUDA 13.0, which needs NVIDIA driver >= 580" in problem.message
+    assert "535.104.05 (CUDA 12.x at most)" in problem.message
+    assert "R580" in problem.fix and "cuda-compat-13-0" in problem.fix and "nproc_per_node=1" not in problem.fix
+    monkeypatch.setattr(preflight, "nvidia_driver_version", lambda: "580.65.06")  # driver fine: count the GPUs
+    assert "profile.nproc_per_node=1" in only(preflight.check_gpus(paper(), 8), "gpus").fix
+    monkeypatch.setattr(torch.version, "cuda", "12.8")  # CUDA 12 runs on R535
+    monkeypatch.setattr(preflight, "nvidia_driver_version", lambda: "535.104.05")
+    assert "profile.nproc_per_node=1" in only(preflight.check_gpus(paper(), 8), "gpus").fix
+
+
+@pytest.mark.parametrize("text, version", [
+    ("NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.104.05  Sat Aug 19 01:15:15 UTC 2023\nGCC version: 12",
+     "535.104.05"),
+    ("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  570.86.15  Release Build  (dvs-builder@U16)", "570.86.15"),
+])
+def test_driver_version_from_the_kernel_module(monkeypatch, text, version):
+    real_read_text = preflight.Path.read_text
+    monkeypatch.setattr(preflight.Path, "read_text", lambda self, *a, **k: text if str(self) ==
+                        "/proc/driver/nvidia/version" else real_read_text(self, *a, **k))
+    assert preflight.nvidia_driver_version() == version
+
+
 def test_no_gpu_check_on_the_cpu_profile(monkeypatch):
     monkeypatch.setattr(torch.cuda, "device_count", lambda: pytest.fail("the CPU profile needs no GPU count"))
     assert preflight.check_gpus(compose(["profile=toy"]), 1) == []
@@ -236,6 +265,22 @@ def test_disk_estimate_counts_pending_sft_and_rl_runs():
     assert (cfg.sft.keep_checkpoints, cfg.rl.max_checkpoints_to_keep) == (2, 2)
     assert preflight.estimate_bytes(commands) == {"run_root": 4_000_000_000 * ((2 + 24) + (2 + 24)),
                                                   "hf_cache": 4_000_000_000 * 2}
+
+
+def test_disk_estimate_counts_the_old_policy_in_psft_checkpoints():
+    """A PSFT checkpoint holds the frozen fp32 old policy too: 16 B/parameter, not 12."""
+    sft, psft = paper("sft/method=sft"), paper("sft/method=psft")
+    run_root = {cfg.sft.method.name: preflight.estimate_bytes([SimpleNamespace(stage="sft", config=cfg)])["run_root"]
+                for cfg in (sft, psft)}
+    assert run_root == {"sft": 4_000_000_000 * (2 + 12 * 2), "psft": 4_000_000_000 * (2 + 16 * 2)}
+
+
+def test_every_method_schema_declares_the_old_policy_its_loss_keeps():
+    from common.config.sft import SFT_METHOD_SCHEMAS
+    from sft.losses import build_loss
+
+    for name, schema in SFT_METHOD_SCHEMAS.items():
+        assert schema.keeps_old_policy == build_loss(schema()).needs_old_policy, name
 
 
 def test_full_disk_names_run_root(tmp_path):

@@ -1,0 +1,47 @@
+"""FSDP2 backward prefetching in the SFT root (1-rank gloo group, tiny random Qwen3): the frozen reference and old
+policy run forward before the policy, and their layers are never all-gathered during the backward."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
+
+from bench.tiny_model import random_qwen3
+from common.config.sft import EKSFTMethod, PSFTMethod
+from sft.distributed import close_distributed, init_distributed
+from sft.losses import build_loss
+from sft.policy import PolicyWithTokenLoss, freeze, shard_models
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.mark.parametrize("method", [EKSFTMethod(), PSFTMethod()], ids=lambda m: m.name)
+def test_no_frozen_layer_is_all_gathered_in_the_backward(monkeypatch, method):
+    loss = build_loss(method)
+    model = lambda: random_qwen3(vocab_size=64, hidden_size=64, num_layers=2, seed=0)  # noqa: E731
+    env = init_distributed("cpu")
+    try:
+        root = PolicyWithTokenLoss(model(), loss, chunk_size=8,
+                                   reference=freeze(model()) if loss.needs_reference else None,
+                                   old_policy=freeze(model()) if loss.needs_old_policy else None)
+        shard_models(root, env, "fp32")
+        frozen = root.reference if root.reference is not None else root.old_policy
+        frozen_layers = {id(layer) for layer in frozen.get_decoder().layers}
+        in_backward: list[int] = []
+        original = FSDPParamGroup.unshard
+
+        def unshard(group, *args, **kwargs):
+            if torch._C._current_graph_task_id() != -1:  # inside autograd's backward
+                in_backward.extend(id(module) for module in group.modules)
+            return original(group, *args, **kwargs)
+
+        monkeypatch.setattr(FSDPParamGroup, "unshard", unshard)
+        input_ids = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(0))
+        labels = input_ids.clone()
+        labels[:, :4] = -100
+        root(input_ids=input_ids, labels=labels).loss.backward()
+        policy_layers = {id(layer) for layer in root.policy.get_decoder().layers}
+        assert policy_layers <= set(in_backward)  # the policy's layers are unsharded for their gradients
+        assert not frozen_layers & set(in_backward)
+    finally:
+        close_distributed(env)
