@@ -87,3 +87,18 @@ def max_over_ranks(value: float, env: DistEnv) -> float:
     box = torch.tensor([value], dtype=torch.float64, device=env.device)
     dist.all_reduce(box, op=dist.ReduceOp.MAX)
     return float(box)
+
+
+def all_gather_blocks(blocks: list[torch.Tensor], env: DistEnv) -> list[list[torch.Tensor]]:
+    """Collective: every rank's ``blocks`` as ``[rank][i]``. Every rank gives as many blocks, 2-D of one dtype and
+    width; their row counts may differ (each rank's rows are padded to the longest for the one all-gather)."""
+    counts = torch.tensor([block.shape[0] for block in blocks], dtype=torch.int64, device=env.device)
+    all_counts = [torch.empty_like(counts) for _ in range(env.world_size)]
+    dist.all_gather(all_counts, counts)
+    local = torch.cat(blocks)
+    longest = max(int(rank_counts.sum()) for rank_counts in all_counts)
+    padded = torch.cat([local, local.new_zeros(longest - local.shape[0], local.shape[1])])
+    gathered = [torch.empty_like(padded) for _ in range(env.world_size)]
+    dist.all_gather(gathered, padded)
+    return [list(rows[:int(rank_counts.sum())].split(rank_counts.tolist()))
+            for rows, rank_counts in zip(gathered, all_counts)]

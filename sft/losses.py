@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from common.config.common import ConfigError
-from common.config.sft import SFT_METHOD_SCHEMAS, EKSFTMethod, SFTMethod
+from common.config.sft import EKSFT_COMPAT_PRESETS, SFT_METHOD_SCHEMAS, EKSFTMethod, SFTMethod
 from common.paths import (
     STAT_CE,
     STAT_ENTROPY_ON_M,
@@ -63,6 +63,10 @@ class TokenLoss:
     """Also give ``weigh`` the rows ``labels[i] != -100`` (official EKSFT alignment, D1 of docs/methods.md)."""
     stats_in_model_dtype: bool = False
     """Compute pass-A statistics in the model dtype instead of fp32 (official EKSFT, D12)."""
+    selects_over_step: bool = False
+    """``weigh`` selects over the whole optimiser step (EKSFT ``selection_scope=optimizer_batch``): the trainer gives
+    it the statistics of every micro-batch on every rank at once, before any backward
+    (``sft.trainer.select_over_step``), and each micro-batch its share of the weights."""
 
     def __init__(self, cfg: SFTMethod):
         self.cfg = cfg
@@ -75,7 +79,7 @@ class TokenLoss:
     @classmethod
     def variant(cls, cfg: SFTMethod) -> type[TokenLoss]:
         """The class that computes ``cfg``: this one, unless the method keeps some settings in a subclass (EKSFT:
-        the paper's equations in :class:`EKSFTLoss`, everything else in :class:`EKSFTOfficialLoss`)."""
+        the paper's equations in :class:`EKSFTLoss`, everything else in :class:`EKSFTVariantsLoss`)."""
         return cls
 
     def begin_step(self, step: int) -> None:
@@ -353,16 +357,27 @@ class EKSFTLoss(TokenLoss):
     ``TopK(X) = {t ∈ T : #{i ∈ T : X_i ≥ X_t} ≤ k}`` (Eq. 6–7; ties at the boundary all left out; KL < kl_eps
     ranks as 0, so M_KL = ∅ while π_θ = π_ref), ``M_H = TopK(H)``, ``M_KL = TopK(KL)``, ``M = M_H ∪ M_KL`` (Eq. 10–11),
     ``L = −(1/|T∖M|) Σ_{i∈T∖M} log p_i − λ_H (1/|M|) Σ_{i∈M} H_i + λ_KL (1/|M|) Σ_{i∈M} KL_i`` (Eq. 12–15).
-    Masked rows get no ``−∇log p_i`` term (label-free). Every other setting of :class:`EKSFTMethod` (the official
-    code's choices, the ablations) is computed by :class:`EKSFTOfficialLoss`; :meth:`variant` picks the class.
+    Masked rows get no ``−∇log p_i`` term (label-free). The selection group is every row ``weigh`` is given: a
+    micro-batch, or with ``selection_scope=optimizer_batch`` the whole optimiser step (Algorithm 1). Every other setting
+    of :class:`EKSFTMethod` (the official code's choices, the paper's ablations) is computed by
+    :class:`EKSFTVariantsLoss`; :meth:`variant` picks the class.
     """
 
     needs_reference = True
     stats = ("logp", "entropy", "kl")
 
+    def __init__(self, cfg: EKSFTMethod):
+        super().__init__(cfg)
+        self.switches = cfg.resolved()
+        """Every switch after ``compat`` (``EKSFTMethod.resolved``)."""
+        self.selects_over_step = self.switches["selection_scope"] == "optimizer_batch"
+
     @classmethod
     def variant(cls, cfg: EKSFTMethod) -> type[TokenLoss]:
-        return EKSFTLoss if eksft_switches(cfg) == PAPER_SWITCHES else EKSFTOfficialLoss
+        switches = cfg.resolved()
+        paper = all(switches[key] == value for key, value in PAPER_SWITCHES.items()) \
+            and switches["selection_scope"] in PAPER_SCOPES
+        return EKSFTLoss if paper else EKSFTVariantsLoss
 
     def select(self, stats: TokenStats, rows: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """``(M_H, M_KL, M)`` among ``rows`` (Eq. 6–11)."""
@@ -387,30 +402,12 @@ class EKSFTLoss(TokenLoss):
 
 # ------------------------------------------------------------------------------------------ EKSFT: every other switch
 
-EKSFT_COMPAT_PRESETS: dict[str, dict[str, Any]] = {
-    "paper": dict(mask_alignment="paper", k_rounding="ceil", topk_ties="paper_rank", reg_sets="union",
-                  entropy_norm="none", kl_formula="true_kl", dynamic_lambda=False, stats_dtype="fp32"),
-    "official_code": dict(mask_alignment="official_code", k_rounding="floor", topk_ties="exact_k",
-                          reg_sets="per_criterion", entropy_norm="log_vocab", kl_formula="official_code",
-                          dynamic_lambda=True, stats_dtype="model"),
-}
-"""Value of every ``None`` flag of :class:`EKSFTMethod` under each ``compat`` (decisions D1–D12 of
-docs/methods.md; D13, the loss normalisation, is ``EKSFTMethod.own_loss_norm``)."""
-PAPER_SWITCHES: dict[str, Any] = dict(EKSFT_COMPAT_PRESETS["paper"], combine="union", selection="topk",
-                                      global_regularisation=False, selection_scope="micro_batch")
-"""The switches under which EKSFT is exactly the paper's Eq. 4–15 (:class:`EKSFTLoss`)."""
-
-
-def resolve_eksft_flags(cfg: EKSFTMethod) -> dict[str, Any]:
-    """The effective flags: an explicitly set flag wins over the ``compat`` preset."""
-    return {key: preset if getattr(cfg, key) is None else getattr(cfg, key)
-            for key, preset in EKSFT_COMPAT_PRESETS[cfg.compat].items()}
-
-
-def eksft_switches(cfg: EKSFTMethod) -> dict[str, Any]:
-    """The effective value of every key of :data:`PAPER_SWITCHES` in ``cfg``."""
-    return {**resolve_eksft_flags(cfg), **{key: getattr(cfg, key) for key in PAPER_SWITCHES
-                                           if key not in EKSFT_COMPAT_PRESETS["paper"]}}
+PAPER_SWITCHES: dict[str, Any] = dict({key: value for key, value in EKSFT_COMPAT_PRESETS["paper"].items()
+                                       if key != "loss_norm"},
+                                      combine="union", selection="topk", global_regularisation=False)
+"""With these switches and a scope in :data:`PAPER_SCOPES`, EKSFT is the paper's Eq. 4–15 (:class:`EKSFTLoss`)."""
+PAPER_SCOPES = ("micro_batch", "optimizer_batch")
+"""The scopes whose selection group is every row ``weigh`` is given (one micro-batch, or the whole step)."""
 
 
 def random_subset_mask(candidates: Tensor, k: Tensor, targets: Tensor, sequence: Tensor, seed: int,
@@ -432,14 +429,16 @@ def random_subset_mask(candidates: Tensor, k: Tensor, targets: Tensor, sequence:
     return top_rank_mask(keys.to(candidates.device), candidates, k, "exact_k")
 
 
-class EKSFTOfficialLoss(EKSFTLoss):
-    """EKSFT under any switch of :class:`EKSFTMethod`: the public code's choices (``compat=official_code`` or flag by
-    flag, D1–D12 of docs/methods.md) and the ablations that leave Eq. 15. Per selection group G (``selection_scope``:
-    the micro-batch, or each sequence) with rankable rows R (T; under D1 the label positions ``labels[i] != -100``):
+class EKSFTVariantsLoss(EKSFTLoss):
+    """EKSFT under any switch of :class:`EKSFTMethod`: the public code's choices (``compat=official_code`` or switch by
+    switch, D1–D12 of docs/methods.md) and the paper's ablations that leave Eq. 15. Per selection group G
+    (``selection_scope``: the micro-batch, each sequence, or the optimiser step) with rankable rows R (T; under D1 the
+    label positions ``labels[i] != -100``):
 
     ``k = ρ|R|`` rounded up (paper) or down (D2); ``M_H``, ``M_KL`` the top k of H and KL by the paper's rank rule or
     exactly k (D3); ``M = M_H ∪ M_KL`` or ``M_H ∩ M_KL`` (``combine``), or ``random_mask_ratio``·|R| random rows
-    (``selection=random``), or ``M_H = M_KL = M = R`` (``global_regularisation``, with CE on all of T);
+    (``selection=random``), or as many random rows as that M has (``selection=random_matched``), or
+    ``M_H = M_KL = M = R`` (``global_regularisation``, with CE on all of T);
     ``L_G = (1/|C|) Σ_{i∈C} −log p_i − (λ_H/n_H) Σ_{i∈S_H} H_i/s + (λ_KL/n_KL) Σ_{i∈S_KL} K_i`` with
     C = T∖M (under D1: the rows whose next row is not masked); S_H = S_KL = M, n = |M| (paper) or S_H = M_H,
     S_KL = M_KL, n = k (D7); s = 1 or ln V (D8); K the true KL or ``Σ_v p_v (p_v − log q_v)`` (D9); each λ × (1 ±
@@ -449,28 +448,25 @@ class EKSFTOfficialLoss(EKSFTLoss):
 
     def __init__(self, cfg: EKSFTMethod):
         super().__init__(cfg)
-        self.flags = resolve_eksft_flags(cfg)
-        self.uses_label_positions = self.flags["mask_alignment"] == "official_code"
-        self.stats_in_model_dtype = self.flags["stats_dtype"] == "model"
-        self.kl_term = "code_kl" if self.flags["kl_formula"] == "official_code" else "kl"
+        self.uses_label_positions = self.switches["mask_alignment"] == "official_code"
+        self.stats_in_model_dtype = self.switches["stats_dtype"] == "model"
+        self.kl_term = "code_kl" if self.switches["kl_formula"] == "official_code" else "kl"
         self.stats = ("logp", "entropy", "kl") + (("code_kl",) if self.kl_term == "code_kl" else ())
 
     def select(self, stats: TokenStats, rows: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        cfg, flags = self.cfg, self.flags
+        cfg, switches = self.cfg, self.switches
         if cfg.global_regularisation:
             return rows, rows, rows
         count = rows.sum()
-        k = selection_size(count, cfg.rho, flags["k_rounding"])
+        k = selection_size(count, cfg.rho, switches["k_rounding"])
         kl = stats.values["kl"]
-        by_entropy = top_rank_mask(stats.values["entropy"], rows, k, flags["topk_ties"])
-        by_kl = top_rank_mask(torch.where(kl < cfg.kl_eps, 0.0, kl), rows, k, flags["topk_ties"])
-        if cfg.selection == "random":
-            masked = random_subset_mask(rows, selection_size(count, cfg.random_mask_ratio, flags["k_rounding"]),
-                                        stats.targets, stats.sequence, cfg.random_mask_seed, self.step)
-        elif cfg.combine == "union":
-            masked = by_entropy | by_kl
-        else:
-            masked = by_entropy & by_kl
+        by_entropy = top_rank_mask(stats.values["entropy"], rows, k, switches["topk_ties"])
+        by_kl = top_rank_mask(torch.where(kl < cfg.kl_eps, 0.0, kl), rows, k, switches["topk_ties"])
+        masked = by_entropy | by_kl if cfg.combine == "union" else by_entropy & by_kl
+        if cfg.selection != "topk":
+            size = selection_size(count, cfg.random_mask_ratio, switches["k_rounding"]) if cfg.selection == "random" \
+                else masked.sum()
+            masked = random_subset_mask(rows, size, stats.targets, stats.sequence, cfg.random_mask_seed, self.step)
         return by_entropy, by_kl, masked
 
     def _ce_rows(self, stats: TokenStats, member: Tensor, rankable: Tensor, masked: Tensor) -> Tensor:
@@ -489,20 +485,20 @@ class EKSFTOfficialLoss(EKSFTLoss):
         cfg = self.cfg
         lambda_entropy = torch.full_like(entropy_term, cfg.lambda_entropy)
         lambda_kl = torch.full_like(kl_term, cfg.lambda_kl)
-        if self.flags["dynamic_lambda"]:
+        if self.switches["dynamic_lambda"]:
             up, down = 1.0 + cfg.dynamic_lambda_factor, 1.0 - cfg.dynamic_lambda_factor
             lambda_entropy = lambda_entropy * torch.where(entropy_term < cfg.target_entropy, up, down)
             lambda_kl = lambda_kl * torch.where(kl_term > cfg.target_kl, up, down)
         return lambda_entropy, lambda_kl
 
     def weigh(self, stats: TokenStats) -> TokenWeights:
-        cfg, flags, values = self.cfg, self.flags, stats.values
+        cfg, switches, values = self.cfg, self.switches, stats.values
         rankable_all = stats.is_label_position if self.uses_label_positions else stats.has_target
         groups = [stats.sequence == s for s in range(stats.num_sequences)] if cfg.selection_scope == "sequence" \
             else [torch.ones_like(stats.has_target)]
         nonempty = torch.stack([(member & (rankable_all | stats.has_target)).any() for member in groups]).sum()
         group_share = 1.0 / nonempty.float().clamp(min=1.0)
-        entropy_scale = 1.0 / math.log(stats.vocab_size) if flags["entropy_norm"] == "log_vocab" else 1.0
+        entropy_scale = 1.0 / math.log(stats.vocab_size) if switches["entropy_norm"] == "log_vocab" else 1.0
         scaled_entropy, reg_kl = values["entropy"] * entropy_scale, values[self.kl_term]
 
         zeros = torch.zeros_like(values["logp"])
@@ -514,8 +510,8 @@ class EKSFTOfficialLoss(EKSFTLoss):
             rankable = member & rankable_all
             by_entropy, by_kl, masked = self.select(stats, rankable)
             ce_rows = self._ce_rows(stats, member, rankable, masked)
-            if flags["reg_sets"] == "per_criterion" and not cfg.global_regularisation:
-                k = selection_size(rankable.sum(), cfg.rho, flags["k_rounding"]).float()
+            if switches["reg_sets"] == "per_criterion" and not cfg.global_regularisation:
+                k = selection_size(rankable.sum(), cfg.rho, switches["k_rounding"]).float()
                 entropy_base = _per_row_share(by_entropy, k) * group_share
                 kl_base = _per_row_share(by_kl, k) * group_share
             else:
@@ -626,3 +622,62 @@ class HighEntropyCELoss(TokenLoss):
         metrics[STAT_ENTROPY_ON_M] = _mean_on(stats.values["entropy"], selected)
         metrics[STAT_ENTROPY_REST] = _mean_on(stats.values["entropy"], mask & ~selected)
         return TokenWeights(coefs={"logp": -share}, constant=share.new_zeros(()), metrics=metrics)
+
+
+@register_token_loss("profit")
+class ProFitLoss(TokenLoss):
+    """ProFit (arXiv 2601.09195; code Utaotao/ProFit): ``L = −(1/|T|) Σ_{i∈T: sg(p_i) ≥ τ} log p_i``, CE only on the
+    tokens whose target probability reaches τ, divided by all supervised tokens (the official loss divides the kept
+    tokens' CE sum by ``num_items_in_batch``, which counts the masked tokens too)."""
+
+    stats = ("logp",)
+
+    def weigh(self, stats: TokenStats) -> TokenWeights:
+        mask = stats.has_target
+        kept = mask & (stats.values["logp"].exp() >= self.cfg.threshold)
+        share = _per_row_share(mask)
+        metrics = _ce_metrics(stats, mask)
+        metrics["profit_kept_frac"] = _mean_on(kept.float(), mask)
+        return TokenWeights(coefs={"logp": -share * kept}, constant=share.new_zeros(()), metrics=metrics)
+
+
+@register_token_loss("pear")
+class PEARLoss(TokenLoss):
+    """PEAR (arXiv 2602.01058) with π_β the frozen reference: per sequence s with supervised rows T_s (consecutive, in
+    position order), ``δ_j = clip(log p_j − log q_j, log_ratio_low, log_ratio_high)``, and with
+    ``n_t = #{j ∈ T_s : j > t}``
+
+    token level ``w_t = clip(γ^{n_t} · exp(Σ_{j∈T_s, j>t} δ_j), weight_low, weight_high)`` (the discounted importance
+    ratio of the rest of the response), sequence level ``w_t = clip(exp(Σ_{j∈T_s} δ_j), weight_low, weight_high)``;
+    ``L = −(1/|T|) Σ_{t∈T} sg(w_t) log p_t``."""
+
+    needs_reference = True
+    stats = ("logp", "ref_logp")
+
+    def weigh(self, stats: TokenStats) -> TokenWeights:
+        cfg = self.cfg
+        mask = stats.has_target
+        log_ratio = torch.clamp(stats.values["logp"] - stats.values["ref_logp"], cfg.log_ratio_low,
+                                cfg.log_ratio_high).double() * mask
+        log_weight = _sequence_sums(log_ratio, stats)[stats.sequence]
+        if cfg.level == "token":  # the suffix after t: the sequence's sum minus the sum up to and including t
+            count = mask.double()
+            suffix_count = _sequence_sums(count, stats)[stats.sequence] - _cumsum_within_sequence(count, stats)
+            log_weight = (log_weight - _cumsum_within_sequence(log_ratio, stats)) + suffix_count * math.log(cfg.gamma)
+        weight = torch.clamp(torch.exp(log_weight), cfg.weight_low, cfg.weight_high).float()
+        share = _per_row_share(mask)
+        metrics = _ce_metrics(stats, mask)
+        metrics["pear_weight_mean"] = _mean_on(weight, mask)
+        metrics["pear_weight_max"] = torch.where(mask, weight, 0.0).max() if mask.numel() else share.new_zeros(())
+        return TokenWeights(coefs={"logp": -share * weight}, constant=share.new_zeros(()), metrics=metrics)
+
+
+def _sequence_sums(values: Tensor, stats: TokenStats) -> Tensor:
+    """``[num_sequences]``: the sum of ``values`` over each sequence's rows."""
+    return values.new_zeros(stats.num_sequences).index_add_(0, stats.sequence, values)
+
+
+def _cumsum_within_sequence(values: Tensor, stats: TokenStats) -> Tensor:
+    """The inclusive running sum of ``values`` within each sequence (rows grouped by sequence, in order)."""
+    before = torch.cumsum(_sequence_sums(values, stats), 0) - _sequence_sums(values, stats)
+    return torch.cumsum(values, 0) - before[stats.sequence]

@@ -9,6 +9,7 @@ forward is never used for training: the trunk's final hidden states and the head
 from __future__ import annotations
 
 from contextlib import nullcontext
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
@@ -18,7 +19,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from transformers import PreTrainedModel
 
 from sft.distributed import DistEnv
-from sft.token_stats import LossResult, chunked_loss
+from sft.token_stats import LossResult, TokenStats, TokenWeights, chunked_loss, chunked_statistics
 
 
 def freeze(model: PreTrainedModel) -> PreTrainedModel:
@@ -64,26 +65,54 @@ class PolicyWithTokenLoss(nn.Module):
         return self
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                labels: torch.Tensor | None = None,
-                ref_hidden: torch.Tensor | None = None) -> LossResult | torch.Tensor:
+                labels: torch.Tensor | None = None, ref_hidden: torch.Tensor | None = None, *,
+                weights: TokenWeights | None = None,
+                statistics_only: bool = False) -> LossResult | StepStatistics | torch.Tensor:
+        """The micro-batch loss; with ``weights`` (its share of a selection over the optimiser step) without pass A.
+        ``statistics_only``: no loss, no graph, only the loss's statistics of every row and the reference's hidden
+        states, which the step's selection and the micro-batch's loss then share (:class:`StepStatistics`).
+        ``ref_hidden`` given: the reference's final hidden states (from ``sft.reference_cache`` or that earlier
+        pass), and the reference trunk does not run."""
         if labels is None:
             return self.policy(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
-        frozen: dict[str, torch.Tensor] = {}
-        with torch.no_grad():
-            if self.reference is not None:
-                frozen["ref_hidden"] = final_hidden_states(self.reference, input_ids, attention_mask)
-                frozen["ref_head_weight"] = self.reference.get_output_embeddings().weight
-            elif self.reference_head is not None:
-                if ref_hidden is None:
-                    raise ValueError("the reference comes from sft.reference_cache: pass its rows as ref_hidden")
-                frozen["ref_hidden"] = ref_hidden
-                frozen["ref_head_weight"] = self.reference_head.weight
-            if self.old_policy is not None:
-                frozen["old_hidden"] = final_hidden_states(self.old_policy, input_ids, attention_mask)
-                frozen["old_head_weight"] = self.old_policy.get_output_embeddings().weight
+        frozen = self.frozen_states(input_ids, attention_mask, ref_hidden)
+        head_weight = self.policy.get_output_embeddings().weight
+        if statistics_only:
+            with torch.no_grad():
+                hidden = final_hidden_states(self.policy, input_ids, attention_mask)
+                stats = chunked_statistics(self.token_loss, hidden, head_weight, labels, chunk_size=self.chunk_size,
+                                           **frozen)
+            return StepStatistics(stats, frozen.get("ref_hidden"))
         hidden = final_hidden_states(self.policy, input_ids, attention_mask)
-        return chunked_loss(self.token_loss, hidden, self.policy.get_output_embeddings().weight, labels,
-                            chunk_size=self.chunk_size, **frozen)
+        return chunked_loss(self.token_loss, hidden, head_weight, labels, chunk_size=self.chunk_size,
+                            weights=weights, **frozen)
+
+    @torch.no_grad()
+    def frozen_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+                      ref_hidden: torch.Tensor | None) -> dict[str, torch.Tensor]:
+        """The final hidden states and head weights of the frozen models the loss needs (``chunked_loss``'s
+        ``ref_*``, ``old_*``)."""
+        frozen: dict[str, torch.Tensor] = {}
+        if self.reference is not None or self.reference_head is not None:
+            if ref_hidden is None and self.reference is None:
+                raise ValueError("the reference comes from sft.reference_cache: pass its rows as ref_hidden")
+            frozen["ref_hidden"] = final_hidden_states(self.reference, input_ids, attention_mask) \
+                if ref_hidden is None else ref_hidden
+            frozen["ref_head_weight"] = self.reference_head.weight if self.reference is None \
+                else self.reference.get_output_embeddings().weight
+        if self.old_policy is not None:
+            frozen["old_hidden"] = final_hidden_states(self.old_policy, input_ids, attention_mask)
+            frozen["old_head_weight"] = self.old_policy.get_output_embeddings().weight
+        return frozen
+
+
+@dataclass
+class StepStatistics:
+    """What the pass before a step's selection keeps of one micro-batch (``PolicyWithTokenLoss`` with
+    ``statistics_only``): its rows' statistics and the reference's final hidden states (None without a reference)."""
+
+    stats: TokenStats
+    ref_hidden: torch.Tensor | None
 
 
 def shard_models(root: PolicyWithTokenLoss, env: DistEnv, mixed_precision: str) -> None:

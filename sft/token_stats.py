@@ -88,6 +88,43 @@ class TokenStats:
     vocab_size: int
     """V (the logits width)."""
 
+    @property
+    def num_rows(self) -> int:
+        return self.targets.numel()
+
+    @staticmethod
+    def concat(parts: Sequence[TokenStats]) -> TokenStats:
+        """The rows of ``parts`` (e.g. every micro-batch of an optimiser step) as one set of rows, in order; the
+        sequence indices of each part are offset by the sequences before it, so every sequence keeps its own."""
+        offsets = [0]
+        for part in parts[:-1]:
+            offsets.append(offsets[-1] + part.num_sequences)
+        return TokenStats(
+            values={name: torch.cat([part.values[name] for part in parts]) for name in parts[0].values},
+            targets=torch.cat([part.targets for part in parts]),
+            has_target=torch.cat([part.has_target for part in parts]),
+            is_label_position=torch.cat([part.is_label_position for part in parts]),
+            sequence=torch.cat([part.sequence + offset for part, offset in zip(parts, offsets)]),
+            num_sequences=sum(part.num_sequences for part in parts), vocab_size=parts[0].vocab_size)
+
+    def to_rows(self) -> Tensor:
+        """``[N, C]`` float64, one column per value (sorted by name), then targets, has_target, is_label_position
+        and sequence: what :meth:`from_rows` restores exactly (fp32 values and ids below 2⁵³ survive float64)."""
+        columns = [self.values[name].double() for name in sorted(self.values)]
+        columns += [self.targets.double(), self.has_target.double(), self.is_label_position.double(),
+                    self.sequence.double()]
+        return torch.stack(columns, dim=1)
+
+    @staticmethod
+    def from_rows(rows: Tensor, names: Sequence[str], num_sequences: int, vocab_size: int) -> TokenStats:
+        """The inverse of :meth:`to_rows` for statistics ``names``."""
+        names = sorted(names)
+        n = len(names)
+        return TokenStats(values={name: rows[:, i].float() for i, name in enumerate(names)},
+                          targets=rows[:, n].long(), has_target=rows[:, n + 1].bool(),
+                          is_label_position=rows[:, n + 2].bool(), sequence=rows[:, n + 3].long(),
+                          num_sequences=num_sequences, vocab_size=vocab_size)
+
 
 @dataclass
 class TokenWeights:
@@ -99,6 +136,15 @@ class TokenWeights:
     """Detached scalar added to the loss (e.g. PSFT's clipped rows, −(1+ε_h) each)."""
     metrics: dict[str, Tensor] = field(default_factory=dict)
     """Detached scalars: loss terms, set sizes, means (no ``.item()``)."""
+
+    def split(self, sizes: Sequence[int]) -> list[TokenWeights]:
+        """The weights of consecutive blocks of ``sizes`` rows (the inverse of :meth:`TokenStats.concat`): each
+        block's coefficients, the constant on the first block only (the blocks' losses sum to the whole), and the
+        whole's metrics on every block."""
+        coefs = {name: coef.split(list(sizes)) for name, coef in self.coefs.items()}
+        return [TokenWeights(coefs={name: parts[i] for name, parts in coefs.items()},
+                             constant=self.constant if i == 0 else torch.zeros_like(self.constant),
+                             metrics=dict(self.metrics)) for i in range(len(sizes))]
 
 
 class TokenLossLike(Protocol):
@@ -290,15 +336,71 @@ def dense_loss(loss: TokenLossLike, logits: Tensor, labels: Tensor, *, ref_logit
 
 def chunked_loss(loss: TokenLossLike, hidden: Tensor, head_weight: Tensor, labels: Tensor, *, chunk_size: int,
                  ref_hidden: Tensor | None = None, ref_head_weight: Tensor | None = None,
-                 old_hidden: Tensor | None = None, old_head_weight: Tensor | None = None) -> LossResult:
+                 old_hidden: Tensor | None = None, old_head_weight: Tensor | None = None,
+                 weights: TokenWeights | None = None) -> LossResult:
     """``loss`` on the LM head ``hidden [B, L, d] @ head_weight[V, d]ᵀ``, ``chunk_size`` rows at a time.
 
     ``hidden`` are the policy's final hidden states (after the final norm), with grad; gradients flow into
     ``hidden`` and ``head_weight`` (tied or not). ``ref_*``/``old_*`` come from no-grad forwards of the
     reference / old-policy trunks and are required when the loss ``needs_reference`` / ``needs_old_policy``.
     Never holds more than one chunk of policy and reference logits; matches :func:`dense_loss` on
-    ``hidden @ head_weightᵀ`` to fp32 round-off.
+    ``hidden @ head_weightᵀ`` to fp32 round-off. ``weights``: this micro-batch's share of a selection made over the
+    whole optimiser step (``TokenLoss.selects_over_step``, one coefficient per row of :func:`chunked_statistics`);
+    pass A and ``weigh`` are then skipped.
     """
+    head = _head_inputs(loss, hidden, head_weight, labels, chunk_size, ref_hidden, ref_head_weight, old_hidden,
+                        old_head_weight)
+    rows = head.rows
+    values: dict[str, Tensor] = {}
+    first_chunk = None
+    if weights is None:
+        with torch.no_grad():
+            values, first_chunk = _chunked_stats(loss, head.hidden_nd.detach(), head.weight_cd, rows.targets,
+                                                 chunk_size, head.ref_nd, head.ref_w, head.old_nd, head.old_w)
+        weights = loss.weigh(_token_stats(rows, values, head_weight.shape[0]))
+    elif any(coef.shape != rows.targets.shape for coef in weights.coefs.values()):
+        shapes = sorted({tuple(coef.shape) for coef in weights.coefs.values()})
+        raise ValueError(f"the step's weights for this micro-batch have coefficients of shape {shapes}; its labels "
+                         f"give {rows.targets.numel()} rows")
+    plan = _HeadPlan(coefs=weights.coefs, targets=rows.targets, chunk_size=chunk_size, compute_dtype=head.compute_dtype,
+                     first_chunk=first_chunk, ref_hidden=head.ref_nd, ref_head_weight=head.ref_w,
+                     old_logp=values.get("old_logp"), term_options=loss.term_options,
+                     target_logp=head.hidden_nd.new_zeros(rows.index.numel(), dtype=torch.float32))
+    value = _ChunkedHeadObjective.apply(head.hidden_nd, head_weight, plan) + weights.constant
+    return _result(value, rows,
+                   _with_head_metrics(loss, weights, rows, values, plan.target_logp, head_weight.shape[0]))
+
+
+def chunked_statistics(loss: TokenLossLike, hidden: Tensor, head_weight: Tensor, labels: Tensor, *, chunk_size: int,
+                       ref_hidden: Tensor | None = None, ref_head_weight: Tensor | None = None,
+                       old_hidden: Tensor | None = None, old_head_weight: Tensor | None = None) -> TokenStats:
+    """Pass A of :func:`chunked_loss` alone (no graph): ``loss.stats`` of every row of a micro-batch, what a loss that
+    selects over the whole optimiser step is given for all micro-batches at once (:meth:`TokenStats.concat`)."""
+    head = _head_inputs(loss, hidden, head_weight, labels, chunk_size, ref_hidden, ref_head_weight, old_hidden,
+                        old_head_weight)
+    with torch.no_grad():
+        values, _ = _chunked_stats(loss, head.hidden_nd.detach(), head.weight_cd, head.rows.targets, chunk_size,
+                                   head.ref_nd, head.ref_w, head.old_nd, head.old_w)
+    return _token_stats(head.rows, values, head_weight.shape[0])
+
+
+@dataclass
+class _HeadInputs:
+    """A micro-batch's prediction rows and the head inputs restricted to them (compute-dtype head weights)."""
+
+    rows: PredictionRows
+    hidden_nd: Tensor
+    weight_cd: Tensor
+    compute_dtype: torch.dtype
+    ref_nd: Tensor | None
+    ref_w: Tensor | None
+    old_nd: Tensor | None
+    old_w: Tensor | None
+
+
+def _head_inputs(loss: TokenLossLike, hidden: Tensor, head_weight: Tensor, labels: Tensor, chunk_size: int,
+                 ref_hidden: Tensor | None, ref_head_weight: Tensor | None, old_hidden: Tensor | None,
+                 old_head_weight: Tensor | None) -> _HeadInputs:
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
         raise ValueError(f"chunk_size must be a positive int; got {chunk_size!r}")
     if hidden.dim() != 3:
@@ -310,25 +412,15 @@ def chunked_loss(loss: TokenLossLike, hidden: Tensor, head_weight: Tensor, label
         _check_head("ref_head_weight", ref_head_weight, ref_hidden)
     if old_hidden is not None:
         _check_head("old_head_weight", old_head_weight, old_hidden)
-
     rows = prediction_rows(labels, loss.uses_label_positions)
-    hidden_nd = hidden.flatten(0, 1).index_select(0, rows.index)
-    ref_nd = None if ref_hidden is None else ref_hidden.detach().flatten(0, 1).index_select(0, rows.index)
-    old_nd = None if old_hidden is None else old_hidden.detach().flatten(0, 1).index_select(0, rows.index)
     compute_dtype = _compute_dtype(hidden, head_weight)
-    ref_w = None if ref_head_weight is None else ref_head_weight.detach().to(compute_dtype)
-    old_w = None if old_head_weight is None else old_head_weight.detach().to(compute_dtype)
-    with torch.no_grad():
-        values, first_chunk = _chunked_stats(loss, hidden_nd.detach(), head_weight.detach().to(compute_dtype),
-                                             rows.targets, chunk_size, ref_nd, ref_w, old_nd, old_w)
-    weights = loss.weigh(_token_stats(rows, values, head_weight.shape[0]))
-    plan = _HeadPlan(coefs=weights.coefs, targets=rows.targets, chunk_size=chunk_size, compute_dtype=compute_dtype,
-                     first_chunk=first_chunk, ref_hidden=ref_nd, ref_head_weight=ref_w, old_logp=values.get("old_logp"),
-                     term_options=loss.term_options, target_logp=hidden_nd.new_zeros(rows.index.numel(),
-                                                                                     dtype=torch.float32))
-    value = _ChunkedHeadObjective.apply(hidden_nd, head_weight, plan) + weights.constant
-    return _result(value, rows,
-                   _with_head_metrics(loss, weights, rows, values, plan.target_logp, head_weight.shape[0]))
+    return _HeadInputs(
+        rows=rows, hidden_nd=hidden.flatten(0, 1).index_select(0, rows.index),
+        weight_cd=head_weight.detach().to(compute_dtype), compute_dtype=compute_dtype,
+        ref_nd=None if ref_hidden is None else ref_hidden.detach().flatten(0, 1).index_select(0, rows.index),
+        ref_w=None if ref_head_weight is None else ref_head_weight.detach().to(compute_dtype),
+        old_nd=None if old_hidden is None else old_hidden.detach().flatten(0, 1).index_select(0, rows.index),
+        old_w=None if old_head_weight is None else old_head_weight.detach().to(compute_dtype))
 
 
 def position_statistics(hidden: Tensor, head_weight: Tensor, names: Sequence[str], *, chunk_size: int,

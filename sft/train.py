@@ -258,6 +258,8 @@ def _run(cfg: Config, env: DistEnv) -> Manifest:
                               announce=announce) if env.is_main else nullcontext()
     with stage_context as stage:
         decision = broadcast_from_main(None if stage is None else "resume" if stage.resumed else "fresh")
+        if stage is not None:  # every setting the method computes with, its preset's switches resolved
+            stage.manifest.details["method"] = cfg.sft.resolved_method()
         if decision is not None:
             seed_everything(train_seed)
             rows = read_sft_tokens(tokens_path)

@@ -12,7 +12,9 @@ and the typed :class:`~sft.checkpoint.TrainerState`); this module holds the step
 
 One optimiser step has three phases (torchtitan's ``train_step``): count the step's supervised tokens on every rank
 (before any forward), forward/backward each micro-batch with its ``sft.loss_norm`` weight, then clip and step. The
-step's objective and loss metrics stay on the device and cross ranks in one all-reduce per step.
+step's objective and loss metrics stay on the device and cross ranks in one all-reduce per step. A loss that selects
+over the whole optimiser step (``TokenLoss.selects_over_step``: EKSFT's Algorithm 1) first gets the statistics of
+every micro-batch on every rank (:func:`select_over_step`); each micro-batch's forward/backward then uses its share.
 
 Run folder (``common.paths.sft_dir``): ``checkpoints/`` (:mod:`sft.checkpoint`) and ``metrics.jsonl``, one line per
 logged optimiser step.
@@ -30,17 +32,18 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from common.config import SFTConfig
+from common.config.sft import LOSS_NORMS, STEP_PARTS_NORM
 from common.paths import sft_stat_key
 from common.tracking import MetricsLogger, progress
 from sft.checkpoint import Checkpointer, TrainerState
 from sft.data import DataOrder, TokenisedRow, collate, supervised_token_count
-from sft.distributed import DistEnv, max_over_ranks, peak_memory_gib
+from sft.distributed import DistEnv, all_gather_blocks, max_over_ranks, peak_memory_gib
 from sft.optim import total_optimizer_steps
 from sft.policy import PolicyWithTokenLoss, autocast_context, refresh_old_policy
 from sft.reference_cache import ReferenceCache
+from sft.token_stats import TokenStats
 
 SUPERSEDED_METRICS_FILE = "metrics.superseded.jsonl"
-LOSS_NORMS = ("micro_batch_mean", "micro_batch_sum", "global_token_mean")
 
 
 def micro_batch_weight(loss_norm: str, *, num_tokens: int, step_tokens: int, grad_accum: int,
@@ -53,7 +56,10 @@ def micro_batch_weight(loss_norm: str, *, num_tokens: int, step_tokens: int, gra
       official EKSFT code: HF Trainer does not divide by gradient accumulation, DeepSpeed averages ranks);
     * ``global_token_mean``: ``num_tokens / step_tokens``, each micro-batch weighted by its share of the step's
       supervised tokens over all ranks (counted before the forward, torchtitan style); for a token-mean loss
-      such as plain SFT, ``J`` is the token mean over the whole step.
+      such as plain SFT, ``J`` is the token mean over the whole step;
+    * ``optimizer_batch_parts``: ``1``, each micro-batch objective is already its part of the step's one objective
+      (a loss that selects over the whole step, :func:`select_over_step`), so ``J`` is their sum over micro-batches
+      and ranks.
     """
     if loss_norm == "micro_batch_mean":
         return 1.0 / (grad_accum * world_size)
@@ -61,6 +67,8 @@ def micro_batch_weight(loss_norm: str, *, num_tokens: int, step_tokens: int, gra
         return 1.0 / world_size
     if loss_norm == "global_token_mean":
         return num_tokens / max(1, step_tokens)
+    if loss_norm == STEP_PARTS_NORM:
+        return 1.0
     raise ValueError(f"sft.loss_norm must be one of {list(LOSS_NORMS)}; got {loss_norm!r}")
 
 
@@ -111,6 +119,37 @@ class StepMetrics:
         return totals[0], {name: total / num_micro_batches for name, total in zip(self.names, totals[1:-1])}
 
 
+def select_over_step(root: PolicyWithTokenLoss, micro_batches: list[dict], *, sft: SFTConfig,
+                     env: DistEnv) -> list[dict]:
+    """Collective. For a loss that selects over the whole optimiser step (``TokenLoss.selects_over_step``): the extra
+    arguments of each of this rank's micro-batches for its forward, ``weights`` (its share of one ``weigh`` over every
+    row of the step on every rank) and ``ref_hidden`` (so the reference trunk runs once); ``{}`` for every other loss.
+
+    A no-grad pass over this rank's micro-batches computes their statistics; all ranks gather them in the step's
+    micro-batch order (micro-batch m is rank m mod world_size's, ``sft.data.DataOrder``), so every rank weighs the same
+    rows in the same order as one micro-batch holding the whole step would, and keeps its own micro-batches' shares.
+    """
+    if not root.token_loss.selects_over_step:
+        return [{} for _ in micro_batches]
+    local = []
+    with torch.no_grad():
+        for mb in micro_batches:
+            with autocast_context(env, sft.mixed_precision):
+                local.append(root(**mb, statistics_only=True))
+    names = sorted(local[0].stats.values)
+    shapes = torch.tensor([[part.stats.num_sequences, part.stats.vocab_size] for part in local], device=env.device)
+    per_rank_shapes = all_gather_blocks([shapes], env)
+    per_rank_rows = all_gather_blocks([part.stats.to_rows() for part in local], env)
+    order = [(rank, j) for j in range(len(local)) for rank in range(env.world_size)]
+    everything = [TokenStats.from_rows(per_rank_rows[rank][j], names, *per_rank_shapes[rank][0][j].tolist())
+                  for rank, j in order]
+    weights = root.token_loss.weigh(TokenStats.concat(everything))
+    shares = weights.split([part.num_rows for part in everything])
+    mine = [shares[order.index((env.rank, j))] for j in range(len(local))]
+    return [{"weights": share, **({"ref_hidden": part.ref_hidden} if part.ref_hidden is not None else {})}
+            for share, part in zip(mine, local)]
+
+
 def train_step(root: PolicyWithTokenLoss, optimizer: torch.optim.Optimizer, micro_batches: list[dict],
                *, sft: SFTConfig, env: DistEnv) -> StepResult:
     """One optimiser step over this rank's ``micro_batches`` (already on the device)."""
@@ -125,11 +164,12 @@ def train_step(root: PolicyWithTokenLoss, optimizer: torch.optim.Optimizer, micr
     # 2. forward/backward; FSDP2 averages gradients over ranks, so each rank back-propagates world_size · w_m · L_m
     step_metrics = StepMetrics(env.device)
     loss_norm = sft.effective_loss_norm()  # a method's own loss_norm wins (EKSFT official_code)
-    for mb, num_tokens in zip(micro_batches, local_tokens):
+    step_selection = select_over_step(root, micro_batches, sft=sft, env=env)
+    for mb, selection, num_tokens in zip(micro_batches, step_selection, local_tokens):
         weight = micro_batch_weight(loss_norm, num_tokens=num_tokens, step_tokens=step_tokens,
                                     grad_accum=sft.grad_accum, world_size=env.world_size)
         with autocast_context(env, sft.mixed_precision):
-            result = root(**mb)
+            result = root(**{**mb, **selection})
         (result.loss * (weight * env.world_size)).backward()
         step_metrics.add(weight, result.loss, result.metrics)
 

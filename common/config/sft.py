@@ -5,7 +5,7 @@ lists it first in its defaults, so a misspelled method key fails at composition.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, Optional
 
 from omegaconf import MISSING
@@ -15,6 +15,10 @@ from common.config.common import IDENTITY_WHEN_SET, SUPERVISION, ConfigError, ch
 
 LOSS_NORMS = ("micro_batch_mean", "global_token_mean", "micro_batch_sum")
 """How micro-batch objectives combine into the step objective (``sft.loss_norm``; ``sft.trainer.micro_batch_weight``)."""
+STEP_PARTS_NORM = "optimizer_batch_parts"
+"""The normalisation of a method that selects over the whole optimiser batch (EKSFT ``selection_scope=
+optimizer_batch``), set by the method, never a choice: each micro-batch's loss is already its part of the step's one
+objective, which is their sum over micro-batches and ranks."""
 
 
 @dataclass
@@ -30,9 +34,14 @@ class SFTMethod:
     """This method's own loss normalisation, winning over ``sft.loss_norm``; None: ``sft.loss_norm`` applies
     (except EKSFT with ``compat=official_code``, whose preset is micro_batch_sum, D13 in docs/methods.md)."""
 
+    def resolved(self) -> dict[str, Any]:
+        """Every setting this method computes with, by field name: the fields themselves, except that a method whose
+        preset fills in the fields left None (EKSFT's ``compat``) returns the values the preset gives them."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
     def own_loss_norm(self) -> Optional[str]:
         """The normalisation this method imposes (``loss_norm``, or its preset's), None if it leaves it to ``sft``."""
-        return self.loss_norm
+        return self.resolved()["loss_norm"]
 
     def validate(self) -> None:
         check_choice("sft.method.loss_norm", self.loss_norm, (None, *LOSS_NORMS))
@@ -86,12 +95,24 @@ class PSFTMethod(SFTMethod):
         check_range("sft.method.updates_per_refresh", self.updates_per_refresh, 1)
 
 
+EKSFT_COMPAT_PRESETS: dict[str, dict[str, Any]] = {
+    "paper": dict(mask_alignment="paper", k_rounding="ceil", topk_ties="paper_rank", reg_sets="union",
+                  entropy_norm="none", kl_formula="true_kl", dynamic_lambda=False, stats_dtype="fp32", loss_norm=None),
+    "official_code": dict(mask_alignment="official_code", k_rounding="floor", topk_ties="exact_k",
+                          reg_sets="per_criterion", entropy_norm="log_vocab", kl_formula="official_code",
+                          dynamic_lambda=True, stats_dtype="model", loss_norm="micro_batch_sum"),
+}
+"""The value each ``compat`` gives every :class:`EKSFTMethod` field left None: decisions D1–D12 and D13 (the loss
+normalisation; None leaves it to ``sft.loss_norm``) of docs/methods.md."""
+
+
 @dataclass
 class EKSFTMethod(SFTMethod):
     """EKSFT: drop the top-ρ entropy ∪ top-ρ KL tokens from CE; regularise them with −λ_H·mean_M(H) + λ_KL·mean_M(KL).
 
-    ``compat=official_code`` switches every ``None`` flag below to the public code's behaviour
-    (D1–D13 in docs/methods.md); a flag set explicitly wins over the preset.
+    ``compat=official_code`` switches every ``None`` field below to the public code's behaviour
+    (D1–D13 in docs/methods.md); a field set explicitly wins over the preset. :meth:`resolved` is the one place
+    that decides the switches; the losses, the trainer and the SFT manifest read its result.
     """
 
     name: str = "eksft"
@@ -104,7 +125,8 @@ class EKSFTMethod(SFTMethod):
     combine: str = "union"
     """union (paper) or intersection of M_H and M_KL."""
     selection: str = "topk"
-    """topk (paper) or random (the paper's random-masking ablation, ``random_mask_ratio`` of tokens)."""
+    """topk (paper); random (the paper's random-masking ablation, ``random_mask_ratio`` of the tokens); or
+    random_matched (as many random tokens as the top-k selection's M has in the same group)."""
     random_mask_ratio: float = 0.1
     """Fraction of tokens masked uniformly at random when ``selection=random`` (count rounded by ``k_rounding``)."""
     random_mask_seed: int = 0
@@ -112,7 +134,7 @@ class EKSFTMethod(SFTMethod):
     global_regularisation: bool = False
     """Ablation: CE on all tokens and both regularisers on all tokens (no selection)."""
     compat: str = "paper"
-    """paper (spec default) or official_code (preset for the flags below)."""
+    """paper (spec default) or official_code (preset for the fields left None)."""
     mask_alignment: Optional[str] = None
     """paper (shifted prediction positions) or official_code (unshifted label positions, D1)."""
     k_rounding: Optional[str] = None
@@ -120,7 +142,9 @@ class EKSFTMethod(SFTMethod):
     topk_ties: Optional[str] = None
     """paper_rank (ties at the boundary excluded) or exact_k (exactly k, ties by index, D3)."""
     selection_scope: str = "micro_batch"
-    """micro_batch (paper and code with batch 1) or sequence (D4)."""
+    """The selection group (D4): micro_batch (each micro-batch; the code's, and the paper's runs' at batch 1),
+    sequence (each sequence), or optimizer_batch (the paper's Algorithm 1: every token of the optimiser step, over
+    the gradient-accumulation micro-batches and ranks; its loss_norm is optimizer_batch_parts)."""
     reg_sets: Optional[str] = None
     """union (both regularisers over M, ÷|M|) or per_criterion (H over M_H ÷k, KL over M_KL ÷k, D7)."""
     entropy_norm: Optional[str] = None
@@ -140,12 +164,19 @@ class EKSFTMethod(SFTMethod):
     kl_eps: float = 1e-9
     """KL values below this count as 0 when ranking (keeps M_KL empty at step 0)."""
 
-    def own_loss_norm(self) -> Optional[str]:
-        """``loss_norm`` if set; else micro_batch_sum under ``compat=official_code`` (HF Trainer sums the GA
-        micro-batch means, D13 in docs/methods.md), None (``sft.loss_norm``) under ``compat=paper``."""
-        if self.loss_norm is None and self.compat == "official_code":
-            return "micro_batch_sum"
-        return self.loss_norm
+    def resolved(self) -> dict[str, Any]:
+        """Every field with the value EKSFT computes with: a field left None takes its ``compat`` preset's value
+        (:data:`EKSFT_COMPAT_PRESETS`), a field set explicitly keeps it. ``loss_norm`` (D13): set explicitly; else
+        optimizer_batch_parts under ``selection_scope=optimizer_batch`` (each micro-batch's loss is its part of one
+        objective over the optimiser batch); else the preset's (official_code: micro_batch_sum, the HF Trainer's sum
+        of the GA micro-batch means); None: ``sft.loss_norm`` applies."""
+        switches = super().resolved()
+        for key, preset in EKSFT_COMPAT_PRESETS[self.compat].items():
+            if switches[key] is None:
+                switches[key] = preset
+        if self.loss_norm is None and self.selection_scope == "optimizer_batch":
+            switches["loss_norm"] = STEP_PARTS_NORM
+        return switches
 
     def validate(self) -> None:
         super().validate()
@@ -153,20 +184,24 @@ class EKSFTMethod(SFTMethod):
         check_range("sft.method.lambda_entropy", self.lambda_entropy, 0.0)
         check_range("sft.method.lambda_kl", self.lambda_kl, 0.0)
         check_choice("sft.method.combine", self.combine, ("union", "intersection"))
-        check_choice("sft.method.selection", self.selection, ("topk", "random"))
+        check_choice("sft.method.selection", self.selection, ("topk", "random", "random_matched"))
         check_range("sft.method.random_mask_ratio", self.random_mask_ratio, 0.0, 1.0)
         check_range("sft.method.random_mask_seed", self.random_mask_seed, 0, 2**31 - 1)
         check_choice("sft.method.compat", self.compat, ("paper", "official_code"))
         check_choice("sft.method.mask_alignment", self.mask_alignment, (None, "paper", "official_code"))
         check_choice("sft.method.k_rounding", self.k_rounding, (None, "ceil", "floor"))
         check_choice("sft.method.topk_ties", self.topk_ties, (None, "paper_rank", "exact_k"))
-        check_choice("sft.method.selection_scope", self.selection_scope, ("micro_batch", "sequence"))
+        check_choice("sft.method.selection_scope", self.selection_scope, ("micro_batch", "sequence", "optimizer_batch"))
         check_choice("sft.method.reg_sets", self.reg_sets, (None, "union", "per_criterion"))
         check_choice("sft.method.entropy_norm", self.entropy_norm, (None, "none", "log_vocab"))
         check_choice("sft.method.kl_formula", self.kl_formula, (None, "true_kl", "official_code"))
         check_choice("sft.method.stats_dtype", self.stats_dtype, (None, "fp32", "model"))
         check_range("sft.method.kl_eps", self.kl_eps, 0.0)
         check_range("sft.method.dynamic_lambda_factor", self.dynamic_lambda_factor, 0.0, 1.0)
+        if self.selection_scope == "optimizer_batch" and self.loss_norm is not None:
+            raise ConfigError(f"sft.method.loss_norm={self.loss_norm}: with sft.method.selection_scope="
+                              f"optimizer_batch each micro-batch's loss is its part of the step's one objective "
+                              f"({STEP_PARTS_NORM}); leave sft.method.loss_norm unset")
 
 
 @dataclass
@@ -260,6 +295,48 @@ class HighEntropyMethod(SFTMethod):
         check_range("sft.method.rho", self.rho, 0.0, 1.0)
 
 
+@dataclass
+class ProFitMethod(SFTMethod):
+    """ProFit: CE only on the tokens whose detached target probability reaches τ (arXiv 2601.09195)."""
+
+    name: str = "profit"
+    threshold: float = 0.1
+    """τ: a token keeps its CE when sg(p) ≥ τ (the official ``prob_threshold``, 0.1 in its README and run.sh)."""
+
+    def validate(self) -> None:
+        super().validate()
+        check_range("sft.method.threshold", self.threshold, 0.0, 1.0)
+
+
+@dataclass
+class PEARMethod(SFTMethod):
+    """PEAR: CE weighted by a clipped, discounted importance ratio π_θ/π_β of the rest of the response (arXiv
+    2602.01058); π_β is the frozen reference here (docs/methods.md)."""
+
+    name: str = "pear"
+    level: str = "token"
+    """token: w_t = γ^(n_t) · Π_{j>t} Δ_j over the n_t supervised tokens after t (the suffix); sequence: one weight
+    Π_j Δ_j for every token of the sequence."""
+    gamma: float = 0.999
+    """γ: discount per token of the suffix (token level)."""
+    log_ratio_low: float = -0.08
+    """Lower clip of each token's log-ratio log Δ_j = log π_θ(y_j) − log π_β(y_j)."""
+    log_ratio_high: float = 0.3
+    """Upper clip of each token's log-ratio."""
+    weight_low: float = 0.1
+    """Lower clip of the weight."""
+    weight_high: float = 10.0
+    """Upper clip of the weight."""
+
+    def validate(self) -> None:
+        super().validate()
+        check_choice("sft.method.level", self.level, ("token", "sequence"))
+        check_range("sft.method.gamma", self.gamma, 0.0, 1.0, low_open=True)
+        check_range("sft.method.log_ratio_low", self.log_ratio_low, None, 0.0)
+        check_range("sft.method.log_ratio_high", self.log_ratio_high, 0.0)
+        check_range("sft.method.weight_low", self.weight_low, 0.0, self.weight_high)
+
+
 SFT_METHOD_SCHEMAS: dict[str, type[SFTMethod]] = {
     "sft": SFTMethod,
     "dft": DFTMethod,
@@ -271,6 +348,8 @@ SFT_METHOD_SCHEMAS: dict[str, type[SFTMethod]] = {
     "sedsft": SEDSFTMethod,
     "eaft": EAFTMethod,
     "highentropy": HighEntropyMethod,
+    "profit": ProFitMethod,
+    "pear": PEARMethod,
 }
 """Schema of each method, by registry name; the loss registry must have exactly these names."""
 
@@ -335,6 +414,11 @@ class SFTConfig:
     def effective_loss_norm(self) -> str:
         """The normalisation the trainer applies: the method's own (``sft.method.own_loss_norm()``) or ``loss_norm``."""
         return self.method.own_loss_norm() or self.loss_norm
+
+    def resolved_method(self) -> dict[str, Any]:
+        """What the SFT manifest records: every setting of the method as it computes (``sft.method.resolved()``, for
+        EKSFT its switches after ``compat``) with ``loss_norm`` the normalisation the trainer applies."""
+        return {**self.method.resolved(), "loss_norm": self.effective_loss_norm()}
 
     def validate(self) -> None:
         if not isinstance(self.method, SFTMethod):

@@ -11,15 +11,14 @@ from common.config.sft import SFT_METHOD_SCHEMAS, EKSFTMethod, SFTConfig, SFTMet
 from sft.losses import (
     TOKEN_LOSSES,
     EKSFTLoss,
-    EKSFTOfficialLoss,
+    EKSFTVariantsLoss,
     build_loss,
     compute_token_loss,
     register_token_loss,
-    resolve_eksft_flags,
     selection_size,
     top_rank_mask,
 )
-from sft.token_stats import chunked_loss, dense_loss
+from sft.token_stats import TokenStats, chunked_loss, chunked_statistics, dense_loss, prediction_rows, row_terms
 
 LN2 = math.log(2.0)
 
@@ -78,9 +77,9 @@ def test_eksft_official_code_preset_hand_value():
 
 
 def test_official_preset_resolution_explicit_flag_wins():
-    flags = resolve_eksft_flags(EKSFTMethod(compat="official_code", kl_formula="true_kl"))
+    flags = EKSFTMethod(compat="official_code", kl_formula="true_kl").resolved()
     assert flags["kl_formula"] == "true_kl" and flags["k_rounding"] == "floor" and flags["dynamic_lambda"] is True
-    assert resolve_eksft_flags(EKSFTMethod())["mask_alignment"] == "paper"
+    assert EKSFTMethod().resolved()["mask_alignment"] == "paper"
 
 
 def test_global_regularisation_is_full_ce_plus_both_regularisers_on_all_tokens():
@@ -108,7 +107,7 @@ def _small_batch() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return (2.0 * torch.sin(0.7 * n)).requires_grad_(), 2.0 * torch.cos(1.3 * n), labels
 
 
-# Computed by the code before EKSFT was split into EKSFTLoss (the paper) and EKSFTOfficialLoss (commit 24b9700, one
+# Computed by the code before EKSFT was split into EKSFTLoss (the paper) and EKSFTVariantsLoss (commit 24b9700, one
 # EKSFTLoss.weigh for both arms), fp32 on CPU: loss, Σ|∂L/∂z|, |M|, |CE rows|, effective λ_H, λ_KL.
 _BEFORE_THE_SPLIT = {"paper": (2.3421688079833984, 2.0840578079223633, 6, 2, 0.3, 0.2),
                      "official_code": (3.2579522132873535, 1.9606146812438965, 5, 3, 0.285, 0.21)}
@@ -146,11 +145,11 @@ def test_each_eksft_preset_gets_its_class():
     other = ("eksft_official", "eksft_global_reg", "eksft_random_mask", "eksft_intersection")
     for preset in paper + other:
         loss = build_loss(compose([f"sft/method={preset}"]).sft.method)
-        assert type(loss) is (EKSFTLoss if preset in paper else EKSFTOfficialLoss), preset
+        assert type(loss) is (EKSFTLoss if preset in paper else EKSFTVariantsLoss), preset
         assert loss.name == "eksft"
     # one flag off the paper's value is enough; the official preset with every flag set to the paper's is the paper
-    assert type(build_loss(EKSFTMethod(kl_formula="official_code"))) is EKSFTOfficialLoss
-    assert type(build_loss(EKSFTMethod(selection_scope="sequence"))) is EKSFTOfficialLoss
+    assert type(build_loss(EKSFTMethod(kl_formula="official_code"))) is EKSFTVariantsLoss
+    assert type(build_loss(EKSFTMethod(selection_scope="sequence"))) is EKSFTVariantsLoss
     paper_flags = dict(mask_alignment="paper", k_rounding="ceil", topk_ties="paper_rank", reg_sets="union",
                        entropy_norm="none", kl_formula="true_kl", dynamic_lambda=False, stats_dtype="fp32")
     assert type(build_loss(EKSFTMethod(compat="official_code", **paper_flags))) is EKSFTLoss
@@ -163,7 +162,7 @@ def test_official_class_under_the_paper_switches_is_the_paper_class_bitwise(rho)
     labels = torch.tensor([[-100, 1, 2, 3, -100, 5, 6], [-100, -100, 8, 0, 4, 4, -100]])
     method = EKSFTMethod(rho=rho, lambda_entropy=0.3, lambda_kl=0.7)
     results = []
-    for loss_class in (EKSFTLoss, EKSFTOfficialLoss):
+    for loss_class in (EKSFTLoss, EKSFTVariantsLoss):
         logits = base.clone().requires_grad_()
         result = dense_loss(loss_class(method), logits, labels, ref_logits=ref)
         result.loss.backward()
@@ -645,3 +644,208 @@ def test_highentropy_ce_only_on_the_top_rho_entropy_rows():
     assert metrics["num_M_H"].item() == 2
     loss.backward()
     assert _zero_grad_rows(logits) == [2, 3, 4, 5]
+
+
+# ------------------------------------------------------------------------------------------ ProFit, PEAR
+
+
+def _two_token_logits(probs: list[list[float]]) -> torch.Tensor:
+    """[B, L, 2] logits log(p, 1 − p): target 0 has probability p at each row."""
+    return torch.tensor([[[math.log(p), math.log(1.0 - p)] for p in row] for row in probs])
+
+
+def test_profit_ce_only_where_the_target_probability_reaches_tau():
+    # p = ½, 0.05, ¾ with τ = 0.1: rows 0 and 2 kept; the sum divides by all 3 supervised rows (num_items_in_batch)
+    logits = _two_token_logits([[0.5, 0.05, 0.75, 0.5]]).requires_grad_()
+    loss, metrics = compute_token_loss("profit", logits, torch.tensor([[-100, 0, 0, 0]]), threshold=0.1)
+    assert loss.item() == pytest.approx(-(math.log(0.5) + math.log(0.75)) / 3, rel=1e-6)
+    assert metrics["profit_kept_frac"].item() == pytest.approx(2 / 3)
+    assert metrics["ce"].item() == pytest.approx(-(math.log(0.5) + math.log(0.05) + math.log(0.75)) / 3, rel=1e-6)
+    loss.backward()
+    torch.testing.assert_close(logits.grad[0, 0], torch.tensor([-0.5, 0.5]) / 3)  # (p − e_y) / |T|
+    torch.testing.assert_close(logits.grad[0, 2], torch.tensor([-0.25, 0.25]) / 3)
+    assert (logits.grad[0, 1] == 0).all() and (logits.grad[0, 3] == 0).all()
+    # τ = 0 keeps every token: SFT
+    sft, _ = compute_token_loss("sft", logits.detach(), torch.tensor([[-100, 0, 0, 0]]))
+    assert compute_token_loss("profit", logits.detach(), torch.tensor([[-100, 0, 0, 0]]), threshold=0.0)[0].item() \
+        == pytest.approx(sft.item(), rel=1e-7)
+
+
+def _pear_batch() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[list[float]]]:
+    """(policy logits, reference logits, labels, per-row log-ratios before clipping): sequence 0 has rows 0–2 with
+    p = ½, ¼, 0.6 and log p − log q = 0.1, −0.5, 0.2; sequence 1 has rows 1–2 with p = ½ and log-ratios 0.3, 0."""
+    probs = [[0.5, 0.25, 0.6, 0.5], [0.5, 0.5, 0.5, 0.5]]
+    deltas = [[0.1, -0.5, 0.2, 0.0], [0.0, 0.3, 0.0, 0.0]]
+    ref_probs = [[p * math.exp(-d) for p, d in zip(row, drow)] for row, drow in zip(probs, deltas)]
+    labels = torch.tensor([[-100, 0, 0, 0], [-100, -100, 0, 0]])
+    return _two_token_logits(probs), _two_token_logits(ref_probs), labels, deltas
+
+
+def test_pear_token_level_weights_are_clipped_discounted_suffix_ratios():
+    # clipped log-ratios (−0.08, 0.3): sequence 0: 0.1, −0.08, 0.2; sequence 1: 0.3, 0. With γ = 0.9:
+    # w = γ^{#later} · exp(Σ later): seq 0: 0.81·e^{0.12}, 0.9·e^{0.2}, 1; seq 1: 0.9·e^{0}, 1
+    logits, ref, labels, _ = _pear_batch()
+    logits.requires_grad_()
+    loss, metrics = compute_token_loss("pear", logits, labels, ref, gamma=0.9)
+    weights = [0.81 * math.exp(0.12), 0.9 * math.exp(0.2), 1.0, 0.9, 1.0]
+    logps = [math.log(0.5), math.log(0.25), math.log(0.6), math.log(0.5), math.log(0.5)]
+    assert loss.item() == pytest.approx(-sum(w * lp for w, lp in zip(weights, logps)) / 5, rel=1e-6)
+    assert metrics["pear_weight_mean"].item() == pytest.approx(sum(weights) / 5, rel=1e-6)
+    assert metrics["pear_weight_max"].item() == pytest.approx(max(weights), rel=1e-6)
+    loss.backward()  # the weight is detached: row 0's gradient is w_0 (p − e_y) / |T|
+    torch.testing.assert_close(logits.grad[0, 0], weights[0] * torch.tensor([-0.5, 0.5]) / 5)
+    # the weight clip binds: weight_high = 0.95 caps rows 1 of seq 0 (0.9·e^0.2 = 1.099) and the last rows (1)
+    capped, _ = compute_token_loss("pear", logits.detach(), labels, ref, gamma=0.9, weight_high=0.95)
+    weights = [min(w, 0.95) for w in weights]
+    assert capped.item() == pytest.approx(-sum(w * lp for w, lp in zip(weights, logps)) / 5, rel=1e-6)
+
+
+def test_pear_sequence_level_weight_is_the_clipped_ratio_of_the_whole_response():
+    # seq 0: exp(0.1 − 0.08 + 0.2) = e^{0.22} on all three rows; seq 1: e^{0.3}
+    logits, ref, labels, _ = _pear_batch()
+    loss, _ = compute_token_loss("pear", logits, labels, ref, level="sequence")
+    logps = [math.log(0.5), math.log(0.25), math.log(0.6), math.log(0.5), math.log(0.5)]
+    weights = [math.exp(0.22)] * 3 + [math.exp(0.3)] * 2
+    assert loss.item() == pytest.approx(-sum(w * lp for w, lp in zip(weights, logps)) / 5, rel=1e-6)
+    # policy = reference: every ratio is 1 and the sequence level is SFT (the token level still discounts)
+    same, _ = compute_token_loss("pear", logits, labels, logits, level="sequence")
+    assert same.item() == pytest.approx(compute_token_loss("sft", logits, labels)[0].item(), rel=1e-7)
+
+
+# ------------------------------------------------------------------------------------------ EKSFT arms of issue 27
+
+
+def _fork_world_response() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(logits, reference logits, labels) of one forking-world-like sequence, V = 8: a 4-token prompt, then a 14-token
+    response whose first token (position 4) is the fork, predicted by the last prompt row 3, which is uniform over the
+    three strategy tokens {0, 1, 2} (H = ln 3). Every other row is near-deterministic (margin 8) except rows 10 and 12
+    (margin 4, H = 0.58); the reference equals the policy except at rows 11 and 13, so only they have KL > 0."""
+    length, vocab = 18, 8
+    labels = torch.full((1, length), -100)
+    labels[0, 4:] = torch.tensor([0] + [3 + i % 5 for i in range(13)])
+    logits = torch.zeros(1, length, vocab)
+    for row in range(length):
+        target = int(labels[0, row + 1]) if row + 1 < length and labels[0, row + 1] >= 0 else 3
+        logits[0, row, target] = 4.0 if row in (10, 12) else 8.0
+    logits[0, 3] = torch.tensor([0.0, 0.0, 0.0] + [-20.0] * 5)
+    ref = logits.clone()
+    ref[0, 11, 0] += 3.0
+    ref[0, 13, 1] += 2.0
+    return logits, ref, labels
+
+
+def _weights(method: SFTMethod, logits: torch.Tensor, labels: torch.Tensor, ref: torch.Tensor):
+    """(prediction rows, TokenWeights) of ``method`` on dense logits, as the loss head weighs them."""
+    loss = build_loss(method)
+    rows = prediction_rows(labels, loss.uses_label_positions)
+    values = row_terms(logits.flatten(0, 1)[rows.index], rows.targets, loss.stats,
+                       ref_logits=ref.flatten(0, 1)[rows.index])
+    stats = TokenStats(values=values, targets=rows.targets, has_target=rows.has_target,
+                       is_label_position=rows.is_label_position, sequence=rows.sequence,
+                       num_sequences=rows.num_sequences, vocab_size=logits.shape[-1])
+    return rows, loss.weigh(stats)
+
+
+def test_official_aligned_masks_the_fork_row_and_the_official_preset_does_not():
+    logits, ref, labels = _fork_world_response()
+    official = compose(["sft/method=eksft_official"]).sft.method
+    aligned = compose(["sft/method=eksft_official_aligned"]).sft.method
+    assert aligned.resolved() == {**official.resolved(), "mask_alignment": "paper"}
+    fork_row = 3
+    for method, fork_masked in ((official, False), (aligned, True)):
+        rows, weights = _weights(method, logits, labels, ref)
+        position = rows.index.tolist().index(fork_row)
+        assert (weights.coefs["logp"][position] == 0).item() is fork_masked, method.mask_alignment
+    # official: k = ⌊0.2·14⌋ = 2 label positions each: M_H = {10, 12}, M_KL = {11, 13} ⇒ rows 9–12 lose their CE and
+    # the fork row keeps it; aligned: M_H = {3, 10}, M_KL = {11, 13} ⇒ the fork row's own CE goes.
+    for method, ce_rows in ((official, 10), (aligned, 10)):
+        for key in ("lambda_entropy", "lambda_kl"):
+            setattr(method, key, 0.0)
+        lg = logits.clone().requires_grad_()
+        loss, metrics = compute_token_loss(method, lg, labels, ref)
+        loss.backward()
+        assert metrics["num_CE"].item() == ce_rows
+        fork_grad = lg.grad[0, fork_row]
+        if method.mask_alignment is None:  # official: the full CE gradient (p − e_y)/|C| on the fork row
+            expected = torch.tensor([-2 / 3, 1 / 3, 1 / 3] + [0.0] * 5) / ce_rows
+            torch.testing.assert_close(fork_grad, expected, rtol=1e-4, atol=1e-8)
+        else:  # aligned: selected ⇒ no CE ⇒ with λ = 0 no gradient at all
+            assert (fork_grad == 0).all()
+
+
+def test_random_matched_masks_as_many_rows_as_the_topk_selection():
+    torch.manual_seed(11)
+    labels = torch.randint(0, 9, (2, 20))
+    labels[1, :5] = -100
+    logits, ref = torch.randn(2, 20, 9), torch.randn(2, 20, 9)
+    topk = compute_token_loss("eksft", logits, labels, ref)[1]
+    masks = []
+    for seed in (0, 0, 1):
+        lg = logits.clone().requires_grad_()
+        loss, metrics = compute_token_loss("eksft", lg, labels, ref, selection="random_matched", random_mask_seed=seed,
+                                           lambda_entropy=0.0, lambda_kl=0.0)
+        loss.backward()
+        assert metrics["num_M"].item() == topk["num_M"].item() > math.ceil(0.1 * 34)  # not the fixed 10% of |T|
+        masks.append(lg.grad.abs().sum(-1) == 0)
+    assert torch.equal(masks[0], masks[1]) and not torch.equal(masks[0], masks[2])
+    assert build_loss(compose(["sft/method=eksft_random_mask_matched"]).sft.method).cfg.selection == "random_matched"
+
+
+def test_resolved_switches_drive_the_class_the_scope_and_the_loss_norm():
+    step = EKSFTMethod(selection_scope="optimizer_batch")
+    assert step.resolved()["loss_norm"] == "optimizer_batch_parts"
+    assert SFTConfig(method=step).resolved_method()["loss_norm"] == "optimizer_batch_parts"
+    loss = build_loss(step)
+    assert type(loss) is EKSFTLoss and loss.selects_over_step  # the paper's equations, one group per step
+    assert not build_loss(EKSFTMethod()).selects_over_step
+    official_step = build_loss(EKSFTMethod(compat="official_code", selection_scope="optimizer_batch"))
+    assert type(official_step) is EKSFTVariantsLoss and official_step.selects_over_step
+    assert official_step.switches["loss_norm"] == "optimizer_batch_parts"  # one objective, not GA × the mean
+    with pytest.raises(ConfigError, match="sft.method.loss_norm"):
+        EKSFTMethod(selection_scope="optimizer_batch", loss_norm="micro_batch_mean").validate()
+    # the manifest's record: every switch resolved, and the normalisation the trainer applies
+    record = compose(["sft/method=eksft_official", "sft.loss_norm=global_token_mean"]).sft.resolved_method()
+    assert record["mask_alignment"] == "official_code" and record["dynamic_lambda"] is True
+    assert record["loss_norm"] == "micro_batch_sum" and None not in record.values()
+    assert compose(["sft/method=eksft"]).sft.resolved_method()["loss_norm"] == "micro_batch_mean"
+
+
+def test_optimizer_batch_selection_equals_one_micro_batch_holding_the_step():
+    """Algorithm 1: one top-k over every row of the step. Statistics of three micro-batches, weighed together and
+    split back, give the loss and the gradients of one micro-batch of all four sequences with the micro-batch scope."""
+    torch.manual_seed(12)
+    lengths, width, vocab = [9, 7, 6, 4], 6, 11
+    hidden = [torch.randn(n, width) for n in lengths]
+    ref_hidden = [torch.randn(n, width) for n in lengths]
+    weight = torch.randn(vocab, width)
+    labels = [torch.cat([torch.full((2,), -100), torch.randint(0, vocab, (n - 2,))]) for n in lengths]
+    params = dict(rho=0.3, lambda_entropy=0.2, lambda_kl=0.4)
+
+    def padded(items, fill):
+        return torch.stack([torch.cat([x, x.new_full((max(lengths) - len(x), *x.shape[1:]), fill)]) for x in items])
+
+    whole_h, whole_w = padded(hidden, 0.0).requires_grad_(), weight.clone().requires_grad_()
+    whole = chunked_loss(build_loss(EKSFTMethod(**params)), whole_h, whole_w, padded(labels, -100), chunk_size=5,
+                         ref_hidden=padded(ref_hidden, 0.0), ref_head_weight=weight)
+    whole.loss.backward()
+
+    loss = build_loss(EKSFTMethod(selection_scope="optimizer_batch", **params))
+    groups = [[0, 1], [2], [3]]
+    inputs = [(padded([hidden[i] for i in g], 0.0).requires_grad_(), padded([labels[i] for i in g], -100),
+               padded([ref_hidden[i] for i in g], 0.0)) for g in groups]
+    stats = [chunked_statistics(loss, h, weight, y, chunk_size=5, ref_hidden=r, ref_head_weight=weight)
+             for h, y, r in inputs]
+    step = loss.weigh(TokenStats.concat(stats))
+    w = weight.clone().requires_grad_()
+    total = 0.0
+    for (h, y, r), share in zip(inputs, step.split([s.num_rows for s in stats])):
+        result = chunked_loss(loss, h, w, y, chunk_size=5, ref_hidden=r, ref_head_weight=weight, weights=share)
+        result.loss.backward()
+        total = total + result.loss.detach()
+        assert all(torch.equal(result.metrics[key], whole.metrics[key]) for key in ("num_M", "num_M_H", "num_M_KL"))
+    assert whole.metrics["num_M"].item() > 0
+    torch.testing.assert_close(total, whole.loss.detach(), rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(w.grad, whole_w.grad, rtol=1e-5, atol=1e-7)
+    for (h, _, _), g in zip(inputs, groups):
+        for row, i in enumerate(g):
+            torch.testing.assert_close(h.grad[row, :lengths[i]], whole_h.grad[i, :lengths[i]], rtol=1e-5, atol=1e-7)

@@ -51,6 +51,11 @@ def test_micro_batch_weights_hand_values():
         micro_batch_weight("token_sum", num_tokens=3, step_tokens=12, grad_accum=4, world_size=2)
 
 
+def test_optimizer_batch_parts_sum_over_micro_batches_and_ranks():
+    # each micro-batch's loss is its part of the step's one objective: weight 1, so J = Σ_ranks Σ_m L_m
+    assert micro_batch_weight("optimizer_batch_parts", num_tokens=3, step_tokens=12, grad_accum=4, world_size=2) == 1.0
+
+
 def _batch():
     """8 sequences of length 4 over a 5-token vocabulary with 3, 1, 2, 0, 3, 2, 1, 3 supervised predictions."""
     torch.manual_seed(0)

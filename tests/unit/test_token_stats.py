@@ -11,6 +11,7 @@ from common.config.sft import (
     GEMMethod,
     HighEntropyMethod,
     IWSFTMethod,
+    ProFitMethod,
     SFTMethod,
 )
 from sft import token_stats
@@ -78,9 +79,10 @@ def test_rows_without_a_target_get_exactly_zero_hidden_gradient():
     old_hidden = hidden  # ratio 1: no PSFT row is clipped, so every supervised row has a gradient
     has_target = torch.zeros_like(LABELS, dtype=torch.bool)
     has_target[:, :-1] = LABELS[:, 1:] != -100
+    every_row = {HighEntropyMethod: HighEntropyMethod(rho=1.0), ProFitMethod: ProFitMethod(threshold=0.0)}
     for name, schema in SFT_METHOD_SCHEMAS.items():
         h = hidden.clone().requires_grad_()
-        method = HighEntropyMethod(rho=1.0) if schema is HighEntropyMethod else schema()  # ρ < 1 leaves rows out
+        method = every_row.get(schema) or schema()  # ρ < 1, τ > 0 leave rows out
         result = chunked_loss(build_loss(method), h, weight, LABELS, chunk_size=4, ref_hidden=ref_hidden,
                               ref_head_weight=ref_weight, old_hidden=old_hidden, old_head_weight=weight)
         result.loss.backward()
@@ -325,3 +327,22 @@ def test_plain_bf16_autograd_by_row_blocks_is_plain_bf16_autograd():
     blocked = plain_weight_grad(loss, *args, inputs["ref_hidden"], inputs["ref_weight"], block=8)
     assert blocked.dtype == dense.dtype == torch.bfloat16
     torch.testing.assert_close(blocked.float(), dense.float(), rtol=1e-2, atol=1e-4)
+
+
+def test_token_stats_survive_the_float64_rows_of_the_step_gather_and_concatenate_in_order():
+    hidden, weight, ref_hidden, ref_weight, _ = _inputs(3)
+    loss = build_loss(EKSFTMethod(compat="official_code", stats_dtype="fp32"))  # label positions: both row masks
+    stats = token_stats.chunked_statistics(loss, hidden, weight, LABELS, chunk_size=4, ref_hidden=ref_hidden,
+                                           ref_head_weight=ref_weight)
+    back = token_stats.TokenStats.from_rows(stats.to_rows(), list(stats.values), stats.num_sequences, VOCAB)
+    for name in ("targets", "has_target", "is_label_position", "sequence"):
+        assert torch.equal(getattr(back, name), getattr(stats, name)), name
+    assert all(torch.equal(back.values[name], stats.values[name]) for name in stats.values)
+    both = token_stats.TokenStats.concat([stats, back])
+    assert both.num_rows == 2 * stats.num_rows and both.num_sequences == 6
+    assert both.sequence.tolist() == stats.sequence.tolist() + [s + 3 for s in stats.sequence.tolist()]
+    weights = TokenWeights(coefs={"logp": torch.arange(both.num_rows, dtype=torch.float32)},
+                           constant=torch.tensor(2.0), metrics={"m": torch.tensor(1.0)})
+    first, second = weights.split([stats.num_rows, stats.num_rows])
+    assert torch.equal(torch.cat([first.coefs["logp"], second.coefs["logp"]]), weights.coefs["logp"])
+    assert (first.constant.item(), second.constant.item()) == (2.0, 0.0) and second.metrics == weights.metrics
