@@ -212,7 +212,7 @@ def _dapo_keys(cfg: Config, variant: str) -> dict[str, Any]:
 
 
 def _cpu_keys(cfg: Config) -> dict[str, Any]:
-    """What the real trainer needs on a CPU-only machine with the rl.verl_cpu_plugin platform (verl_on_cpu.md §6)."""
+    """What the real trainer needs on a CPU-only machine with the rl.verl_cpu_plugin platform (docs/rl.md)."""
     return {
         "trainer.device": "cpu",
         "ray_kwargs.ray_init.num_cpus": CPU_RAY_LOGICAL_CPUS,
