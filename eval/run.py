@@ -288,7 +288,7 @@ def run(cfg: Config, sampler_factory: Callable[..., Sampler] = make_sampler) -> 
     if cfg.eval.backend == "vllm" and cfg.profile.device == "cpu":
         configure_vllm_cpu_environment()  # before the tokenizer below imports torch
     if cfg.data.benchmark_source == "bfcl":  # the tool-use family, scored by BFCL's checker (docs/tool_use.md)
-        from eval.bfcl_stage import run_bfcl  # here, not at the top: eval.bfcl_stage imports this module
+        from eval.bfcl.evaluate import run_bfcl  # here, not at the top: eval.bfcl.evaluate imports this module
 
         return run_bfcl(cfg, sampler_factory)
     benchmarks = benchmark_names(cfg)

@@ -9,7 +9,7 @@ models. The plan expands them::
     eval_sft  python -m eval.run eval.phase=sft eval.variant=<v>       (per model x [base] + methods)
     rl        python -m rl.train rl.init=<v>                           (per model x [base] + rl_methods)
     eval_rl   python -m eval.run eval.phase=rl eval.variant=<v>        (per model x [base] + rl_methods)
-    report    python -m eval.report                                    (once)
+    report    python -m report.run                                    (once)
 
 Every command carries the user's overrides plus its own, so each stage composes exactly the config the
 plan was built from; a stage's command line is all it needs to be re-run by hand.
@@ -191,7 +191,7 @@ def build_plan(cfg: Config, overrides: list[str]) -> list[StageCommand]:
                     plan.extend(_eval_commands(seed_cfg, seed_overrides, "rl", [variant],
                                                {variant: ["data", f"rl/{model}/{variant}{suffix}"]}, suffix))
     if "report" in stages:
-        plan.append(StageCommand("report", "report", _python_module("eval.report", overrides), [report_run(cfg)], cfg,
+        plan.append(StageCommand("report", "report", _python_module("report.run", overrides), [report_run(cfg)], cfg,
                                  needs=[command.name for command in plan], refresh=lambda: [report_run(cfg)]))
     names = {command.name for command in plan}
     for command in plan:

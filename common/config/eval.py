@@ -18,7 +18,7 @@ PAPER_ROW_LABELS = {"base": "Base", "sft": "SFT", "dft": "DFT", "iwsft": "IW-SFT
 
 @dataclass
 class AnalysisConfig:
-    """The report's analyses (``eval.report``): parameter drift, IoU(M_H, M_KL), token-probability case study, sweeps."""
+    """The report's analyses (``report.run``): parameter drift, IoU(M_H, M_KL), token-probability case study, sweeps."""
 
     run: list[str] = field(default_factory=lambda: list(ANALYSES))
     """Analyses to produce, a subset of drift, iou, case_study, sweep (each is skipped with a note when its inputs are missing)."""

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from bench.tiny_model import build_tiny_qwen3
-from eval import report
+from report import run as report
 from common.config import compose
 from common.manifest import Manifest, stage_run, write_manifest
 from common.paths import (

@@ -6,7 +6,7 @@ import json
 
 from bench.tiny_model import build_tiny_qwen3
 from common.config.data import CHATML_TOOLS_TEMPLATE
-from eval.bfcl import LIVE_CATEGORIES, evaluate
+from eval.bfcl.checker import LIVE_CATEGORIES, evaluate
 from eval.sample import make_sampler
 from common.config import compose
 from common.models import load_tokenizer

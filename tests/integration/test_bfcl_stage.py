@@ -1,4 +1,4 @@
-"""The evaluation stage's bfcl family (``eval.bfcl_stage``, issue 16): per-category samples.jsonl and metrics.json
+"""The evaluation stage's bfcl family (``eval.bfcl.evaluate``, issue 16): per-category samples.jsonl and metrics.json
 judged by BFCL's real checker, resumed after a crash without re-sampling finished questions, skipped when complete.
 
 The sampler is scripted (fixed texts, so the verdicts are known: text with no ``<tool_call>`` decodes to no call,
@@ -15,7 +15,7 @@ from common.config import compose
 from common.config.data import CHATML_TOOLS_TEMPLATE
 from common.paths import eval_dir
 from data import prepare
-from eval.bfcl_stage import run_bfcl
+from eval.bfcl.evaluate import run_bfcl
 from eval.sample import Completion
 
 REFUSAL = "None of the available functions can do that."

@@ -7,7 +7,7 @@ import pytest
 
 from dataclasses import replace
 
-from eval import report
+from report import run as report
 from common.config import compose
 from common.manifest import read_manifest
 from common.paths import RL_DISCARDED_GROUPS, RL_GROUPS_KEPT, eval_dir, report_dir, rl_dir, sft_dir

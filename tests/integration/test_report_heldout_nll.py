@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from eval import report
+from report import run as report
 from common.config import compose
 from common.manifest import stage_run
 from common.paths import HELDOUT_NLL, eval_dir, heldout_nll_run

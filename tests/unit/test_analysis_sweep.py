@@ -6,8 +6,8 @@ from dataclasses import asdict
 
 import pytest
 
-from eval import report
-from eval.sweep import Sweep, find_sweeps
+from report import run as report
+from report.sweep import Sweep, find_sweeps
 from common.config import compose
 from common.config.sft import (
     SFT_METHOD_SCHEMAS,

@@ -1,4 +1,4 @@
-"""The BFCL appendix tables (eval/bfcl_report.py) on hand-made per-question verdicts: the live cell pools the live
+"""The BFCL appendix tables (report/bfcl.py) on hand-made per-question verdicts: the live cell pools the live
 categories (count-weighted), the irrelevance cell is live_irrelevance's, the paper's numbers sit beside ours."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 
 from common.config import compose
 from common.paths import eval_dir, model_configs
-from eval.bfcl_report import caption, render, variant_cells
+from report.bfcl import caption, render, variant_cells
 
 
 @pytest.fixture

@@ -14,8 +14,8 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Mapping
 
-from eval.analyses import pyplot, save_figure
-from eval.tables import AVERAGE, ResultTable
+from report.analyses import pyplot, save_figure
+from report.tables import AVERAGE, ResultTable
 from common.config.sft import SFT_METHOD_SCHEMAS, SFTMethod
 from common.manifest import MANIFEST_NAME, StageInputError, read_manifest
 

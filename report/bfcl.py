@@ -1,9 +1,9 @@
 """The report of a tool-use experiment (``data.benchmark_source=bfcl``): the paper's two appendix tables (BFCL live and
 Irrelevance Detection per model, Base and every SFT method) with our numbers, their 95% intervals and the paper's.
 
-    python -m eval.bfcl_report experiment=bfcl profile=paper       (also the report stage of experiment=bfcl)
+    python -m report.bfcl experiment=bfcl profile=paper       (also the report stage of experiment=bfcl)
 
-Cells, from the evaluation stage's per-category ``metrics.json`` (:mod:`eval.bfcl_stage`; ``correct_counts`` are the
+Cells, from the evaluation stage's per-category ``metrics.json`` (:mod:`eval.bfcl.evaluate`; ``correct_counts`` are the
 per-question verdicts, 0/1)::
 
     BFCL live         = Σ_c correct(c) / Σ_c total(c)  over the live AST categories present
@@ -12,7 +12,7 @@ per-question verdicts, 0/1)::
 
 each with the 95% bootstrap interval over questions of :func:`eval.intervals.estimate` (the live cell pools the
 verdicts of its categories, so its mean is the count-weighted accuracy). The paper's numbers are
-``paper_tables.json``'s ``bfcl`` tables, matched by model title and :data:`eval.tables.PAPER_ROWS`.
+``paper_tables.json``'s ``bfcl`` tables, matched by model title and :data:`report.tables.PAPER_ROWS`.
 """
 from __future__ import annotations
 
@@ -22,9 +22,9 @@ from typing import Any
 
 import numpy as np
 
-from eval.bfcl import DEFAULT_IRRELEVANCE
+from eval.bfcl.checker import DEFAULT_IRRELEVANCE
 from eval.intervals import Estimate, estimate
-from eval.tables import MISSING, PAPER_ROWS, load_paper_tables
+from report.tables import MISSING, PAPER_ROWS, load_paper_tables
 from common.config import Config, stage_main
 from common.config.data import LIVE_CATEGORIES
 from common.manifest import Manifest, read_manifest, stage_run

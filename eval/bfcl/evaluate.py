@@ -1,5 +1,6 @@
 """The evaluation stage's ``bfcl`` benchmark family (``data.benchmark_source=bfcl``; ``python -m eval.run`` hands the
-run here): BFCL's questions sampled with the model's tool template, judged by BFCL's own checker (:mod:`eval.bfcl`).
+run here): BFCL's questions sampled with the model's tool template, judged by BFCL's own checker
+(:mod:`eval.bfcl.checker`).
 
 For each category of ``eval.benchmarks`` (default: every one in ``data.benchmarks``) it asks the checker for BFCL's
 entries (the first ``eval.max_problems``, or all), renders each with :func:`eval.bfcl.prompt_ids` (the model's chat
@@ -15,7 +16,7 @@ category)``:
   and ``irrelevance_set``; the same two in the manifest's details.
 
 The two appendix columns come from the categories' metrics (:func:`eval.bfcl.summary`): BFCL live (count-weighted
-over the live categories) and Irrelevance Detection (``live_irrelevance``); ``eval.bfcl_report`` renders them.
+over the live categories) and Irrelevance Detection (``live_irrelevance``); ``report.bfcl`` renders them.
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from eval.bfcl import (
+from eval.bfcl.checker import (
     BFCL_EVAL_VERSION,
     DEFAULT_IRRELEVANCE,
     DEFAULT_REGISTRY_NAME,

@@ -1,20 +1,20 @@
-"""The report stage: ``python -m eval.report experiment=<name> [profile=…]`` (the orchestrator's last stage).
+"""The report stage: ``python -m report.run experiment=<name> [profile=…]`` (the orchestrator's last stage).
 
 Collects every ``metrics.json`` the eval stages wrote for the experiment's models (``profile.models``), variants
 (``base`` and each of ``experiment.methods``), seeds (``cfg.run_seeds()``) and benchmarks, and writes into
 ``report_dir(cfg)``:
 
 * ``table1.{md,csv,tex}`` (phase sft) and ``table2.{md,csv,tex}`` (phase rl) in the paper's layout
-  (:mod:`eval.tables`): each cell the mean over seeds and problems with its 95% bootstrap interval
+  (:mod:`report.tables`): each cell the mean over seeds and problems with its 95% bootstrap interval
   (:mod:`eval.intervals`), a paired ``Δ vs SFT`` line per row, marks only where intervals separate, the paper's own
   numbers in parentheses where the cell exists in the paper, each seed's value in the CSV;
 * ``plots/passk_<model>_<phase>_<benchmark>.png``: pass@k curves with 95% bands, one line per method
-  (:mod:`eval.plots`);
-* ``plots/curves_<model>_{sft,rl}.png``: training curves of the SFT and RL runs (:mod:`eval.analyses.curves`), the
-  RL gain of each arm with its interval and minus SFT's (:func:`eval.tables.rl_gains`), and the RL-headroom table
+  (:mod:`report.plots`);
+* ``plots/curves_<model>_{sft,rl}.png``: training curves of the SFT and RL runs (:mod:`report.analyses.curves`), the
+  RL gain of each arm with its interval and minus SFT's (:func:`report.tables.rl_gains`), and the RL-headroom table
   (Spearman ρ of pre-RL pass@1 / pass@n / mean sample entropy / held-out NLL with the RL gain, across arms and
   seeds);
-* the analyses of ``eval.analysis.run`` (:mod:`eval.analyses`, :mod:`eval.sweep`), each skipped with a note in
+* the analyses of ``eval.analysis.run`` (:mod:`report.analyses`, :mod:`report.sweep`), each skipped with a note in
   ``report.md`` when its inputs are missing: ``drift_<model>_<phase>.{json,csv}`` and ``plots/drift_*.png``
   (parameter drift of every SFT / RL export vs the base model), ``iou_<model>.{md,json}`` and ``plots/iou_*.png``
   (IoU(M_H, M_KL) and mask sizes over the SFT steps of each EKSFT run), ``case_study_<model>.{html,json}`` and
@@ -37,17 +37,17 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 
-from eval.analyses.case_study import read_case_study_row, token_probabilities, token_texts, write_case_study
-from eval.analyses.drift import compare_checkpoints, fraction_above, plot_drift, write_drift
-from eval.analyses.iou import iou_markdown, iou_series, plot_iou, read_metrics_log
-from eval.analyses.curves import SFT_PANELS, logged_panels, plot_curves, read_runs, rl_panels
-from eval.bfcl_report import run as bfcl_report
+from report.analyses.case_study import read_case_study_row, token_probabilities, token_texts, write_case_study
+from report.analyses.drift import compare_checkpoints, fraction_above, plot_drift, write_drift
+from report.analyses.iou import iou_markdown, iou_series, plot_iou, read_metrics_log
+from report.analyses.curves import SFT_PANELS, logged_panels, plot_curves, read_runs, rl_panels
+from report.bfcl import run as bfcl_report
 from eval.intervals import per_problem_values, spearman
 from eval.metrics import MEAN_TOKEN_ENTROPY, mixed_group_rate
-from eval.plots import plot_heatmap, plot_pass_at_k
+from report.plots import plot_heatmap, plot_pass_at_k
 from eval.run import METRICS_FILE
-from eval.sweep import Sweep, evaluated_methods, find_sweeps, format_values, plot_sweep
-from eval.tables import (
+from report.sweep import Sweep, evaluated_methods, find_sweeps, format_values, plot_sweep
+from report.tables import (
     AVERAGE,
     MISSING,
     Block,
@@ -379,7 +379,7 @@ def curves_section(cfg: Config, mcfg: Config, labels: list[str], out_dir: Path, 
 
 def rl_gain_section(collected: dict, kept: dict[tuple[int, str], dict[int, float]]) -> tuple[list[str], dict]:
     """Per RL arm: Table 2 − Table 1 of the same arm in each Table 2 metric's Avg column, paired on seeds and
-    problems, and that gain minus SFT's (:func:`eval.tables.rl_gains`); beside them the share of the prompt groups
+    problems, and that gain minus SFT's (:func:`report.tables.rl_gains`); beside them the share of the prompt groups
     DAPO kept in the arm's RL runs (``kept``: (model index, variant) → seed → share, :func:`groups_kept_per_seed`)."""
     if "sft" not in collected or "rl" not in collected:
         return ["Skipped: needs both Table 1 (before RL) and Table 2 (after RL) evaluations.", ""], {}
@@ -471,7 +471,7 @@ def headroom_section(collected: dict, heldout: dict[tuple[int, str], dict[int, f
     """Spearman correlation, across RL arms and seeds, of pre-RL diagnostics with the RL gain in Avg pass@1, each over
     the pairs that have it: the share of mixed groups (:func:`mixed_groups_per_seed` at ``group_size``), the entropy
     (pre-RL samples that all carry log-probabilities) and the held-out NLL (``heldout``: (model index, variant) →
-    seed → NLL, :func:`heldout_nll_per_seed`). The gain is :func:`eval.tables.rl_gains`' per seed: each RL arm paired
+    seed → NLL, :func:`heldout_nll_per_seed`). The gain is :func:`report.tables.rl_gains`' per seed: each RL arm paired
     with the Table 1 row of the same variant (Table 2 may hold fewer arms: ``experiment.rl_methods``) on the problems
     both evaluated."""
     if "sft" not in collected or "rl" not in collected:
