@@ -145,6 +145,12 @@ HELDOUT_NLL_DIR = "heldout_nll"
 """The held-out NLL's run folder inside an evaluation's ``<variant>-<id>/``, beside the benchmarks' folders."""
 HELDOUT_NLL = "heldout_nll_nats"
 """Metric of a :func:`heldout_nll_run`: mean negative log-likelihood per supervised token of the held-out slice."""
+SAMPLES_FILE = "samples.jsonl"
+"""An evaluation's samples, one JSON line per sample (``problem_id``, ``sample_index``, ``seed``, text, verdict), in each
+benchmark's run folder; appended problem by problem (``eval.stage.sample_problems``)."""
+EVAL_METRICS_FILE = "metrics.json"
+"""An evaluation's metrics (avg@n, pass@k, per-problem correct counts, the protocol) in each benchmark's run folder,
+read by the report."""
 TRAINING_METRICS_FILE = "metrics.jsonl"
 """One JSON line per logged step, written by every training stage (base pretraining, SFT, RL) and read by the report."""
 RL_DISCARDED_GROUPS = "training/filter_groups/evicted_samples"

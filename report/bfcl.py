@@ -7,8 +7,8 @@ Cells, from the evaluation stage's per-category ``metrics.json`` (:mod:`eval.bfc
 per-question verdicts, 0/1)::
 
     BFCL live         = Σ_c correct(c) / Σ_c total(c)  over the live AST categories present
-                        (BFCL's count-weighted live accuracy, :func:`eval.bfcl.live_overall`)
-    Irrelevance Det.  = accuracy on live_irrelevance (:data:`eval.bfcl.DEFAULT_IRRELEVANCE`)
+                        (BFCL's count-weighted live accuracy, :func:`eval.bfcl.checker.live_overall`)
+    Irrelevance Det.  = accuracy on live_irrelevance (:data:`eval.bfcl.checker.DEFAULT_IRRELEVANCE`)
 
 each with the 95% bootstrap interval over questions of :func:`eval.intervals.estimate` (the live cell pools the
 verdicts of its categories, so its mean is the count-weighted accuracy). The paper's numbers are
@@ -28,17 +28,16 @@ from report.tables import MISSING, PAPER_ROWS, load_paper_tables
 from common.config import Config, stage_main
 from common.config.data import LIVE_CATEGORIES
 from common.manifest import Manifest, read_manifest, stage_run
-from common.paths import eval_dir, model_configs, report_dir, report_run, variants
+from common.paths import EVAL_METRICS_FILE, eval_dir, model_configs, report_dir, report_run, variants
 
 COLUMNS = ("BFCL live", "Irrelevance Det.")
 """The paper's two columns (``paper_tables.json`` titles)."""
-METRICS_FILE = "metrics.json"
 REPORT_FILE = "bfcl.md"
 
 
 def read_category(cfg: Config, variant: str, category: str) -> dict[str, Any] | None:
     """A category's ``metrics.json`` from the evaluation of ``variant`` after SFT, or None when it is not there."""
-    path = eval_dir(cfg, "sft", variant, category) / METRICS_FILE
+    path = eval_dir(cfg, "sft", variant, category) / EVAL_METRICS_FILE
     return json.loads(path.read_text(encoding="utf-8")) if path.exists() else None
 
 

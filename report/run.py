@@ -45,7 +45,6 @@ from report.bfcl import run as bfcl_report
 from eval.intervals import per_problem_values, spearman
 from eval.metrics import MEAN_TOKEN_ENTROPY, mixed_group_rate
 from report.plots import plot_heatmap, plot_pass_at_k
-from eval.run import METRICS_FILE
 from report.sweep import Sweep, evaluated_methods, find_sweeps, format_values, plot_sweep
 from report.tables import (
     AVERAGE,
@@ -68,6 +67,7 @@ from common.manifest import Manifest, StageInputError, read_manifest, stage_run
 from common.models import local_model_dir
 from common.paths import (
     BASE_VARIANT,
+    EVAL_METRICS_FILE,
     HELDOUT_NLL,
     RL_DISCARDED_GROUPS,
     RL_GROUPS_KEPT,
@@ -132,7 +132,7 @@ def collect(cfg: Config, phase: str, models: list[Config], labels: list[str]
         for seed, scfg in seed_configs(mcfg).items():
             for variant in labels:
                 for bench in names:
-                    path = eval_dir(scfg, phase, variant, bench) / METRICS_FILE
+                    path = eval_dir(scfg, phase, variant, bench) / EVAL_METRICS_FILE
                     if path.exists():
                         docs.setdefault((m, variant, bench), {})[seed] = json.loads(path.read_text(encoding="utf-8"))
                         inputs[f"{mcfg.model.name}/{phase}/{variant}/{bench}/seed{seed}"] = path

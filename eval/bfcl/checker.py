@@ -160,30 +160,6 @@ def prompt_ids(tokenizer: Any, entry: Mapping[str, Any]) -> list[int]:
     return tokenizer.encode(text, add_special_tokens=False)
 
 
-def evaluate(sampler: Any, tokenizer: Any, checker: BfclChecker, categories: Sequence[str], *, seed: int = 0,
-             max_per_category: int = 0, irrelevance: str = DEFAULT_IRRELEVANCE,
-             ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """One completion per question (BFCL's protocol) from ``sampler`` (``eval.sample.Sampler``), each judged by
-    BFCL's checker; returns the per-question records and :func:`summary`.
-
-    Question ``i`` of a category is sampled with seed ``seed + i``; ``max_per_category`` keeps each category's first
-    N questions (0 = all). Prompts: :func:`prompt_ids`. The evaluation stage's resumable version with run folders
-    is :mod:`eval.bfcl.evaluate`.
-    """
-    records: list[dict[str, Any]] = []
-    for category in categories:
-        entries = checker.entries(category)
-        entries = entries[:max_per_category] if max_per_category else entries
-        prompts = [prompt_ids(tokenizer, entry) for entry in entries]
-        completions = sampler.sample(prompts, [seed + i for i in range(len(prompts))], 1)
-        for entry, (completion,) in zip(entries, completions):
-            verdict = checker.check(category, entry["id"], completion.text)
-            records.append({"category": category, "id": entry["id"], "output": completion.text,
-                            "finish_reason": completion.finish_reason, "valid": verdict.valid,
-                            "error_type": verdict.error_type})
-    return records, summary(category_scores((r["category"], r["valid"]) for r in records), irrelevance)
-
-
 @dataclass(frozen=True)
 class CategoryScore:
     correct: int

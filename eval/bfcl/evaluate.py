@@ -10,7 +10,7 @@ category)``:
 
 * ``samples.jsonl``: one line per question (``problem_id``, ``sample_index`` 0, seed, text, tokens, finish reason,
   BFCL's ``valid`` and ``error_type``, ``correct`` = valid as 0/1), flushed question by question; a re-run keeps the
-  finished questions and samples only the missing ones (the math benchmarks' :func:`eval.run.read_finished`).
+  finished questions and samples only the missing ones (the loop of :func:`eval.stage.sample_problems`).
 * ``metrics.json``: accuracy, correct, total, its 95% bootstrap interval over questions (:mod:`eval.intervals`),
   the per-question verdicts (``correct_counts``), BFCL error types, and the protocol with ``bfcl_eval_version``
   and ``irrelevance_set``; the same two in the manifest's details.
@@ -20,8 +20,6 @@ over the live categories) and Irrelevance Detection (``live_irrelevance``); ``re
 """
 from __future__ import annotations
 
-import json
-import os
 from collections import Counter
 from typing import Any, Callable
 
@@ -37,22 +35,12 @@ from eval.bfcl.checker import (
     summary,
 )
 from eval.intervals import estimate
-from eval.run import (
-    METRICS_FILE,
-    SAMPLES_FILE,
-    benchmark_names,
-    in_batches,
-    log_to_wandb,
-    read_finished,
-    resolve_model,
-)
-from eval.sample import LazySampler, Sampler, engine_count
+from eval.sample import LazySampler, Sampler
+from eval.stage import backend_record, benchmark_names, log_to_wandb, resolve_model, sample_problems
 from common.config import Config
 from common.manifest import Manifest, read_manifest, stage_run, write_json_atomic
 from common.models import load_tokenizer
-from common.paths import BASE_VARIANT, eval_dir, eval_run
-from common.seeding import derive_seed
-from common.tracking import progress
+from common.paths import BASE_VARIANT, EVAL_METRICS_FILE, SAMPLES_FILE, eval_dir, eval_run
 
 
 def accuracy_with_interval(verdicts: list[int]) -> dict[str, Any]:
@@ -93,7 +81,7 @@ def evaluate_category(cfg: Config, category: str, engine: _BfclEngine, checker: 
                       model_record: dict[str, Any]) -> Manifest:
     """Samples, judges and summarises one BFCL category under the run contract (skips, resumes or restarts)."""
     spec = eval_run(cfg, cfg.eval.phase, cfg.eval.variant, category)
-    out_dir, samples_path = spec.directory, spec.directory / SAMPLES_FILE
+    out_dir = spec.directory
     entries, prompts = engine.entries[category], engine.prompts[category]
     protocol = {"n": 1, "temperature": cfg.eval.temperature, "top_p": cfg.eval.top_p,
                 "max_tokens": cfg.eval.max_tokens, "seed": cfg.seed, "backend": cfg.eval.backend,
@@ -107,45 +95,28 @@ def evaluate_category(cfg: Config, category: str, engine: _BfclEngine, checker: 
         run.manifest.details.update({"model": model_record, "num_problems": len(entries), "variant": cfg.eval.variant,
                                      "phase": cfg.eval.phase, "bfcl_eval_version": checker.bfcl_eval_version,
                                      "irrelevance_set": DEFAULT_IRRELEVANCE})
-        if not run.resumed:
-            samples_path.unlink(missing_ok=True)
-        finished = {pid: records[0] for pid, records in read_finished(samples_path, 1).items()}
-        todo = [(entry, ids) for entry, ids in zip(entries, prompts) if entry["id"] not in finished]
-        if finished:
-            print(f"[eval/{category}] {len(finished)} of {len(entries)} questions already judged; "
-                  f"sampling the other {len(todo)}")
-        bar = progress(total=len(entries), initial=len(finished), desc=f"eval {cfg.eval.variant}/{category}",
-                       enabled=cfg.logging.progress, unit="question")
-        with bar, open(samples_path, "a", encoding="utf-8") as samples:
-            for batch in in_batches(todo, cfg.eval.problems_per_batch * engine_count(cfg)):
-                seeds = [derive_seed(cfg.seed, f"eval/{category}/{entry['id']}") for entry, _ in batch]
-                completions = engine.sampler().sample([ids for _, ids in batch], seeds, 1)
-                for (entry, _), seed, (completion,) in zip(batch, seeds, completions):
-                    verdict = checker.check(category, entry["id"], completion.text)
-                    record = {"problem_id": entry["id"], "sample_index": 0, "seed": seed, "text": completion.text,
-                              "num_tokens": completion.num_tokens, "finish_reason": completion.finish_reason,
-                              "valid": verdict.valid, "error_type": verdict.error_type,
-                              "correct": int(verdict.valid)}
-                    samples.write(json.dumps(record, ensure_ascii=False) + "\n")
-                    samples.flush()
-                    os.fsync(samples.fileno())
-                    finished[entry["id"]] = record
-                    bar.update(1)
 
-        metrics = category_metrics([finished[entry["id"]] for entry in entries])
-        backend = engine.started.version if engine.started is not None else \
-            run.manifest.details.get("backend", {}).get("version", "")
+        def judge(question: tuple[dict[str, Any], list[int]], completions: list, seed: int) -> list[dict[str, Any]]:
+            entry, (completion,) = question[0], completions
+            verdict = checker.check(category, entry["id"], completion.text)
+            return [{"problem_id": entry["id"], "sample_index": 0, "seed": seed, "text": completion.text,
+                     "num_tokens": completion.num_tokens, "finish_reason": completion.finish_reason,
+                     "valid": verdict.valid, "error_type": verdict.error_type, "correct": int(verdict.valid)}]
+
+        finished = sample_problems(cfg, category, out_dir / SAMPLES_FILE, list(zip(entries, prompts)), 1, engine,
+                                   resumed=run.resumed, problem_id=lambda question: question[0]["id"],
+                                   prompt_ids=lambda question: question[1], score=judge, unit="question")
+        metrics = category_metrics([finished[entry["id"]][0] for entry in entries])
+        backend = backend_record(engine, run.manifest)
         metrics_doc = {"benchmark": category, "phase": cfg.eval.phase, "variant": cfg.eval.variant,
                        "model": cfg.model.name, "model_path": engine.model_path, **metrics,
-                       "protocol": {**protocol, "backend_version": backend}}
-        write_json_atomic(out_dir / METRICS_FILE, metrics_doc)
+                       "protocol": {**protocol, "backend_version": backend.get("version", "")}}
+        write_json_atomic(out_dir / EVAL_METRICS_FILE, metrics_doc)
         run.add_output(SAMPLES_FILE, "one line per question: problem_id, sample_index 0, seed, text, num_tokens, "
                                      "finish_reason, valid and error_type (BFCL's checker), correct (0/1)")
-        run.add_output(METRICS_FILE, "accuracy with its interval, per-question verdicts, BFCL error types, protocol")
+        run.add_output(EVAL_METRICS_FILE, "accuracy with its interval, per-question verdicts, BFCL error types, protocol")
         run.manifest.metrics = {k: v for k, v in metrics.items() if k not in ("correct_counts", "error_types")}
-        if engine.started is not None:
-            run.manifest.details["backend"] = {"name": engine.started.backend, "version": engine.started.version,
-                                               "max_model_len": engine.max_model_len, **engine.started.settings}
+        run.manifest.details["backend"] = backend
         run.manifest.details["protocol"] = metrics_doc["protocol"]
         run.manifest.details["seed_rule"] = "derive_seed(seed, 'eval/<category>/<question id>') per question"
         return run.manifest

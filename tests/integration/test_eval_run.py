@@ -13,14 +13,14 @@ import pytest
 
 from bench.tiny_model import build_tiny_qwen3
 from eval.metrics import MEAN_TOKEN_ENTROPY
-from eval.run import SAMPLES_FILE, run
+from eval.run import run
 from eval.sample import Completion, _EngineProcess, make_sampler, render_prompt
 from eval.scoring import extract_answer, verify
 from common.benchmarks import read_benchmark
 from common.config import Config, ConfigError, compose
 from common.manifest import StageInputError, read_manifest
 from common.models import load_tokenizer
-from common.paths import data_dir, eval_dir
+from common.paths import SAMPLES_FILE, data_dir, eval_dir
 from common.seeding import derive_seed
 
 pytestmark = pytest.mark.integration

@@ -21,7 +21,7 @@ def readme_command(module: str) -> list[str]:
 
 
 def test_evaluate_any_model_command_as_written():
-    from eval.run import benchmark_names, resolve_model
+    from eval.stage import benchmark_names, resolve_model
 
     overrides = readme_command("eval.run")
     cfg = compose(overrides)

@@ -1,0 +1,152 @@
+"""What the evaluation stage's two benchmark families share (the math benchmarks of :mod:`eval.run`, the BFCL
+categories of :mod:`eval.bfcl.evaluate`): the model a run evaluates, the benchmarks it selects, the one resumable
+sampling loop that writes ``samples.jsonl``, and the wandb summary.
+
+The loop (:func:`sample_problems`): a fresh run deletes the file; a resumed one keeps every problem whose ``n``
+samples are all there (:func:`read_finished`) and samples only the others, ``eval.problems_per_batch`` × engines
+problems per generate call, with the seed ``derive_seed(seed, "eval/<benchmark>/<problem id>")`` per problem. Each
+problem's records are appended, flushed and fsynced as soon as its batch returns, so a crash or Ctrl-C loses no
+finished problem.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence, TypeVar
+
+from common.config import Config, ConfigError
+from common.manifest import Manifest, StageInputError, require_complete
+from common.paths import BASE_VARIANT, base_run, hf_export_dir, rl_dir, sft_dir
+from common.seeding import derive_seed
+from common.tracking import progress, start_wandb
+from eval.sample import Completion, LazySampler, engine_count
+
+Problem = TypeVar("Problem")
+
+
+# ------------------------------------------------------------------------------------------------ inputs
+def resolve_model(cfg: Config) -> tuple[str, Path | None]:
+    """What to load (HF folder or hub id) and the upstream stage folder whose complete manifest vouches for it."""
+    if cfg.eval.model_path:
+        return cfg.eval.model_path, None
+    if cfg.eval.phase == "rl":
+        upstream = rl_dir(cfg, cfg.eval.variant)
+    elif cfg.eval.variant != BASE_VARIANT:
+        upstream = sft_dir(cfg, cfg.eval.variant)
+    elif (base := base_run(cfg)) is not None:
+        upstream = base.directory
+    else:
+        return cfg.model.path, None
+    require_complete(upstream, f"model to evaluate ({cfg.eval.phase} {cfg.eval.variant})")
+    return str(hf_export_dir(upstream)), upstream
+
+
+def benchmark_names(cfg: Config) -> list[str]:
+    """``eval.benchmarks`` checked against ``data.benchmarks`` (all of them when empty)."""
+    known = list(cfg.data.benchmarks)
+    unknown = [name for name in cfg.eval.benchmarks if name not in known]
+    if unknown:
+        raise ConfigError(f"eval.benchmarks has {unknown}, which data.benchmarks does not define; known: {known}")
+    return list(cfg.eval.benchmarks) or known
+
+
+# ----------------------------------------------------------------------------------------------- samples
+def read_finished(path: Path, n: int) -> dict[str, list[dict[str, Any]]]:
+    """Problems with all ``n`` samples in ``path``; the lines of unfinished problems are removed from the file.
+
+    A torn last line (a crash mid-write) is dropped; a malformed line elsewhere raises, naming the line.
+    """
+    if not path.exists():
+        return {}
+    by_problem: dict[str, list[dict[str, Any]]] = {}
+    lines = path.read_text(encoding="utf-8").splitlines()
+    for line_number, line in enumerate(lines, 1):
+        try:
+            record = json.loads(line)
+            by_problem.setdefault(record["problem_id"], []).append(record)
+        except (json.JSONDecodeError, KeyError, TypeError) as exc:
+            if line_number == len(lines):
+                break
+            raise StageInputError(f"{path}:{line_number}: malformed sample record ({exc}); "
+                                  "delete the file to re-sample this benchmark") from exc
+    finished = {pid: sorted(records, key=lambda r: r["sample_index"]) for pid, records in by_problem.items()
+                if sorted(r["sample_index"] for r in records) == list(range(n))}
+    if sum(len(r) for r in finished.values()) != len(lines):
+        _write_atomic(path, "".join(json.dumps(r, ensure_ascii=False) + "\n"
+                                    for records in finished.values() for r in records))
+    return finished
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def in_batches(items: list, size: int) -> Iterator[list]:
+    """``items`` in consecutive slices of ``size`` (the last may be shorter)."""
+    for start in range(0, len(items), size):
+        yield items[start:start + size]
+
+
+def sample_problems(cfg: Config, benchmark: str, samples_path: Path, problems: Sequence[Problem], n: int,
+                    engine: LazySampler, *, resumed: bool, problem_id: Callable[[Problem], str],
+                    prompt_ids: Callable[[Problem], list[int]],
+                    score: Callable[[Problem, list[Completion], int], list[dict[str, Any]]],
+                    unit: str = "problem") -> dict[str, list[dict[str, Any]]]:
+    """Problem id → its ``n`` scored records (``score(problem, completions, seed)``, one per sample), for every one
+    of ``problems``: those already in ``samples_path`` when ``resumed``, the others sampled and appended (the
+    module docstring has the rule)."""
+    if not resumed:
+        samples_path.unlink(missing_ok=True)
+    finished = read_finished(samples_path, n)
+    todo = [problem for problem in problems if problem_id(problem) not in finished]
+    if finished:
+        print(f"[eval/{benchmark}] {len(finished)} of {len(problems)} {unit}s already sampled; "
+              f"sampling the other {len(todo)}")
+    bar = progress(total=len(problems), initial=len(finished), desc=f"eval {cfg.eval.variant}/{benchmark}",
+                   enabled=cfg.logging.progress, unit=unit)
+    with bar, open(samples_path, "a", encoding="utf-8") as samples:
+        for batch in in_batches(todo, cfg.eval.problems_per_batch * engine_count(cfg)):
+            seeds = [derive_seed(cfg.seed, f"eval/{benchmark}/{problem_id(problem)}") for problem in batch]
+            completions = engine.sampler().sample([prompt_ids(problem) for problem in batch], seeds, n)
+            for problem, seed, problem_completions in zip(batch, seeds, completions):
+                records = score(problem, problem_completions, seed)
+                samples.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
+                samples.flush()
+                os.fsync(samples.fileno())
+                finished[problem_id(problem)] = records
+                bar.update(1)
+    return finished
+
+
+def backend_record(engine: LazySampler, manifest: Manifest) -> dict[str, Any]:
+    """The sampling backend's name, version and settings: from the engine when this run started one, else what the
+    manifest recorded before (a run whose problems were all sampled already starts none)."""
+    if engine.started is not None:
+        return {"name": engine.started.backend, "version": engine.started.version,
+                "max_model_len": engine.max_model_len, **engine.started.settings}
+    return manifest.details.get("backend", {})
+
+
+# ------------------------------------------------------------------------------------------------- wandb
+def log_to_wandb(cfg: Config, summary: Manifest, model_record: dict[str, Any], directory: Path) -> None:
+    """Under ``logging.wandb_mode`` (nothing when disabled): one wandb run ``<experiment>/eval_<phase>/<variant>`` in
+    the experiment's group with each benchmark's headline metrics as ``<benchmark>/<metric>`` (avg@n, pass@k,
+    truncation and no-answer rates, mean response tokens) and the same as the table ``eval/metrics``."""
+    name = f"{cfg.experiment.name}/eval_{cfg.eval.phase}/{cfg.eval.variant}"
+    tracker = start_wandb(cfg.logging.wandb_mode, project=cfg.logging.wandb_project, group=cfg.experiment.name,
+                          name=cfg.logging.run_name or name,
+                          config={"eval": asdict(cfg.eval), "model": model_record, "seed": cfg.seed},
+                          directory=directory)
+    if tracker is None:
+        return
+    import wandb
+
+    rows = [[benchmark, key, value] for benchmark, metrics in summary.metrics.items() for key, value in metrics.items()
+            if isinstance(value, (int, float))]
+    tracker.log({f"{benchmark}/{key}": value for benchmark, key, value in rows})
+    tracker.log({"eval/metrics": wandb.Table(columns=["benchmark", "metric", "value"], data=rows)})
+    tracker.finish()
