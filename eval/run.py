@@ -4,7 +4,7 @@ For each benchmark (``eval.benchmarks``, default: every one in ``data.benchmarks
 ``benchmarks/<name>.jsonl``, renders each row's ``prompt`` messages with the evaluated model's chat template,
 samples ``n`` completions per problem (seed per problem: ``derive_seed(seed, "eval/<benchmark>/<id>")``), scores
 every sample with :func:`eval.scoring.verdict` (the judgement of ``verify``), and writes into
-``eval_dir(cfg, phase, variant, benchmark)``:
+``eval_dir(cfg, benchmark)`` (``eval.phase``, ``eval.variant``, and the run folder ``eval.model_run`` the plan hands down):
 
 * ``samples.jsonl``: one line per sample, appended and flushed problem by problem. A crash or Ctrl-C loses no
   finished problem; a re-run keeps the finished problems and samples only the missing ones.
@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import sys
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict
 from typing import Any, Callable
 
 from eval.bfcl.evaluate import run_bfcl
@@ -48,16 +47,16 @@ from common.config import Config, ConfigError, stage_main
 from common.manifest import Manifest, read_manifest, stage_run, write_json_atomic
 from common.models import load_tokenizer
 from common.paths import (
-    BASE_VARIANT,
     EVAL_METRICS_FILE,
     HELDOUT_NLL_DIR,
     SAMPLES_FILE,
     benchmark_file,
     data_dir,
+    configured_eval_run,
     eval_dir,
-    eval_run,
+    evaluated_run,
     heldout_nll_run,
-    with_method,
+    sampling_protocol,
 )
 from common.preflight import require_stage
 
@@ -109,27 +108,24 @@ class _Engine(LazySampler):
         return self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
 
 
-def evaluate_benchmark(cfg: Config, benchmark: str, engine: _Engine, model_record: dict[str, str],
+def evaluate_benchmark(cfg: Config, benchmark: str, engine: _Engine, model_details: dict[str, Any],
                        pool: ThreadPoolExecutor) -> Manifest:
-    """Samples, scores and summarises one benchmark under the run contract (skips, resumes or restarts)."""
-    spec = eval_run(cfg, cfg.eval.phase, cfg.eval.variant, benchmark)
+    """Samples, scores and summarises one benchmark under the run contract (skips, resumes or restarts);
+    ``model_details`` (:func:`eval.stage.resolve_model`) go into its manifest."""
+    spec = configured_eval_run(cfg, benchmark)
     out_dir = spec.directory
     rows = benchmark_rows(cfg, benchmark)
     n = cfg.eval.samples_for(benchmark)
     prompts = engine.prompts(rows)
     prefixes = {response_prefix(p) for p in prompts}
-    protocol = {"n": n, "temperature": cfg.eval.temperature, "top_p": cfg.eval.top_p,
-                "max_tokens": cfg.eval.max_tokens, "seed": cfg.seed, "backend": cfg.eval.backend,
-                "dtype": cfg.model.dtype, "think_prefix": sorted(prefixes) != [""]}
+    protocol = {**sampling_protocol(cfg), "n": n, "seed": cfg.seed, "think_prefix": sorted(prefixes) != [""]}
 
     with stage_run(out_dir, stage=spec.stage, variant=spec.variant, config=spec.config, inputs=spec.inputs,
                    seeds={"sampling": cfg.seed}) as run:
         if run is None:
             return read_manifest(out_dir)
-        run.manifest.details.update({"model": model_record, "num_problems": len(rows),
-                                     "variant": cfg.eval.variant, "phase": cfg.eval.phase})
-        if cfg.eval.variant != BASE_VARIANT and not cfg.eval.model_path:
-            run.manifest.details["sft_method"] = asdict(with_method(cfg, cfg.eval.variant).sft.method)
+        run.manifest.details.update({**model_details, "num_problems": len(rows), "variant": cfg.eval.variant,
+                                     "phase": cfg.eval.phase})
         finished = sample_problems(
             cfg, benchmark, out_dir / SAMPLES_FILE, list(zip(rows, prompts)), n, engine, resumed=run.resumed,
             problem_id=lambda problem: problem[0]["id"], prompt_ids=lambda problem: engine.prompt_ids(problem[1]),
@@ -184,9 +180,9 @@ def run(cfg: Config, sampler_factory: Callable[..., Sampler] = make_sampler) -> 
     if cfg.data.benchmark_source == "bfcl":  # the tool-use family, scored by BFCL's checker (docs/tool_use.md)
         return run_bfcl(cfg, sampler_factory)
     benchmarks = benchmark_names(cfg)
-    model_path, upstream = resolve_model(cfg)
-    model_record = {"path": model_path, "upstream_run": str(upstream) if upstream is not None else None}
-    scores_heldout = cfg.eval.phase == "sft" and heldout_nll_run(cfg, cfg.eval.variant) is not None
+    model_path, model_details = resolve_model(cfg)
+    scores_heldout = cfg.eval.phase == "sft" and \
+        heldout_nll_run(cfg, cfg.eval.variant, evaluated_run(cfg)) is not None
     heldout = read_heldout_tokens(heldout_tokens_path(cfg)) if scores_heldout else None
     engine = _Engine(model_path, cfg, sampler_factory, benchmarks,
                      max(map(len, heldout[0])) if heldout is not None else 0)
@@ -194,20 +190,20 @@ def run(cfg: Config, sampler_factory: Callable[..., Sampler] = make_sampler) -> 
     try:
         with ThreadPoolExecutor(MAX_WORKERS) as pool:
             for benchmark in benchmarks:
-                manifest = evaluate_benchmark(cfg, benchmark, engine, model_record, pool)
+                manifest = evaluate_benchmark(cfg, benchmark, engine, model_details, pool)
                 summary.metrics[benchmark] = manifest.metrics
-                summary.outputs[str(eval_dir(cfg, cfg.eval.phase, cfg.eval.variant, benchmark))] = \
+                summary.outputs[str(eval_dir(cfg, benchmark))] = \
                     f"{benchmark}: samples, metrics, manifest"
                 if not manifest.complete:
                     summary.status = manifest.status
             if heldout is not None:
-                manifest = evaluate_heldout(cfg, engine.sampler, *heldout, model_record)
+                manifest = evaluate_heldout(cfg, engine.sampler, *heldout, model_details["model"])
                 summary.metrics[HELDOUT_NLL_DIR] = manifest.metrics
                 if not manifest.complete:
                     summary.status = manifest.status
     finally:
         engine.close()
-    log_to_wandb(cfg, summary, model_record, eval_dir(cfg, cfg.eval.phase, cfg.eval.variant, benchmarks[0]).parent)
+    log_to_wandb(cfg, summary, model_details["model"], eval_dir(cfg, benchmarks[0]).parent)
     return summary
 
 

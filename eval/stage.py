@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 from common.config import Config, ConfigError
 from common.manifest import Manifest, StageInputError, require_complete
-from common.paths import BASE_VARIANT, base_run, hf_export_dir, rl_dir, sft_dir
+from common.paths import base_run, evaluated_run, hf_export_dir, trained_method
 from common.seeding import derive_seed
 from common.tracking import progress, start_wandb
 from eval.sample import Completion, LazySampler, engine_count
@@ -27,20 +27,22 @@ Problem = TypeVar("Problem")
 
 
 # ------------------------------------------------------------------------------------------------ inputs
-def resolve_model(cfg: Config) -> tuple[str, Path | None]:
-    """What to load (HF folder or hub id) and the upstream stage folder whose complete manifest vouches for it."""
-    if cfg.eval.model_path:
-        return cfg.eval.model_path, None
-    if cfg.eval.phase == "rl":
-        upstream = rl_dir(cfg, cfg.eval.variant)
-    elif cfg.eval.variant != BASE_VARIANT:
-        upstream = sft_dir(cfg, cfg.eval.variant)
-    elif (base := base_run(cfg)) is not None:
+def resolve_model(cfg: Config) -> tuple[str, dict[str, Any]]:
+    """What to load (HF folder or hub id) and what the evaluation's manifests record of it: ``model`` (that path and
+    the upstream run folder whose complete manifest vouches for it: :func:`common.paths.evaluated_run`, the one the
+    plan hands down, or the toy base model's run) and ``sft_method``, read from that manifest (None for a base model
+    and for ``eval.model_path``)."""
+    upstream = None if cfg.eval.model_path else evaluated_run(cfg)
+    if upstream is None and not cfg.eval.model_path and (base := base_run(cfg)) is not None:
         upstream = base.directory
+    if upstream is not None:
+        require_complete(upstream, f"model to evaluate ({cfg.eval.phase} {cfg.eval.variant})")
+        path = str(hf_export_dir(upstream))
     else:
-        return cfg.model.path, None
-    require_complete(upstream, f"model to evaluate ({cfg.eval.phase} {cfg.eval.variant})")
-    return str(hf_export_dir(upstream)), upstream
+        path = cfg.eval.model_path or cfg.model.path
+    method = trained_method(upstream)
+    return path, {"model": {"path": path, "upstream_run": str(upstream) if upstream is not None else None},
+                  "sft_method": asdict(method) if method is not None else None}
 
 
 def benchmark_names(cfg: Config) -> list[str]:

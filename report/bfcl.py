@@ -28,22 +28,31 @@ from report.tables import MISSING, PAPER_ROWS, load_paper_tables
 from common.config import Config, stage_main
 from common.config.data import LIVE_CATEGORIES
 from common.manifest import Manifest, read_manifest, stage_run
-from common.paths import EVAL_METRICS_FILE, eval_dir, model_configs, report_dir, report_run, variants
+from common.paths import (
+    EVAL_METRICS_FILE,
+    Arm,
+    arms,
+    eval_run,
+    model_configs,
+    report_benchmarks,
+    report_dir,
+    report_run,
+)
 
 COLUMNS = ("BFCL live", "Irrelevance Det.")
 """The paper's two columns (``paper_tables.json`` titles)."""
 REPORT_FILE = "bfcl.md"
 
 
-def read_category(cfg: Config, variant: str, category: str) -> dict[str, Any] | None:
-    """A category's ``metrics.json`` from the evaluation of ``variant`` after SFT, or None when it is not there."""
-    path = eval_dir(cfg, "sft", variant, category) / EVAL_METRICS_FILE
+def read_category(cfg: Config, a: Arm, category: str) -> dict[str, Any] | None:
+    """A category's ``metrics.json`` from the evaluation of arm ``a`` after SFT, or None when it is not there."""
+    path = eval_run(cfg, "sft", a.variant, category, a.sft).directory / EVAL_METRICS_FILE
     return json.loads(path.read_text(encoding="utf-8")) if path.exists() else None
 
 
 def categories(cfg: Config) -> list[str]:
     """The evaluated BFCL categories: ``eval.benchmarks``, else every one in ``data.benchmarks``."""
-    return list(cfg.eval.benchmarks) or list(cfg.data.benchmarks)
+    return report_benchmarks(cfg)
 
 
 def cell(verdicts: list[int]) -> Estimate | None:
@@ -53,12 +62,13 @@ def cell(verdicts: list[int]) -> Estimate | None:
     return estimate([np.asarray([verdicts], dtype=float)]).scaled(100)
 
 
-def variant_cells(cfg: Config, variant: str) -> tuple[dict[str, Estimate | None], dict[str, int]]:
-    """The two cells of one row and the number of questions behind each (live: every live category present)."""
+def variant_cells(cfg: Config, a: Arm) -> tuple[dict[str, Estimate | None], dict[str, int]]:
+    """The two cells of arm ``a``'s row and the number of questions behind each (live: every live category
+    present)."""
     selected = categories(cfg)
-    live = [read_category(cfg, variant, c) for c in LIVE_CATEGORIES if c in selected]
+    live = [read_category(cfg, a, c) for c in LIVE_CATEGORIES if c in selected]
     live_verdicts = [v for m in live if m is not None for v in m["correct_counts"].values()]
-    irrelevance = read_category(cfg, variant, DEFAULT_IRRELEVANCE) if DEFAULT_IRRELEVANCE in selected else None
+    irrelevance = read_category(cfg, a, DEFAULT_IRRELEVANCE) if DEFAULT_IRRELEVANCE in selected else None
     irrelevance_verdicts = list(irrelevance["correct_counts"].values()) if irrelevance is not None else []
     if any(m is None for m in live):  # a missing live category would change what the live column means
         live_verdicts = []
@@ -72,8 +82,9 @@ def model_table(cfg: Config, mcfg: Config, paper: dict[str, Any]) -> tuple[list[
     lines = [f"| Method ({title}) | {COLUMNS[0]} | 95% CI | paper | {COLUMNS[1]} | 95% CI | paper |",
              "|---|---|---|---|---|---|---|"]
     numbers: dict[str, Any] = {}
-    for variant in variants(cfg):
-        cells, counts = variant_cells(mcfg, variant)
+    for a in arms(mcfg):
+        variant = a.variant
+        cells, counts = variant_cells(mcfg, a)
         paper_row = paper.get(title, {}).get(PAPER_ROWS.get(variant), {})
         shown = []
         for column in COLUMNS:

@@ -47,7 +47,11 @@ class EvalConfig:
     phase: str = "sft"
     """sft (Table 1: the base model and the SFT checkpoints) or rl (Table 2: the DAPO checkpoints)."""
     variant: str = "base"
-    """base (the untrained model, or RL from it) or an SFT method label (sft, eksft, eksft_rho0.1, ...)."""
+    """The evaluated model's name, which labels its run folder and table row: base (the untrained model, or RL from
+    it) or an SFT method label (sft, eksft, eksft_rho0.1, ...)."""
+    model_run: str = ""
+    """The SFT (phase sft) or RL (phase rl) run folder to evaluate, which the orchestrator's plan hands down; empty:
+    the configured method's run (``sft.method``; the base model for variant base), or RL's from it."""
     model_path: str = ""
     """Evaluate this HF folder or hub id instead of the variant's checkpoint (then name it with eval.variant)."""
     benchmarks: list[str] = field(default_factory=list)
@@ -93,6 +97,9 @@ class EvalConfig:
     def validate(self) -> None:
         check_choice("eval.phase", self.phase, ("sft", "rl"))
         check_name("eval.variant", self.variant)
+        if self.model_path and self.model_run:
+            raise ConfigError(f"eval.model_path ({self.model_path}) and eval.model_run ({self.model_run}) both name the "
+                              "model to evaluate; set one")
         if self.model_path and self.variant == "base":
             raise ConfigError("eval.variant must name the model when eval.model_path is set "
                               "(e.g. eval.variant=my_model); 'base' is the experiment's own base model")

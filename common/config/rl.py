@@ -18,7 +18,11 @@ class RLConfig:
     """DAPO with verl 0.9.1 (``python -m verl.trainer.main_ppo``)."""
 
     init: str = ""
-    """Variant RL starts from: ``base`` (the base model) or an SFT method label; empty = the label of ``sft.method``."""
+    """Variant RL starts from, which names its run folder: ``base`` (the base model) or an SFT method label; empty =
+    the label of ``sft.method``."""
+    init_run: str = ""
+    """The SFT run folder RL starts from, which the orchestrator's plan hands down; empty: the configured method's run
+    (``sft.method``), or the base model for ``init=base``."""
     lr: float = 1e-6
     """Actor learning rate (AdamW)."""
     lr_warmup_steps: int = 10
@@ -107,6 +111,9 @@ class RLConfig:
     def validate(self) -> None:
         if "/" in self.init:
             raise ConfigError(f"rl.init must be 'base' or an SFT method label (a folder name); got {self.init!r}")
+        if self.init == "base" and self.init_run:
+            raise ConfigError(f"rl.init=base starts from the base model, but rl.init_run names an SFT run "
+                              f"({self.init_run}); drop one")
         check_range("rl.lr", self.lr, 0.0, 1.0, low_open=True)
         check_range("rl.lr_warmup_steps", self.lr_warmup_steps, 0)
         check_range("rl.weight_decay", self.weight_decay, 0.0)

@@ -5,8 +5,7 @@ run here): BFCL's questions sampled with the model's tool template, judged by BF
 For each category of ``eval.benchmarks`` (default: every one in ``data.benchmarks``) it asks the checker for BFCL's
 entries (the first ``eval.max_problems``, or all), renders each with :func:`eval.bfcl.prompt_ids` (the model's chat
 template, or ``data.tool_template``), samples ``eval.n`` = 1 completion per question (BFCL's protocol; seed
-``derive_seed(seed, "eval/<category>/<id>")``), judges it, and writes into ``eval_dir(cfg, phase, variant,
-category)``:
+``derive_seed(seed, "eval/<category>/<id>")``), judges it, and writes into ``eval_dir(cfg, category)``:
 
 * ``samples.jsonl``: one line per question (``problem_id``, ``sample_index`` 0, seed, text, tokens, finish reason,
   BFCL's ``valid`` and ``error_type``, ``correct`` = valid as 0/1), flushed question by question; a re-run keeps the
@@ -40,7 +39,7 @@ from eval.stage import backend_record, benchmark_names, log_to_wandb, resolve_mo
 from common.config import Config
 from common.manifest import Manifest, read_manifest, stage_run, write_json_atomic
 from common.models import load_tokenizer
-from common.paths import BASE_VARIANT, EVAL_METRICS_FILE, SAMPLES_FILE, eval_dir, eval_run
+from common.paths import BASE_VARIANT, EVAL_METRICS_FILE, SAMPLES_FILE, configured_eval_run, eval_dir, sampling_protocol
 
 
 def accuracy_with_interval(verdicts: list[int]) -> dict[str, Any]:
@@ -78,21 +77,19 @@ class _BfclEngine(LazySampler):
 
 
 def evaluate_category(cfg: Config, category: str, engine: _BfclEngine, checker: BfclChecker,
-                      model_record: dict[str, Any]) -> Manifest:
+                      model_details: dict[str, Any]) -> Manifest:
     """Samples, judges and summarises one BFCL category under the run contract (skips, resumes or restarts)."""
-    spec = eval_run(cfg, cfg.eval.phase, cfg.eval.variant, category)
+    spec = configured_eval_run(cfg, category)
     out_dir = spec.directory
     entries, prompts = engine.entries[category], engine.prompts[category]
-    protocol = {"n": 1, "temperature": cfg.eval.temperature, "top_p": cfg.eval.top_p,
-                "max_tokens": cfg.eval.max_tokens, "seed": cfg.seed, "backend": cfg.eval.backend,
-                "dtype": cfg.model.dtype, "bfcl_eval_version": checker.bfcl_eval_version,
+    protocol = {**sampling_protocol(cfg), "n": 1, "seed": cfg.seed, "bfcl_eval_version": checker.bfcl_eval_version,
                 "irrelevance_set": DEFAULT_IRRELEVANCE, "decoder": DEFAULT_REGISTRY_NAME,
                 "tool_template": cfg.data.tool_template or "the model's own"}
     with stage_run(out_dir, stage=spec.stage, variant=spec.variant, config=spec.config, inputs=spec.inputs,
                    seeds={"sampling": cfg.seed}) as run:
         if run is None:
             return read_manifest(out_dir)
-        run.manifest.details.update({"model": model_record, "num_problems": len(entries), "variant": cfg.eval.variant,
+        run.manifest.details.update({**model_details, "num_problems": len(entries), "variant": cfg.eval.variant,
                                      "phase": cfg.eval.phase, "bfcl_eval_version": checker.bfcl_eval_version,
                                      "irrelevance_set": DEFAULT_IRRELEVANCE})
 
@@ -124,13 +121,12 @@ def evaluate_category(cfg: Config, category: str, engine: _BfclEngine, checker: 
 
 def run_bfcl(cfg: Config, sampler_factory: Callable[..., Sampler], checker: BfclChecker | None = None) -> Manifest:
     """Evaluates one model on every selected BFCL category; returns a summary manifest (not written) whose metrics
-    map each category to its headline numbers, plus ``bfcl``: :func:`eval.bfcl.summary` of them."""
+    map each category to its headline numbers, plus ``bfcl``: :func:`eval.bfcl.checker.summary` of them."""
     categories = benchmark_names(cfg)
-    model_path, upstream = resolve_model(cfg)
-    if upstream is None and cfg.eval.variant == BASE_VARIANT and cfg.model.gguf_file:
+    model_path, model_details = resolve_model(cfg)
+    if model_details["model"]["upstream_run"] is None and cfg.eval.variant == BASE_VARIANT and cfg.model.gguf_file:
         raise ValueError(f"model {cfg.model.name} is a GGUF file, which the samplers cannot load; evaluate its SFT "
                          "runs, or give an HF folder of it as eval.model_path")
-    model_record = {"path": model_path, "upstream_run": str(upstream) if upstream is not None else None}
     own_checker = checker is None
     checker = checker or BfclChecker()
     if checker.bfcl_eval_version != BFCL_EVAL_VERSION:
@@ -140,9 +136,9 @@ def run_bfcl(cfg: Config, sampler_factory: Callable[..., Sampler], checker: Bfcl
     result = Manifest(stage=f"eval_{cfg.eval.phase}", variant=cfg.eval.variant, status="complete")
     try:
         for category in categories:
-            manifest = evaluate_category(cfg, category, engine, checker, model_record)
+            manifest = evaluate_category(cfg, category, engine, checker, model_details)
             result.metrics[category] = manifest.metrics
-            result.outputs[str(eval_dir(cfg, cfg.eval.phase, cfg.eval.variant, category))] = \
+            result.outputs[str(eval_dir(cfg, category))] = \
                 f"{category}: samples, metrics, manifest"
             if not manifest.complete:
                 result.status = manifest.status
@@ -152,5 +148,5 @@ def run_bfcl(cfg: Config, sampler_factory: Callable[..., Sampler], checker: Bfcl
             checker.close()
     scores = {c: CategoryScore(result.metrics[c]["correct"], result.metrics[c]["total"]) for c in categories}
     result.metrics["bfcl"] = summary(scores, DEFAULT_IRRELEVANCE)
-    log_to_wandb(cfg, result, model_record, eval_dir(cfg, cfg.eval.phase, cfg.eval.variant, categories[0]).parent)
+    log_to_wandb(cfg, result, model_details["model"], eval_dir(cfg, categories[0]).parent)
     return result

@@ -27,7 +27,7 @@ def test_tiny_model_on_bfcl_subset(tmp_path, checker):
                    f"eval.benchmarks=[{','.join(categories)}]", "logging.progress=false"])
     prepare.run(cfg)
     summary = run_bfcl(cfg, make_sampler, checker)
-    records = {c: [json.loads(line) for line in (eval_dir(cfg, "sft", "tiny", c) / SAMPLES_FILE).read_text()
+    records = {c: [json.loads(line) for line in (eval_dir(cfg, c) / SAMPLES_FILE).read_text()
                    .splitlines()] for c in categories}
     assert [len(found) for found in records.values()] == [2] * len(categories)
     first = checker.entries("live_simple")[0]
@@ -40,5 +40,5 @@ def test_tiny_model_on_bfcl_subset(tmp_path, checker):
     table = summary.metrics["bfcl"]
     assert table["bfcl_live"] == 0.0 and table["bfcl_live_total"] == 8
     assert table["irrelevance_detection"] == 100.0 and table["irrelevance_set"] == "live_irrelevance"
-    metrics = json.loads((eval_dir(cfg, "sft", "tiny", "live_simple") / EVAL_METRICS_FILE).read_text())
+    metrics = json.loads((eval_dir(cfg, "live_simple") / EVAL_METRICS_FILE).read_text())
     assert metrics["total"] == 2 and metrics["protocol"]["n"] == 1

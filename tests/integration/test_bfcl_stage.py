@@ -54,7 +54,7 @@ def test_bfcl_family_resumes_after_a_crash_and_skips_when_complete(cfg, checker)
     calls: list[int] = []
     with pytest.raises(RuntimeError, match="engine died"):
         run_bfcl(cfg, lambda *args: ScriptedSampler(calls, fail_on_call=2), checker)
-    simple_dir = eval_dir(cfg, "sft", "probe", "live_simple")
+    simple_dir = eval_dir(cfg, "live_simple")
     assert len((simple_dir / "samples.jsonl").read_text().splitlines()) == 1
     assert json.loads((simple_dir / "manifest.json").read_text())["status"] == "failed"
 
@@ -67,7 +67,7 @@ def test_bfcl_family_resumes_after_a_crash_and_skips_when_complete(cfg, checker)
     assert [r["problem_id"] for r in records] == list(simple["correct_counts"]) and len(records) == 3
     assert all(not r["valid"] and r["error_type"] and r["correct"] == 0 for r in records)
     assert (simple["accuracy"], simple["interval"], simple["correct"], simple["total"]) == (0.0, [0.0, 0.0], 0, 3)
-    irrelevance = json.loads((eval_dir(cfg, "sft", "probe", "live_irrelevance") / "metrics.json").read_text())
+    irrelevance = json.loads((eval_dir(cfg, "live_irrelevance") / "metrics.json").read_text())
     assert (irrelevance["accuracy"], irrelevance["correct"], irrelevance["total"]) == (100.0, 3, 3)
     assert irrelevance["protocol"]["bfcl_eval_version"] == "2026.3.23"
     assert irrelevance["protocol"]["irrelevance_set"] == "live_irrelevance"

@@ -69,6 +69,6 @@ def test_smollm2_tokenise_train_export_generate(cfg, tmp_path, monkeypatch):
     monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "vllm_cache"))
     evaluated = eval_run.run(cfg)
     assert evaluated.complete
-    samples = (eval_dir(cfg, "sft", "sft", "toy_add") / SAMPLES_FILE).read_text().splitlines()
+    samples = (eval_dir(cfg, "toy_add") / SAMPLES_FILE).read_text().splitlines()
     assert len(samples) == 2 * 2
     assert all(1 <= json.loads(line)["num_tokens"] <= 8 for line in samples)
