@@ -4,7 +4,8 @@ For each benchmark (``eval.benchmarks``, default: every one in ``data.benchmarks
 ``benchmarks/<name>.jsonl``, renders each row's ``prompt`` messages with the evaluated model's chat template,
 samples ``n`` completions per problem (seed per problem: ``derive_seed(seed, "eval/<benchmark>/<id>")``), scores
 every sample with :func:`eval.scoring.verdict` (the judgement of ``verify``), and writes into
-``eval_dir(cfg, benchmark)`` (``eval.phase``, ``eval.variant``, and the run folder ``eval.model_run`` the plan hands down):
+``eval_dir(cfg, benchmark)`` (from ``eval.phase``, ``eval.variant`` and ``eval.model_run``, the run folder the plan
+hands down):
 
 * ``samples.jsonl``: one line per sample, appended and flushed problem by problem. A crash or Ctrl-C loses no
   finished problem; a re-run keeps the finished problems and samples only the missing ones.
@@ -41,7 +42,7 @@ from eval.sample import (
     response_prefix,
 )
 from eval.scoring import CORRECT, MAX_WORKERS, TIME_LIMITED, TIMEOUT_S, extract_answer, verdict
-from eval.stage import backend_record, benchmark_names, log_to_wandb, resolve_model, sample_problems
+from eval.stage import add_benchmark, backend_record, benchmark_names, log_to_wandb, resolve_model, sample_problems
 from common.benchmarks import read_benchmark
 from common.config import Config, ConfigError, stage_main
 from common.manifest import Manifest, read_manifest, stage_run, write_json_atomic
@@ -190,12 +191,7 @@ def run(cfg: Config, sampler_factory: Callable[..., Sampler] = make_sampler) -> 
     try:
         with ThreadPoolExecutor(MAX_WORKERS) as pool:
             for benchmark in benchmarks:
-                manifest = evaluate_benchmark(cfg, benchmark, engine, model_details, pool)
-                summary.metrics[benchmark] = manifest.metrics
-                summary.outputs[str(eval_dir(cfg, benchmark))] = \
-                    f"{benchmark}: samples, metrics, manifest"
-                if not manifest.complete:
-                    summary.status = manifest.status
+                add_benchmark(summary, cfg, benchmark, evaluate_benchmark(cfg, benchmark, engine, model_details, pool))
             if heldout is not None:
                 manifest = evaluate_heldout(cfg, engine.sampler, *heldout, model_details["model"])
                 summary.metrics[HELDOUT_NLL_DIR] = manifest.metrics

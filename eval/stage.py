@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 from common.config import Config, ConfigError
 from common.manifest import Manifest, StageInputError, require_complete
-from common.paths import base_run, evaluated_run, hf_export_dir, trained_method
+from common.paths import base_run, eval_dir, evaluated_run, hf_export_dir, trained_method
 from common.seeding import derive_seed
 from common.tracking import progress, start_wandb
 from eval.sample import Completion, LazySampler, engine_count
@@ -131,6 +131,15 @@ def backend_record(engine: LazySampler, manifest: Manifest) -> dict[str, Any]:
         return {"name": engine.started.backend, "version": engine.started.version,
                 "max_model_len": engine.max_model_len, **engine.started.settings}
     return manifest.details.get("backend", {})
+
+
+def add_benchmark(summary: Manifest, cfg: Config, benchmark: str, manifest: Manifest) -> None:
+    """Adds one benchmark's run to the stage's summary manifest: its headline metrics and folder; an incomplete run
+    gives the summary its status."""
+    summary.metrics[benchmark] = manifest.metrics
+    summary.outputs[str(eval_dir(cfg, benchmark))] = f"{benchmark}: samples, metrics, manifest"
+    if not manifest.complete:
+        summary.status = manifest.status
 
 
 # ------------------------------------------------------------------------------------------------- wandb

@@ -35,7 +35,7 @@ from eval.bfcl.checker import (
 )
 from eval.intervals import estimate
 from eval.sample import LazySampler, Sampler
-from eval.stage import backend_record, benchmark_names, log_to_wandb, resolve_model, sample_problems
+from eval.stage import add_benchmark, backend_record, benchmark_names, log_to_wandb, resolve_model, sample_problems
 from common.config import Config
 from common.manifest import Manifest, read_manifest, stage_run, write_json_atomic
 from common.models import load_tokenizer
@@ -111,7 +111,8 @@ def evaluate_category(cfg: Config, category: str, engine: _BfclEngine, checker: 
         write_json_atomic(out_dir / EVAL_METRICS_FILE, metrics_doc)
         run.add_output(SAMPLES_FILE, "one line per question: problem_id, sample_index 0, seed, text, num_tokens, "
                                      "finish_reason, valid and error_type (BFCL's checker), correct (0/1)")
-        run.add_output(EVAL_METRICS_FILE, "accuracy with its interval, per-question verdicts, BFCL error types, protocol")
+        run.add_output(EVAL_METRICS_FILE, "accuracy with its interval, per-question verdicts, BFCL error types, "
+                                          "protocol")
         run.manifest.metrics = {k: v for k, v in metrics.items() if k not in ("correct_counts", "error_types")}
         run.manifest.details["backend"] = backend
         run.manifest.details["protocol"] = metrics_doc["protocol"]
@@ -136,12 +137,7 @@ def run_bfcl(cfg: Config, sampler_factory: Callable[..., Sampler], checker: Bfcl
     result = Manifest(stage=f"eval_{cfg.eval.phase}", variant=cfg.eval.variant, status="complete")
     try:
         for category in categories:
-            manifest = evaluate_category(cfg, category, engine, checker, model_details)
-            result.metrics[category] = manifest.metrics
-            result.outputs[str(eval_dir(cfg, category))] = \
-                f"{category}: samples, metrics, manifest"
-            if not manifest.complete:
-                result.status = manifest.status
+            add_benchmark(result, cfg, category, evaluate_category(cfg, category, engine, checker, model_details))
     finally:
         engine.close()
         if own_checker:

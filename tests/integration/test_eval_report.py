@@ -2,15 +2,17 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
-from dataclasses import replace
-
 from report import run as report
 from common.config import compose
-from common.manifest import read_manifest
-from common.paths import RL_DISCARDED_GROUPS, RL_GROUPS_KEPT, arm_named, eval_run, report_dir
+from common.manifest import is_current, read_manifest
+from common.paths import RL_DISCARDED_GROUPS, RL_GROUPS_KEPT, arm_named, eval_run, report_dir, report_run
 
 pytestmark = pytest.mark.integration
 
@@ -210,9 +212,6 @@ def test_switching_a_setting_back_renders_that_settings_table_again(tmp_path):
     # unchanged)" and report.md still showed the lr=3e-3 evaluation: the report recorded every evaluation folder of
     # the experiment as its inputs, so both configs had one report identity. Its inputs are the runs the current
     # config reads.
-    from common.manifest import is_current
-    from common.paths import report_run
-
     overrides = [f"experiment.run_root={tmp_path}", "experiment.methods=[sft]", "eval.analysis.run=[]"]
     default, changed = compose(overrides), compose([*overrides, "sft.lr=3e-3"])
     for cfg, sft_count in ((default, 1), (changed, 4)):  # the base model's evaluation is the same under both
@@ -232,3 +231,11 @@ def test_switching_a_setting_back_renders_that_settings_table_again(tmp_path):
     assert not is_current(report_dir(default), spec.config_hash, spec.inputs, optional_inputs=True)  # no skip
     again = report.run(default)
     assert again.started_at != first.started_at and sft_avg_pass1(again) == 25.0
+
+
+def test_the_old_entry_point_forwards_with_a_note(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "eval.report", f"experiment.run_root={tmp_path}", "--cfg", "job"],
+                          cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "`python -m eval.report` is now `python -m report.run`" in done.stderr
+    assert f"run_root: {tmp_path}" in done.stdout  # Hydra of report.run got the command line
