@@ -84,8 +84,8 @@ HELDOUT_NLL_DIR = "heldout_nll"
 HELDOUT_NLL = "heldout_nll_nats"
 """Metric of a :func:`heldout_nll_run`: mean negative log-likelihood per supervised token of the held-out slice."""
 SAMPLES_FILE = "samples.jsonl"
-"""An evaluation's samples, one JSON line per sample (``problem_id``, ``sample_index``, ``seed``, text, verdict), in each
-benchmark's run folder; appended problem by problem (``eval.stage.sample_problems``)."""
+"""An evaluation's samples, one JSON line per sample (``problem_id``, ``sample_index``, ``seed``, text, verdict), in
+each benchmark's run folder; appended problem by problem (``eval.stage.sample_problems``)."""
 EVAL_METRICS_FILE = "metrics.json"
 """An evaluation's metrics (avg@n, pass@k, per-problem correct counts, the protocol) in each benchmark's run folder,
 read by the report."""

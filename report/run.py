@@ -1,8 +1,9 @@
 """The report stage: ``python -m report.run experiment=<name> [profile=…]`` (the orchestrator's last stage).
 
-Collects every ``metrics.json`` the eval stages wrote for the experiment's models (``profile.models``), variants
-(``base`` and each of ``experiment.methods``), seeds (``cfg.run_seeds()``) and benchmarks, and writes into
-``report_dir(cfg)``:
+Collects the ``metrics.json`` of the evaluations the current config names, for the experiment's models
+(``profile.models``), arms (``base`` and each of ``experiment.methods``, with their SFT and RL runs:
+:class:`common.paths.Arm`; then the sweep points), seeds (``cfg.run_seeds()``) and benchmarks; those runs, and no
+others, are its inputs (:func:`common.paths.report_run`). It writes into ``report_dir(cfg)``:
 
 * ``table1.{md,csv,tex}`` (phase sft) and ``table2.{md,csv,tex}`` (phase rl) in the paper's layout
   (:mod:`report.tables`): each cell the mean over seeds and problems with its 95% bootstrap interval
@@ -463,9 +464,9 @@ def headroom_section(collected: dict, heldout: dict[tuple[int, str], dict[int, f
     """Spearman correlation, across RL arms and seeds, of pre-RL diagnostics with the RL gain in Avg pass@1, each over
     the pairs that have it: the share of mixed groups (:func:`mixed_groups_per_seed` at ``group_size``), the entropy
     (pre-RL samples that all carry log-probabilities) and the held-out NLL (``heldout``: (model index, variant) →
-    seed → NLL, :func:`heldout_nll_per_seed`). The gain is :func:`report.tables.rl_gains`' per seed: each RL arm paired
-    with the Table 1 row of the same variant (Table 2 may hold fewer arms: ``experiment.rl_methods``) on the problems
-    both evaluated."""
+    seed → NLL, :func:`heldout_nll_per_seed`). The gain is :func:`report.tables.rl_gains`' per seed: each RL arm
+    paired with the Table 1 row of the same variant (Table 2 may hold fewer arms: ``experiment.rl_methods``) on the
+    problems both evaluated."""
     if "sft" not in collected or "rl" not in collected:
         return ["Skipped: needs both Table 1 (before RL) and Table 2 (after RL) evaluations.", ""], {}
     before, after = collected["sft"][0], collected["rl"][0]

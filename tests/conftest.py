@@ -56,7 +56,8 @@ def shared_data() -> Path:
 
 @pytest.fixture(scope="module")
 def checker():
-    """A running BFCL checker (``eval.bfcl.checker.BfclChecker`` in its own venv); skips when ``make bfcl-env`` has not run."""
+    """A running BFCL checker (``eval.bfcl.checker.BfclChecker`` in its own venv); skips when ``make bfcl-env`` has
+    not run."""
     from eval.bfcl.checker import BfclChecker, bfcl_python
 
     if not bfcl_python().exists():

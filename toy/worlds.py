@@ -51,7 +51,8 @@ def benchmark_questions(toy: ToyConfig, name: str, count: int, seed: int) -> lis
     """The :func:`benchmark_problems` as (question, answer) pairs, each question phrased with ``random.Random(seed)``
     (the data stage's benchmark records)."""
     rng = random.Random(seed)
-    return [(arithmetic.question(problem, rng), problem.answer) for problem in benchmark_problems(toy, name, count, seed)]
+    return [(arithmetic.question(problem, rng), problem.answer)
+            for problem in benchmark_problems(toy, name, count, seed)]
 
 
 def health_check_problems(toy: ToyConfig, count: int, seed: int) -> list:

@@ -3,7 +3,7 @@ run here): BFCL's questions sampled with the model's tool template, judged by BF
 (:mod:`eval.bfcl.checker`).
 
 For each category of ``eval.benchmarks`` (default: every one in ``data.benchmarks``) it asks the checker for BFCL's
-entries (the first ``eval.max_problems``, or all), renders each with :func:`eval.bfcl.prompt_ids` (the model's chat
+entries (the first ``eval.max_problems``, or all), renders each with :func:`eval.bfcl.checker.prompt_ids` (the model's chat
 template, or ``data.tool_template``), samples ``eval.n`` = 1 completion per question (BFCL's protocol; seed
 ``derive_seed(seed, "eval/<category>/<id>")``), judges it, and writes into ``eval_dir(cfg, category)``:
 
@@ -14,7 +14,7 @@ template, or ``data.tool_template``), samples ``eval.n`` = 1 completion per ques
   the per-question verdicts (``correct_counts``), BFCL error types, and the protocol with ``bfcl_eval_version``
   and ``irrelevance_set``; the same two in the manifest's details.
 
-The two appendix columns come from the categories' metrics (:func:`eval.bfcl.summary`): BFCL live (count-weighted
+The two appendix columns come from the categories' metrics (:func:`eval.bfcl.checker.summary`): BFCL live (count-weighted
 over the live categories) and Irrelevance Detection (``live_irrelevance``); ``report.bfcl`` renders them.
 """
 from __future__ import annotations
@@ -39,7 +39,14 @@ from eval.stage import add_benchmark, backend_record, benchmark_names, log_to_wa
 from common.config import Config
 from common.manifest import Manifest, read_manifest, stage_run, write_json_atomic
 from common.models import load_tokenizer
-from common.paths import BASE_VARIANT, EVAL_METRICS_FILE, SAMPLES_FILE, configured_eval_run, eval_dir, sampling_protocol
+from common.paths import (
+    BASE_VARIANT,
+    EVAL_METRICS_FILE,
+    SAMPLES_FILE,
+    configured_eval_run,
+    eval_dir,
+    sampling_protocol,
+)
 
 
 def accuracy_with_interval(verdicts: list[int]) -> dict[str, Any]:

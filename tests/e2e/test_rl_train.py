@@ -75,7 +75,8 @@ def rl_run(tmp_path_factory):
     from rl.train import run
 
     root = tmp_path_factory.mktemp("rl")
-    overrides = [f"experiment.run_root={root}", "sft/method=sft", "rl.init=sft", "rl.train_batch_size=4", "rl.ppo_mini_batch_size=2",
+    overrides = [f"experiment.run_root={root}", "sft/method=sft", "rl.init=sft", "rl.train_batch_size=4",
+                 "rl.ppo_mini_batch_size=2",
                  "rl.rollout_n=4", "rl.total_steps=2", "rl.max_prompt_length=64", "rl.max_response_length=16",
                  "rl.overlong_buffer_len=4", "rl.micro_batch_size_per_gpu=8", "rl.save_freq=2", "rl.test_freq=0",
                  "rl.val_before_train=false", "rl.max_inflight_gen_batches=2", "logging.progress=false"]

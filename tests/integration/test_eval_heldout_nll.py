@@ -109,4 +109,5 @@ def test_evaluation_stage_writes_the_heldout_nll_run_and_skips_it_when_current(t
     assert summary.metrics[HELDOUT_NLL_DIR] == manifest.metrics and summary.status == "complete"
     run(cfg)
     assert read_manifest(spec.directory).run_id == manifest.run_id
-    assert heldout_nll_run(_config(tmp_path, tiny_model), "base", None) is None  # no slice: no run (and no identity change)
+    # no slice: no run (and no identity change)
+    assert heldout_nll_run(_config(tmp_path, tiny_model), "base", None) is None

@@ -1,4 +1,5 @@
-"""The chunked loss head against the dense reference, plus the per-token terms' closed forms (docs/methods.md, docs/sft.md)."""
+"""The chunked loss head against the dense reference, plus the per-token terms' closed forms (docs/methods.md,
+docs/sft.md)."""
 from __future__ import annotations
 
 import pytest
