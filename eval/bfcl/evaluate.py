@@ -3,9 +3,9 @@ run here): BFCL's questions sampled with the model's tool template, judged by BF
 (:mod:`eval.bfcl.checker`).
 
 For each category of ``eval.benchmarks`` (default: every one in ``data.benchmarks``) it asks the checker for BFCL's
-entries (the first ``eval.max_problems``, or all), renders each with :func:`eval.bfcl.checker.prompt_ids` (the model's chat
-template, or ``data.tool_template``), samples ``eval.n`` = 1 completion per question (BFCL's protocol; seed
-``derive_seed(seed, "eval/<category>/<id>")``), judges it, and writes into ``eval_dir(cfg, category)``:
+entries (the first ``eval.max_problems``, or all), renders each with :func:`eval.bfcl.checker.prompt_ids` (the
+model's chat template, or ``data.tool_template``), samples ``eval.n`` = 1 completion per question (BFCL's protocol;
+seed ``derive_seed(seed, "eval/<category>/<id>")``), judges it, and writes into ``eval_dir(cfg, category)``:
 
 * ``samples.jsonl``: one line per question (``problem_id``, ``sample_index`` 0, seed, text, tokens, finish reason,
   BFCL's ``valid`` and ``error_type``, ``correct`` = valid as 0/1), flushed question by question; a re-run keeps the
@@ -14,8 +14,9 @@ template, or ``data.tool_template``), samples ``eval.n`` = 1 completion per ques
   the per-question verdicts (``correct_counts``), BFCL error types, and the protocol with ``bfcl_eval_version``
   and ``irrelevance_set``; the same two in the manifest's details.
 
-The two appendix columns come from the categories' metrics (:func:`eval.bfcl.checker.summary`): BFCL live (count-weighted
-over the live categories) and Irrelevance Detection (``live_irrelevance``); ``report.bfcl`` renders them.
+The two appendix columns come from the categories' metrics (:func:`eval.bfcl.checker.summary`): BFCL live
+(count-weighted over the live categories) and Irrelevance Detection (``live_irrelevance``); ``report.bfcl`` renders
+them.
 """
 from __future__ import annotations
 
