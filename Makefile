@@ -98,7 +98,8 @@ smollm2: env-cpu
 	$(CPU_PY) -m eval.run $(SMOLLM2) $(ARGS)
 
 ## The isolated BFCL checker venv (.venv-bfcl: bfcl-eval and its checker's pinned imports, requirements/bfcl.txt,
-## --no-deps; never the project venv). eval/bfcl.py runs BFCL's AST checker in it as a subprocess (docs/tool_use.md).
+## --no-deps; never the project venv). eval/bfcl/checker.py runs BFCL's AST checker in it as a subprocess
+## (docs/tool_use.md).
 bfcl-env:
 	scripts/setup_bfcl_env.sh
 
@@ -122,7 +123,7 @@ bfcl-smoke: env-cpu bfcl-env
 	$(CPU_PY) -m data.tokenize_sft $(BFCL_SMOKE) $(ARGS)
 	$(CPU_PY) -m sft.train $(BFCL_SMOKE) $(ARGS)
 	$(CPU_PY) -m eval.run $(BFCL_SMOKE) $(ARGS)
-	$(CPU_PY) -m eval.bfcl_report $(BFCL_SMOKE) $(ARGS)
+	$(CPU_PY) -m report.bfcl $(BFCL_SMOKE) $(ARGS)
 
 ## Benchmarks (ratios measured in one run): EKSFT (live reference and reference cache)/SFT step time, loss-head memory
 ## dense/chunked, the bf16 head weight gradient's error chunked/plain autograd, vLLM/HF tokens/s.

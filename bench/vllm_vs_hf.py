@@ -5,7 +5,7 @@
 
 Both sides run the evaluation stage's own samplers (``eval.sample.VLLMSampler`` and ``HFSampler``): P chat prompts x
 n samples at temperature 1.0, top-p 1.0, one seed per prompt. On CPU each side gets one thread (vLLM in-process
-with ``OMP_NUM_THREADS=1``, HF with ``torch.set_num_threads(1)``), as in ../shared/docs/vllm_on_cpu.md §3. Tokens
+with ``OMP_NUM_THREADS=1``, HF with ``torch.set_num_threads(1)``), as docs/evaluation.md describes. Tokens
 are generated tokens up to and including EOS; the ratio is (vLLM tokens/s) / (HF tokens/s), measured back to back.
 """
 from __future__ import annotations

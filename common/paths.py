@@ -17,19 +17,20 @@ identity is the manifest's ``config``; :func:`common.manifest.run_state` compare
 run ids and output fingerprints, before any skip.
 
 ``variant`` is ``base`` (the untrained base model) or an SFT method label; ``phase`` is ``sft`` (Table 1) or
-``rl`` (Table 2).
+``rl`` (Table 2). A label is a readable name only: what a stage reads is the upstream run folder the plan hands it
+(``rl.init_run``, ``eval.model_run``; an :class:`Arm` holds them), and a method's config is read from that run's
+manifest (:func:`trained_method`), never parsed back from a label.
 """
 from __future__ import annotations
 
-import typing
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from common.config import Config, ConfigError, compose
 from common.config.common import check_name, computation_config
 from common.config.sft import SFT_METHOD_SCHEMAS, SFTMethod
-from common.manifest import MANIFEST_NAME, config_hash
+from common.manifest import MANIFEST_NAME, Manifest, StageInputError, config_hash, read_manifest
 from common.numerics import numerics_identity
 
 BASE_VARIANT = "base"
@@ -60,69 +61,6 @@ def method_label(method: SFTMethod) -> str:
     return "_".join(parts)
 
 
-def parse_method_label(label: str) -> SFTMethod:
-    """Inverse of :func:`method_label`: ``eksft_rho0.1`` → ``EKSFTMethod(rho=0.1)``, ``eksft`` → the defaults.
-
-    Field names may contain underscores and prefix each other (``dynamic_lambda``, ``dynamic_lambda_factor``), so
-    every split into fields (in schema order) and typed values is tried; the first whose :func:`method_label` is
-    ``label`` again wins. Raises ``ValueError`` naming the label when none does (e.g. ``my_model``).
-    """
-    name, _, rest = label.partition("_")
-    if name not in SFT_METHOD_SCHEMAS:
-        raise ValueError(f"label {label!r} does not start with an SFT method name ({sorted(SFT_METHOD_SCHEMAS)})")
-    schema = SFT_METHOD_SCHEMAS[name]
-    types = typing.get_type_hints(schema)
-    names = [f.name for f in fields(schema) if f.name != "name"]
-    for values in _field_splits(rest, names, types):
-        method = schema(**values)
-        try:
-            method.validate()
-        except ConfigError:
-            continue
-        if method_label(method) == label:
-            return method
-    raise ValueError(f"label {label!r} is not a label of method {name} (fields {names})")
-
-
-def _field_splits(text: str, names: list[str], types: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    """Every way to read ``text`` as ``<field><value>_<field><value>...`` with fields in the order of ``names``."""
-    if not text:
-        yield {}
-        return
-    for index, name in enumerate(names):
-        if not text.startswith(name):
-            continue
-        tail = text[len(name):]
-        for end in [*(i for i, ch in enumerate(tail) if ch == "_"), len(tail)]:
-            value = _typed_value(tail[:end], types[name])
-            if value is _NOT_A_VALUE:
-                continue
-            rest = tail[end + 1:] if end < len(tail) else ""
-            for values in _field_splits(rest, names[index + 1:], types):
-                yield {name: value, **values}
-
-
-_NOT_A_VALUE = object()
-
-
-def _typed_value(text: str, annotation: Any) -> Any:
-    """``text`` as written by :func:`_format_value` for a field of type ``annotation``, or ``_NOT_A_VALUE``."""
-    options = typing.get_args(annotation) if typing.get_origin(annotation) is typing.Union else (annotation,)
-    if type(None) in options and text == "None":
-        return None
-    for kind in options:
-        if kind is bool and text in ("True", "False"):
-            return text == "True"
-        if kind in (int, float):
-            try:
-                return kind(text)
-            except ValueError:
-                continue
-        if kind is str:
-            return text
-    return _NOT_A_VALUE
-
-
 ID_LENGTH = 8
 """Hex digits of the identity hash in a run folder's name."""
 TOKENISATION_FIELDS = ("max_length", "strip_leading_think")
@@ -146,6 +84,12 @@ HELDOUT_NLL_DIR = "heldout_nll"
 """The held-out NLL's run folder inside an evaluation's ``<variant>-<id>/``, beside the benchmarks' folders."""
 HELDOUT_NLL = "heldout_nll_nats"
 """Metric of a :func:`heldout_nll_run`: mean negative log-likelihood per supervised token of the held-out slice."""
+SAMPLES_FILE = "samples.jsonl"
+"""An evaluation's samples, one JSON line per sample (``problem_id``, ``sample_index``, ``seed``, text, verdict), in
+each benchmark's run folder; appended problem by problem (``eval.stage.sample_problems``)."""
+EVAL_METRICS_FILE = "metrics.json"
+"""An evaluation's metrics (avg@n, pass@k, per-problem correct counts, the protocol) in each benchmark's run folder,
+read by the report."""
 TRAINING_METRICS_FILE = "metrics.jsonl"
 """One JSON line per logged step, written by every training stage (base pretraining, SFT, RL) and read by the report."""
 RL_DISCARDED_GROUPS = "training/filter_groups/evicted_samples"
@@ -221,11 +165,9 @@ def training_dir(cfg: Config) -> Path:
     return Path(cfg.experiment.run_root) / (cfg.experiment.train_in or cfg.experiment.name)
 
 
-def with_method(cfg: Config, label: str) -> Config:
-    """``cfg`` with the SFT method whose label is ``label`` (the configured one when it already has that label)."""
-    if method_label(cfg.sft.method) == label:
-        return cfg
-    return replace(cfg, sft=replace(cfg.sft, method=parse_method_label(label)))
+def with_method(cfg: Config, method: SFTMethod) -> Config:
+    """``cfg`` training ``method`` (an entry of ``experiment.methods``, or a sweep point read from a manifest)."""
+    return replace(cfg, sft=replace(cfg.sft, method=method))
 
 
 def model_configs(cfg: Config) -> list[Config]:
@@ -238,13 +180,15 @@ def model_configs(cfg: Config) -> list[Config]:
     return configs
 
 
+def experiment_methods(cfg: Config) -> list[SFTMethod]:
+    """The method config of each ``experiment.methods`` entry (the command line's method keeps its overrides)."""
+    return [cfg.sft.method if name == cfg.sft.method.name else compose([f"sft/method={name}"]).sft.method
+            for name in cfg.experiment.methods]
+
+
 def method_labels(cfg: Config) -> list[str]:
-    """The label of each ``experiment.methods`` entry (the command line's method keeps its overrides)."""
-    labels = []
-    for name in cfg.experiment.methods:
-        method = cfg.sft.method if name == cfg.sft.method.name else compose([f"sft/method={name}"]).sft.method
-        labels.append(method_label(method))
-    return labels
+    """The label of each ``experiment.methods`` entry."""
+    return [method_label(method) for method in experiment_methods(cfg)]
 
 
 def variants(cfg: Config) -> list[str]:
@@ -321,9 +265,8 @@ def tokens_run(cfg: Config) -> RunSpec:
                    {"sft_rows": data.directory, **base_input})
 
 
-def sft_run(cfg: Config, label: str | None = None) -> RunSpec:
-    """The SFT run of ``label`` (default: the configured method) on ``cfg.model``."""
-    cfg = with_method(cfg, label) if label else cfg
+def sft_run(cfg: Config) -> RunSpec:
+    """The SFT run of the configured method (``sft.method``) on ``cfg.model``."""
     tokens = tokens_run(cfg)
     base, base_input = base_model_identity(cfg)
     config = {"sft": computation_config(cfg.sft), "model": computation_config(cfg.model), "base": base,
@@ -334,18 +277,18 @@ def sft_run(cfg: Config, label: str | None = None) -> RunSpec:
                    config, {"sft_tokens": tokens.directory, **base_input})
 
 
-def start_model(cfg: Config, variant: str) -> tuple[Any, dict[str, Path]]:
-    """The model RL starts from (phase sft) for ``variant``: the base model or the SFT run of that label."""
-    if variant == BASE_VARIANT:
+def start_model(cfg: Config, init: Path | None) -> tuple[Any, dict[str, Path]]:
+    """The model RL starts from: the SFT run folder ``init``, or the base model when None."""
+    if init is None:
         return base_model_identity(cfg)
-    sft = sft_run(cfg, variant)
-    return sft.directory.name, {"init_model": sft.directory}
+    return init.name, {"init_model": init}
 
 
-def rl_run(cfg: Config, variant: str) -> RunSpec:
+def rl_run(cfg: Config, variant: str, init: Path | None) -> RunSpec:
+    """The RL run named ``variant`` that starts from the SFT run folder ``init`` (None: the base model)."""
     data = data_run(cfg)
-    init, init_input = start_model(cfg, variant)
-    rl = {k: v for k, v in computation_config(cfg.rl).items() if k != "init"}
+    init, init_input = start_model(cfg, init)
+    rl = {k: v for k, v in computation_config(cfg.rl).items() if k not in ("init", "init_run")}
     config = {"rl": rl, "model": computation_config(cfg.model), "init": init, "data": data.directory.name,
               "seed": cfg.seed, "profile": {"device": cfg.profile.device, "nproc_per_node": cfg.profile.nproc_per_node,
                                             "nnodes": cfg.profile.nnodes}, **kernels_identity(cfg)}
@@ -354,28 +297,35 @@ def rl_run(cfg: Config, variant: str) -> RunSpec:
                    {"data": data.directory, **init_input})
 
 
-def evaluated_model(cfg: Config, phase: str, variant: str) -> tuple[Any, dict[str, Path]]:
-    """What an evaluation samples from: ``eval.model_path``, the RL run (phase rl), the SFT run or the base model."""
+def evaluated_model(cfg: Config, phase: str, model: Path | None) -> tuple[Any, dict[str, Path]]:
+    """What an evaluation samples from: ``eval.model_path``, the run folder ``model`` (an SFT or RL run), or the
+    base model (phase sft, ``model`` None)."""
     if cfg.eval.model_path:
         path = Path(cfg.eval.model_path)
         return {"model_path": cfg.eval.model_path}, ({"model": path} if path.exists() else {})
+    if model is not None:
+        return model.name, {"model": model}
     if phase == "rl":
-        rl = rl_run(cfg, variant)
-        return rl.directory.name, {"model": rl.directory}
-    name, inputs = start_model(cfg, variant)
+        raise ConfigError("an evaluation of phase rl needs the RL run folder it evaluates (eval.model_run)")
+    name, inputs = base_model_identity(cfg)
     return name, {"model": path for path in inputs.values()}
 
 
-def eval_run(cfg: Config, phase: str, variant: str, benchmark: str) -> RunSpec:
-    """One benchmark's evaluation of one model; ``<variant>-<id>`` holds every benchmark of the same protocol."""
-    data = data_run(cfg)
-    model, model_input = evaluated_model(cfg, phase, variant)
+def sampling_protocol(cfg: Config) -> dict[str, Any]:
+    """The evaluation's sampling protocol: part of every evaluation's identity, and recorded with its metrics."""
     e = cfg.eval
-    protocol = {"n": e.n, "n_per_benchmark": dict(e.n_per_benchmark), "temperature": e.temperature, "top_p": e.top_p,
-                "max_tokens": e.max_tokens, "max_problems": e.max_problems, "backend": e.backend,
-                "max_model_len": e.max_model_len, "tensor_parallel_size": e.tensor_parallel_size,
-                "enforce_eager": e.enforce_eager, "dtype": cfg.model.dtype, "device": cfg.profile.device}
-    shared = {"protocol": protocol, "model": model, "data": data.directory.name, "seed": cfg.seed,
+    return {"n": e.n, "n_per_benchmark": dict(e.n_per_benchmark), "temperature": e.temperature, "top_p": e.top_p,
+            "max_tokens": e.max_tokens, "max_problems": e.max_problems, "backend": e.backend,
+            "max_model_len": e.max_model_len, "tensor_parallel_size": e.tensor_parallel_size,
+            "enforce_eager": e.enforce_eager, "dtype": cfg.model.dtype, "device": cfg.profile.device}
+
+
+def eval_run(cfg: Config, phase: str, variant: str, benchmark: str, model: Path | None) -> RunSpec:
+    """One benchmark's evaluation of the run folder ``model`` (None: the base model, phase sft), named ``variant``;
+    ``<variant>-<id>`` holds every benchmark of the same protocol."""
+    data = data_run(cfg)
+    model, model_input = evaluated_model(cfg, phase, model)
+    shared = {"protocol": sampling_protocol(cfg), "model": model, "data": data.directory.name, "seed": cfg.seed,
               **kernels_identity(cfg)}
     folder = run_folder(variant, shared)
     directory = experiment_dir(cfg) / "eval" / cfg.model.name / phase / folder / benchmark
@@ -384,36 +334,181 @@ def eval_run(cfg: Config, phase: str, variant: str, benchmark: str) -> RunSpec:
                    {"benchmarks": data.directory, **model_input})
 
 
-def heldout_nll_run(cfg: Config, variant: str) -> RunSpec | None:
-    """The held-out NLL of ``variant``'s pre-RL model (phase sft), in :data:`HELDOUT_NLL_DIR` of its evaluation
-    folder; None without a held-out slice (``data.num_heldout_rows=0``) and for ``eval.model_path`` (its tokenizer
-    need not be the one the slice was tokenised with)."""
+def heldout_nll_run(cfg: Config, variant: str, model: Path | None) -> RunSpec | None:
+    """The held-out NLL of ``variant``'s pre-RL model (the SFT run folder ``model``, or the base model when None), in
+    :data:`HELDOUT_NLL_DIR` of its evaluation folder; None without a held-out slice (``data.num_heldout_rows=0``) and
+    for ``eval.model_path`` (its tokenizer need not be the one the slice was tokenised with)."""
     if not cfg.data.num_heldout_rows or cfg.eval.model_path:
         return None
-    directory = eval_run(cfg, "sft", variant, HELDOUT_NLL_DIR).directory
+    directory = eval_run(cfg, "sft", variant, HELDOUT_NLL_DIR, model).directory
     tokens = tokens_run(cfg)
-    model, model_input = evaluated_model(cfg, "sft", variant)
+    model, model_input = evaluated_model(cfg, "sft", model)
     config = {"model": model, "tokens": tokens.directory.name, "backend": cfg.eval.backend, "dtype": cfg.model.dtype,
               "device": cfg.profile.device, **kernels_identity(cfg)}
     return RunSpec("eval_sft", f"{cfg.model.name}/sft/{directory.parent.name}/{HELDOUT_NLL_DIR}", directory, config,
                    {"heldout_tokens": tokens.directory, **model_input})
 
 
+# ------------------------------------------------------------------------- upstream runs, handed down
+def configured_sft_folder(cfg: Config, variant: str, key: str) -> Path | None:
+    """The SFT run folder a stage reads for ``variant`` when the plan handed it none (``key`` is empty): None for
+    ``base``, the configured method's run (``sft.method``) when ``variant`` is its label, else an error naming
+    ``key`` (a label is a name, not a config to rebuild)."""
+    if variant == BASE_VARIANT:
+        return None
+    if variant == method_label(cfg.sft.method):
+        return sft_run(cfg).directory
+    raise ConfigError(f"{key} is empty and {variant!r} is not the label of the configured SFT method "
+                      f"({method_label(cfg.sft.method)}): set {key}=<the SFT run folder> (the orchestrator's plan "
+                      f"passes it), or sft/method=<name> with its settings")
+
+
+def rl_start(cfg: Config) -> tuple[str, Path | None]:
+    """The variant RL starts from (``rl.init``; empty: the configured method's label) and its SFT run folder
+    (``rl.init_run``, which the plan hands down; empty: the configured method's run; None: the base model)."""
+    variant = cfg.rl.init or method_label(cfg.sft.method)
+    if cfg.rl.init_run:
+        return variant, Path(cfg.rl.init_run)
+    return variant, configured_sft_folder(cfg, variant, "rl.init_run")
+
+
+def configured_rl_run(cfg: Config) -> RunSpec:
+    """The RL run of ``rl.init`` / ``rl.init_run`` (:func:`rl_start`)."""
+    return rl_run(cfg, *rl_start(cfg))
+
+
+def evaluated_run(cfg: Config) -> Path | None:
+    """The run folder an evaluation samples from: ``eval.model_run``, which the plan hands down; without it, the
+    configured method's SFT run (phase sft; None for ``base``) or the RL run from it (phase rl); None with
+    ``eval.model_path``."""
+    if cfg.eval.model_path:
+        return None
+    if cfg.eval.model_run:
+        return Path(cfg.eval.model_run)
+    sft = configured_sft_folder(cfg, cfg.eval.variant, "eval.model_run")
+    return sft if cfg.eval.phase == "sft" else rl_run(cfg, cfg.eval.variant, sft).directory
+
+
+def configured_eval_run(cfg: Config, benchmark: str) -> RunSpec:
+    """The evaluation of ``benchmark`` that ``eval.phase``, ``eval.variant`` and :func:`evaluated_run` name."""
+    return eval_run(cfg, cfg.eval.phase, cfg.eval.variant, benchmark, evaluated_run(cfg))
+
+
+def method_record(manifest: Manifest) -> dict[str, Any] | None:
+    """The SFT method behind a run, as its manifest holds it: an SFT run's identity (``config.sft.method``), an RL or
+    evaluation run's copy of its upstream's (``details.sft_method``); None for the base model and unknown models."""
+    if manifest.stage == "sft":
+        return manifest.config["sft"]["method"]
+    return manifest.details.get("sft_method")
+
+
+def trained_method(run_dir: Path | None) -> SFTMethod | None:
+    """The SFT method of the run in ``run_dir`` (:func:`method_record` of its manifest) as its config; None for the
+    base model (``run_dir`` None) or a run that records none."""
+    manifest = read_manifest(run_dir) if run_dir is not None else None
+    record = method_record(manifest) if manifest is not None else None
+    return SFT_METHOD_SCHEMAS[record["name"]](**record) if record else None
+
+
+# ------------------------------------------------------------------------------------- the grid, by arm
+@dataclass(frozen=True)
+class Arm:
+    """One row of Tables 1 and 2 for one model and seed: a variant and the run folders behind it."""
+
+    variant: str
+    """``base`` or the method's label (a name only)."""
+    method: SFTMethod | None
+    """The SFT method; None for the base model."""
+    sft: Path | None
+    """The SFT run folder (Table 1's model); None for the base model."""
+    rl: Path
+    """The RL run folder that starts from it (Table 2's model)."""
+
+    def model(self, phase: str) -> Path | None:
+        """The run folder phase ``sft`` or ``rl`` evaluates (None: the base model itself)."""
+        return self.sft if phase == "sft" else self.rl
+
+
+def arm(cfg: Config, method: SFTMethod | None) -> Arm:
+    """The arm of ``method`` (None: the base model) under ``cfg`` (its model and seed)."""
+    if method is None:
+        return Arm(BASE_VARIANT, None, None, rl_run(cfg, BASE_VARIANT, None).directory)
+    variant, sft = method_label(method), sft_run(with_method(cfg, method)).directory
+    return Arm(variant, method, sft, rl_run(cfg, variant, sft).directory)
+
+
+def arms(cfg: Config) -> list[Arm]:
+    """The experiment's arms for ``cfg``'s model and seed: ``base``, then each ``experiment.methods`` entry."""
+    return [arm(cfg, None), *(arm(cfg, method) for method in experiment_methods(cfg))]
+
+
+def arm_named(cfg: Config, variant: str) -> Arm:
+    """The experiment's arm labelled ``variant`` (``base`` or the label of an ``experiment.methods`` entry)."""
+    found = {a.variant: a for a in arms(cfg)}
+    if variant not in found:
+        raise ConfigError(f"no arm of the experiment is labelled {variant!r}; its arms: {list(found)}")
+    return found[variant]
+
+
+def sweep_arms(cfg: Config) -> list[Arm]:
+    """The other complete SFT runs of ``cfg.model`` that ``cfg`` would train with another method: a sweep's points
+    (same data, seed and settings; the method read from each run's manifest), sorted by label."""
+    known = set(method_labels(cfg))
+    found = {}
+    for path in sorted((training_dir(cfg) / "sft" / cfg.model.name).glob(f"*/{MANIFEST_NAME}")):
+        try:
+            manifest = read_manifest(path.parent)
+        except StageInputError:  # written by an older pipeline version: never reused
+            continue
+        if manifest is None or not manifest.complete or manifest.stage != "sft":
+            continue
+        candidate = arm(cfg, trained_method(path.parent))
+        if candidate.sft == path.parent and candidate.variant not in known:
+            found[candidate.variant] = candidate
+    return [found[label] for label in sorted(found)]
+
+
+def report_arms(cfg: Config) -> list[Arm]:
+    """The arms the report reads for ``cfg``'s model and seed: the experiment's, then (with the sweep analysis) the
+    sweep points of :func:`sweep_arms`."""
+    return arms(cfg) + (sweep_arms(cfg) if "sweep" in cfg.eval.analysis.run else [])
+
+
+def seed_configs(cfg: Config) -> dict[int, Config]:
+    """``cfg`` once per seed of ``cfg.run_seeds()`` (``experiment.seeds``, else ``seed``)."""
+    return {seed: replace(cfg, seed=seed) for seed in cfg.run_seeds()}
+
+
+def report_benchmarks(cfg: Config) -> list[str]:
+    """The benchmarks the tables show: ``eval.benchmarks``, else every one in ``data.benchmarks``."""
+    return list(cfg.eval.benchmarks) or list(cfg.data.benchmarks)
+
+
 def report_run(cfg: Config) -> RunSpec:
-    """The experiment's report. It reads whatever the experiment has evaluated (its sweeps included), so its inputs
-    are every run folder of the experiment with a manifest, and the base models' runs."""
-    root, training = experiment_dir(cfg), training_dir(cfg)
-    folders = [path.parent for top, pattern in ((training, "tokens/*"), (training, "sft/*/*"), (root, "rl/*/*"),
-                                                (root, "eval/*/*/*/*"))
-               for path in sorted(top.glob(f"{pattern}/{MANIFEST_NAME}"))]
-    folders += [base.directory for mcfg in model_configs(cfg) if (base := base_run(mcfg)) is not None]
+    """The experiment's report. Its inputs are the runs the current config reads, no others: per model and seed,
+    each arm's (:func:`report_arms`) SFT and RL runs, their evaluations and held-out NLL, and the base model's and
+    the tokenised split's runs. A config switched back therefore reads, and renders, what it read before."""
+    folders: list[Path] = []
+    for mcfg in model_configs(cfg):
+        if (base := base_run(mcfg)) is not None:
+            folders.append(base.directory)
+        folders.append(tokens_run(mcfg).directory)
+        for scfg in seed_configs(mcfg).values():
+            for a in report_arms(scfg):
+                folders += [folder for folder in (a.sft, a.rl) if folder is not None]
+                folders += [eval_run(scfg, phase, a.variant, bench, a.model(phase)).directory
+                            for phase in ("sft", "rl") for bench in report_benchmarks(cfg)]
+                if (heldout := heldout_nll_run(scfg, a.variant, a.sft)) is not None:
+                    folders.append(heldout.directory)
     config = {"eval": {k: v for k, v in computation_config(cfg.eval).items()
-                       if k not in ("phase", "variant", "model_path")},
+                       if k not in ("phase", "variant", "model_path", "model_run")},
               "experiment": {"methods": method_labels(cfg), "seeds": cfg.run_seeds(),
                              "stages": list(cfg.experiment.stages)},
-              "models": list(cfg.profile.models), "data": data_run(cfg).directory.name}
+              "models": {m.model.name: m.model.display_name for m in model_configs(cfg)},
+              "rl": {"rollout_n": cfg.rl.rollout_n, "kept_groups_per_step": cfg.rl.kept_groups_per_step},
+              "device": cfg.profile.device, "data": data_run(cfg).directory.name}
     inputs = {str(folder.relative_to(cfg.experiment.run_root)): folder for folder in folders}
-    return RunSpec("report", "", root / "report", config, inputs, optional_inputs=True)
+    return RunSpec("report", "", experiment_dir(cfg) / "report", config, inputs, optional_inputs=True)
 
 
 # ------------------------------------------------------------------------------- folders (shorthands)
@@ -438,16 +533,16 @@ def sft_tokens_path(cfg: Config) -> Path:
     return tokens_dir(cfg) / SFT_TOKENS_FILE
 
 
-def sft_dir(cfg: Config, label: str | None = None) -> Path:
-    return sft_run(cfg, label).directory
+def sft_dir(cfg: Config) -> Path:
+    return sft_run(cfg).directory
 
 
-def rl_dir(cfg: Config, variant: str) -> Path:
-    return rl_run(cfg, variant).directory
+def rl_dir(cfg: Config) -> Path:
+    return configured_rl_run(cfg).directory
 
 
-def eval_dir(cfg: Config, phase: str, variant: str, benchmark: str) -> Path:
-    return eval_run(cfg, phase, variant, benchmark).directory
+def eval_dir(cfg: Config, benchmark: str) -> Path:
+    return configured_eval_run(cfg, benchmark).directory
 
 
 def report_dir(cfg: Config) -> Path:

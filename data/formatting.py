@@ -1,6 +1,6 @@
 """Chat formatting: token ids + label mask for SFT, and verl's parquet row for RL.
 
-SFT example (data_notes.md §3, LUFFY's ``rl_dataset_with_target.py``)::
+SFT example (LUFFY's ``rl_dataset_with_target.py``; docs/data.md)::
 
     prompt   = apply_chat_template([system, user], add_generation_prompt=True)
     response = target (minus a leading "<think>\\n" when the prompt already ends with it) + end-of-turn token
@@ -75,7 +75,7 @@ def example_from_texts(tokenizer, prompt_text: str, response_text: str, max_leng
 
 
 def verl_row(row: Mapping[str, Any], split: str) -> dict[str, Any]:
-    """verl's RLHF parquet row (verl_on_cpu.md §4) from a LUFFY row; ``extra_info.split`` names the part."""
+    """verl's RLHF parquet row (docs/data.md, "Outputs") from a LUFFY row; ``extra_info.split`` names the part."""
     return {
         "data_source": row["data_source"],
         "prompt": [{"role": m["role"], "content": m["content"]} for m in row["prompt"]],

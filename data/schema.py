@@ -21,7 +21,7 @@ from typing import Any, Mapping
 
 LUFFY_COLUMNS = ("data_source", "prompt", "target", "ability", "reward_model", "extra_info")
 VERL_COLUMNS = ("data_source", "prompt", "ability", "reward_model", "extra_info")
-"""verl's RLHF parquet columns (verl_on_cpu.md §4): the LUFFY row without ``target``."""
+"""verl's RLHF parquet columns (docs/data.md, "Outputs"): the LUFFY row without ``target``."""
 _WHITESPACE = re.compile(r"\s+")
 
 

@@ -20,7 +20,7 @@ from typing import Any, Sequence
 
 from common.config import Config
 from common.manifest import Manifest, read_manifest, require_complete, stage_run
-from common.paths import HELDOUT_NLL, HELDOUT_TOKENS_FILE, IGNORE_INDEX, heldout_nll_run, tokens_dir
+from common.paths import HELDOUT_NLL, HELDOUT_TOKENS_FILE, IGNORE_INDEX, evaluated_run, heldout_nll_run, tokens_dir
 
 
 def heldout_nll(logprobs_by_row: Sequence[Sequence[float | None]],
@@ -60,7 +60,7 @@ def evaluate_heldout(cfg: Config, sampler: Any, input_ids: list[list[int]], labe
                      model_record: dict[str, Any]) -> Manifest:
     """The held-out NLL of the evaluated model under the run contract (skipped when current); ``sampler`` is a
     zero-argument callable returning the loaded engine (started only when the NLL has to be computed)."""
-    spec = heldout_nll_run(cfg, cfg.eval.variant)
+    spec = heldout_nll_run(cfg, cfg.eval.variant, evaluated_run(cfg))
     with stage_run(spec.directory, stage=spec.stage, variant=spec.variant, config=spec.config,
                    inputs=spec.inputs) as run:
         if run is None:

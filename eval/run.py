@@ -4,7 +4,8 @@ For each benchmark (``eval.benchmarks``, default: every one in ``data.benchmarks
 ``benchmarks/<name>.jsonl``, renders each row's ``prompt`` messages with the evaluated model's chat template,
 samples ``n`` completions per problem (seed per problem: ``derive_seed(seed, "eval/<benchmark>/<id>")``), scores
 every sample with :func:`eval.scoring.verdict` (the judgement of ``verify``), and writes into
-``eval_dir(cfg, phase, variant, benchmark)``:
+``eval_dir(cfg, benchmark)`` (from ``eval.phase``, ``eval.variant`` and ``eval.model_run``, the run folder the plan
+hands down):
 
 * ``samples.jsonl``: one line per sample, appended and flushed problem by problem. A crash or Ctrl-C loses no
   finished problem; a re-run keeps the finished problems and samples only the missing ones.
@@ -26,125 +27,49 @@ Any HF folder or hub id:
 """
 from __future__ import annotations
 
-import json
-import os
 import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict
-from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
-
+from eval.bfcl.evaluate import run_bfcl
 from eval.heldout import evaluate_heldout, heldout_tokens_path, read_heldout_tokens
 from eval.metrics import MEAN_TOKEN_ENTROPY, benchmark_metrics, mean_token_entropy
 from eval.sample import (
     LazySampler,
     Sampler,
     configure_vllm_cpu_environment,
-    engine_count,
     make_sampler,
     render_prompt,
     response_prefix,
 )
 from eval.scoring import CORRECT, MAX_WORKERS, TIME_LIMITED, TIMEOUT_S, extract_answer, verdict
+from eval.stage import add_benchmark, backend_record, benchmark_names, log_to_wandb, resolve_model, sample_problems
 from common.benchmarks import read_benchmark
 from common.config import Config, ConfigError, stage_main
-from common.manifest import (
-    Manifest,
-    StageInputError,
-    read_manifest,
-    require_complete,
-    stage_run,
-    write_json_atomic,
-)
+from common.manifest import Manifest, read_manifest, stage_run, write_json_atomic
 from common.models import load_tokenizer
 from common.paths import (
-    BASE_VARIANT,
+    EVAL_METRICS_FILE,
     HELDOUT_NLL_DIR,
-    base_run,
+    SAMPLES_FILE,
     benchmark_file,
     data_dir,
+    configured_eval_run,
     eval_dir,
-    eval_run,
+    evaluated_run,
     heldout_nll_run,
-    hf_export_dir,
-    rl_dir,
-    sft_dir,
-    with_method,
+    sampling_protocol,
 )
 from common.preflight import require_stage
-from common.seeding import derive_seed
-from common.tracking import progress, start_wandb
-
-SAMPLES_FILE = "samples.jsonl"
-METRICS_FILE = "metrics.json"
 
 
 # ------------------------------------------------------------------------------------------------ inputs
-def resolve_model(cfg: Config) -> tuple[str, Path | None]:
-    """What to load (HF folder or hub id) and the upstream stage folder whose complete manifest vouches for it."""
-    if cfg.eval.model_path:
-        return cfg.eval.model_path, None
-    if cfg.eval.phase == "rl":
-        upstream = rl_dir(cfg, cfg.eval.variant)
-    elif cfg.eval.variant != BASE_VARIANT:
-        upstream = sft_dir(cfg, cfg.eval.variant)
-    elif (base := base_run(cfg)) is not None:
-        upstream = base.directory
-    else:
-        return cfg.model.path, None
-    require_complete(upstream, f"model to evaluate ({cfg.eval.phase} {cfg.eval.variant})")
-    return str(hf_export_dir(upstream)), upstream
-
-
-def benchmark_names(cfg: Config) -> list[str]:
-    """``eval.benchmarks`` checked against ``data.benchmarks`` (all of them when empty)."""
-    known = list(cfg.data.benchmarks)
-    unknown = [name for name in cfg.eval.benchmarks if name not in known]
-    if unknown:
-        raise ConfigError(f"eval.benchmarks has {unknown}, which data.benchmarks does not define; known: {known}")
-    return list(cfg.eval.benchmarks) or known
-
-
 def benchmark_rows(cfg: Config, benchmark: str) -> list[dict[str, Any]]:
     """The rows of ``benchmark`` this run evaluates (the first ``eval.max_problems``, or all)."""
     return read_benchmark(data_dir(cfg) / benchmark_file(benchmark))[:cfg.eval.max_problems or None]
 
 
 # ----------------------------------------------------------------------------------------------- samples
-def read_finished(path: Path, n: int) -> dict[str, list[dict[str, Any]]]:
-    """Problems with all ``n`` samples in ``path``; the lines of unfinished problems are removed from the file.
-
-    A torn last line (a crash mid-write) is dropped; a malformed line elsewhere raises, naming the line.
-    """
-    if not path.exists():
-        return {}
-    by_problem: dict[str, list[dict[str, Any]]] = {}
-    lines = path.read_text(encoding="utf-8").splitlines()
-    for line_number, line in enumerate(lines, 1):
-        try:
-            record = json.loads(line)
-            by_problem.setdefault(record["problem_id"], []).append(record)
-        except (json.JSONDecodeError, KeyError, TypeError) as exc:
-            if line_number == len(lines):
-                break
-            raise StageInputError(f"{path}:{line_number}: malformed sample record ({exc}); "
-                                  "delete the file to re-sample this benchmark") from exc
-    finished = {pid: sorted(records, key=lambda r: r["sample_index"]) for pid, records in by_problem.items()
-                if sorted(r["sample_index"] for r in records) == list(range(n))}
-    if sum(len(r) for r in finished.values()) != len(lines):
-        _write_atomic(path, "".join(json.dumps(r, ensure_ascii=False) + "\n"
-                                    for records in finished.values() for r in records))
-    return finished
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-
-
 def score_problem(row: dict[str, Any], completions: list, prefix: str, seed: int,
                   pool: ThreadPoolExecutor) -> list[dict[str, Any]]:
     """One samples.jsonl record per completion: text, tokens, finish reason, extracted answer, verdict (``correct``
@@ -156,12 +81,6 @@ def score_problem(row: dict[str, Any], completions: list, prefix: str, seed: int
              "answer": extract_answer(text), "correct": int(judged == CORRECT),
              "time_limited": judged == TIME_LIMITED}
             for index, (c, text, judged) in enumerate(zip(completions, scored_texts, verdicts))]
-
-
-def in_batches(items: list, size: int) -> Iterator[list]:
-    """``items`` in consecutive slices of ``size`` (the last may be shorter)."""
-    for start in range(0, len(items), size):
-        yield items[start:start + size]
 
 
 # ------------------------------------------------------------------------------------------------- stage
@@ -191,55 +110,29 @@ class _Engine(LazySampler):
         return self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
 
 
-def evaluate_benchmark(cfg: Config, benchmark: str, engine: _Engine, model_record: dict[str, str],
+def evaluate_benchmark(cfg: Config, benchmark: str, engine: _Engine, model_details: dict[str, Any],
                        pool: ThreadPoolExecutor) -> Manifest:
-    """Samples, scores and summarises one benchmark under the run contract (skips, resumes or restarts)."""
-    spec = eval_run(cfg, cfg.eval.phase, cfg.eval.variant, benchmark)
+    """Samples, scores and summarises one benchmark under the run contract (skips, resumes or restarts);
+    ``model_details`` (:func:`eval.stage.resolve_model`) go into its manifest."""
+    spec = configured_eval_run(cfg, benchmark)
     out_dir = spec.directory
     rows = benchmark_rows(cfg, benchmark)
     n = cfg.eval.samples_for(benchmark)
     prompts = engine.prompts(rows)
     prefixes = {response_prefix(p) for p in prompts}
-    protocol = {"n": n, "temperature": cfg.eval.temperature, "top_p": cfg.eval.top_p,
-                "max_tokens": cfg.eval.max_tokens, "seed": cfg.seed, "backend": cfg.eval.backend,
-                "dtype": cfg.model.dtype, "think_prefix": sorted(prefixes) != [""]}
-    samples_path = out_dir / SAMPLES_FILE
+    protocol = {**sampling_protocol(cfg), "n": n, "seed": cfg.seed, "think_prefix": sorted(prefixes) != [""]}
 
     with stage_run(out_dir, stage=spec.stage, variant=spec.variant, config=spec.config, inputs=spec.inputs,
                    seeds={"sampling": cfg.seed}) as run:
         if run is None:
             return read_manifest(out_dir)
-        run.manifest.details.update({"model": model_record, "num_problems": len(rows),
-                                     "variant": cfg.eval.variant, "phase": cfg.eval.phase})
-        if cfg.eval.variant != BASE_VARIANT and not cfg.eval.model_path:
-            run.manifest.details["sft_method"] = asdict(with_method(cfg, cfg.eval.variant).sft.method)
-        if not run.resumed:
-            samples_path.unlink(missing_ok=True)
-        finished = read_finished(samples_path, n)
-        todo = [(row, prompt) for row, prompt in zip(rows, prompts) if row["id"] not in finished]
-        if finished:
-            print(f"[eval/{benchmark}] {len(finished)} of {len(rows)} problems already sampled; "
-                  f"sampling the other {len(todo)}")
-        bar = progress(total=len(rows), initial=len(finished), desc=f"eval {cfg.eval.variant}/{benchmark}",
-                       enabled=cfg.logging.progress, unit="problem")
-        sampling = {"seconds": 0.0, "generated_tokens": 0}
-        with bar, open(samples_path, "a", encoding="utf-8") as samples:
-            for batch in in_batches(todo, cfg.eval.problems_per_batch * engine_count(cfg)):
-                prompt_ids = [engine.prompt_ids(p) for _, p in batch]
-                seeds = [derive_seed(cfg.seed, f"eval/{benchmark}/{row['id']}") for row, _ in batch]
-                sampler = engine.sampler()
-                started = time.perf_counter()
-                sampled = sampler.sample(prompt_ids, seeds, n)
-                sampling["seconds"] += time.perf_counter() - started
-                sampling["generated_tokens"] += sum(c.num_tokens for completions in sampled for c in completions)
-                for (row, prompt), seed, completions in zip(batch, seeds, sampled):
-                    records = score_problem(row, completions, response_prefix(prompt), seed, pool)
-                    samples.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
-                    samples.flush()
-                    os.fsync(samples.fileno())
-                    finished[row["id"]] = records
-                    bar.update(1)
-
+        run.manifest.details.update({**model_details, "num_problems": len(rows), "variant": cfg.eval.variant,
+                                     "phase": cfg.eval.phase})
+        finished, sampling = sample_problems(
+            cfg, benchmark, out_dir / SAMPLES_FILE, list(zip(rows, prompts)), n, engine, resumed=run.resumed,
+            problem_id=lambda problem: problem[0]["id"], prompt_ids=lambda problem: engine.prompt_ids(problem[1]),
+            score=lambda problem, completions, seed: score_problem(problem[0], completions,
+                                                                   response_prefix(problem[1]), seed, pool))
         records_by_problem = [finished[row["id"]] for row in rows]
         metrics = summarize(records_by_problem, n)
         if metrics["time_limited_samples"]:
@@ -247,29 +140,20 @@ def evaluate_benchmark(cfg: Config, benchmark: str, engine: _Engine, model_recor
                   f"scorer's time limit ({TIMEOUT_S:.0f} s, eval.scoring.TIMEOUT_S; math-verify's own timeout "
                   "included); a loaded machine makes them more frequent (time_limited in samples.jsonl)",
                   file=sys.stderr, flush=True)
+        backend = backend_record(engine, run.manifest)
         metrics_doc = {"benchmark": benchmark, "phase": cfg.eval.phase, "variant": cfg.eval.variant,
                        "model": cfg.model.name, "model_path": engine.model_path, **metrics, "protocol": {
-                           **protocol, "backend_version": _backend_version(engine, run.manifest)}}
-        write_json_atomic(out_dir / METRICS_FILE, metrics_doc)
+                           **protocol, "backend_version": backend.get("version", "")}}
+        write_json_atomic(out_dir / EVAL_METRICS_FILE, metrics_doc)
         run.add_output(SAMPLES_FILE, "one line per sample: problem_id, sample_index, seed, text, num_tokens, "
                                      "neg_logprob_sum, finish_reason, answer (extracted), correct (0/1), time_limited")
-        run.add_output(METRICS_FILE, "avg@n, pass@k, per-problem correct counts, protocol")
+        run.add_output(EVAL_METRICS_FILE, "avg@n, pass@k, per-problem correct counts, protocol")
         run.manifest.metrics = {key: value for key, value in metrics.items() if key != "correct_counts"}
-        if engine.started is not None:
-            run.manifest.details["backend"] = {"name": engine.started.backend, "version": engine.started.version,
-                                               "max_model_len": engine.max_model_len, "start_s": engine.start_s,
-                                               **engine.started.settings}
+        run.manifest.details["backend"] = backend
         run.manifest.details["protocol"] = metrics_doc["protocol"]
-        run.manifest.details["sampling"] = sampling  # this attempt's generate calls (bench/stage_overhead.py)
+        run.manifest.details["sampling"] = sampling
         run.manifest.details["seed_rule"] = "derive_seed(seed, 'eval/<benchmark>/<problem id>') per problem"
         return run.manifest
-
-
-def _backend_version(engine: _Engine, manifest: Manifest) -> str:
-    """The sampling backend's version (from the engine, or from the manifest when this run sampled nothing)."""
-    if engine.started is not None:
-        return engine.started.version
-    return manifest.details.get("backend", {}).get("version", "")
 
 
 def summarize(records_by_problem: list[list[dict[str, Any]]], n: int) -> dict[str, Any]:
@@ -297,13 +181,11 @@ def run(cfg: Config, sampler_factory: Callable[..., Sampler] = make_sampler) -> 
     if cfg.eval.backend == "vllm" and cfg.profile.device == "cpu":
         configure_vllm_cpu_environment()  # before the tokenizer below imports torch
     if cfg.data.benchmark_source == "bfcl":  # the tool-use family, scored by BFCL's checker (docs/tool_use.md)
-        from eval.bfcl_stage import run_bfcl  # here, not at the top: eval.bfcl_stage imports this module
-
         return run_bfcl(cfg, sampler_factory)
     benchmarks = benchmark_names(cfg)
-    model_path, upstream = resolve_model(cfg)
-    model_record = {"path": model_path, "upstream_run": str(upstream) if upstream is not None else None}
-    scores_heldout = cfg.eval.phase == "sft" and heldout_nll_run(cfg, cfg.eval.variant) is not None
+    model_path, model_details = resolve_model(cfg)
+    scores_heldout = cfg.eval.phase == "sft" and \
+        heldout_nll_run(cfg, cfg.eval.variant, evaluated_run(cfg)) is not None
     heldout = read_heldout_tokens(heldout_tokens_path(cfg)) if scores_heldout else None
     engine = _Engine(model_path, cfg, sampler_factory, benchmarks,
                      max(map(len, heldout[0])) if heldout is not None else 0)
@@ -311,41 +193,16 @@ def run(cfg: Config, sampler_factory: Callable[..., Sampler] = make_sampler) -> 
     try:
         with ThreadPoolExecutor(MAX_WORKERS) as pool:
             for benchmark in benchmarks:
-                manifest = evaluate_benchmark(cfg, benchmark, engine, model_record, pool)
-                summary.metrics[benchmark] = manifest.metrics
-                summary.outputs[str(eval_dir(cfg, cfg.eval.phase, cfg.eval.variant, benchmark))] = \
-                    f"{benchmark}: samples, metrics, manifest"
-                if not manifest.complete:
-                    summary.status = manifest.status
+                add_benchmark(summary, cfg, benchmark, evaluate_benchmark(cfg, benchmark, engine, model_details, pool))
             if heldout is not None:
-                manifest = evaluate_heldout(cfg, engine.sampler, *heldout, model_record)
+                manifest = evaluate_heldout(cfg, engine.sampler, *heldout, model_details["model"])
                 summary.metrics[HELDOUT_NLL_DIR] = manifest.metrics
                 if not manifest.complete:
                     summary.status = manifest.status
     finally:
         engine.close()
-    log_to_wandb(cfg, summary, model_record, eval_dir(cfg, cfg.eval.phase, cfg.eval.variant, benchmarks[0]).parent)
+    log_to_wandb(cfg, summary, model_details["model"], eval_dir(cfg, benchmarks[0]).parent)
     return summary
-
-
-def log_to_wandb(cfg: Config, summary: Manifest, model_record: dict[str, Any], directory: Path) -> None:
-    """Under ``logging.wandb_mode`` (nothing when disabled): one wandb run ``<experiment>/eval_<phase>/<variant>`` in
-    the experiment's group with each benchmark's headline metrics as ``<benchmark>/<metric>`` (avg@n, pass@k,
-    truncation and no-answer rates, mean response tokens) and the same as the table ``eval/metrics``."""
-    name = f"{cfg.experiment.name}/eval_{cfg.eval.phase}/{cfg.eval.variant}"
-    tracker = start_wandb(cfg.logging.wandb_mode, project=cfg.logging.wandb_project, group=cfg.experiment.name,
-                          name=cfg.logging.run_name or name,
-                          config={"eval": asdict(cfg.eval), "model": model_record, "seed": cfg.seed},
-                          directory=directory)
-    if tracker is None:
-        return
-    import wandb
-
-    rows = [[benchmark, key, value] for benchmark, metrics in summary.metrics.items() for key, value in metrics.items()
-            if isinstance(value, (int, float))]
-    tracker.log({f"{benchmark}/{key}": value for benchmark, key, value in rows})
-    tracker.log({"eval/metrics": wandb.Table(columns=["benchmark", "metric", "value"], data=rows)})
-    tracker.finish()
 
 
 main = stage_main(run)

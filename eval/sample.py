@@ -5,7 +5,7 @@ Both backends sit behind one small interface: token-id prompts and one seed per 
 ``SamplingParams`` carries its own seed, so a problem's samples do not depend on what else is in the batch
 (vLLM gives sample i of a request the seed ``seed + i``).
 
-vLLM on CPU (docs: ../shared/docs/vllm_on_cpu.md): the engine runs in-process with one OpenMP thread
+vLLM on CPU (docs/evaluation.md): the engine runs in-process with one OpenMP thread
 (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, ``OMP_NUM_THREADS=1``, set before vllm is imported), eagerly, with an explicit
 KV-cache size, and with chunked prefill off because per-request seeds crash a CPU generator mid-chunked-prefill.
 """

@@ -1,6 +1,6 @@
 """The one answer scorer of the project: evaluation verdicts and the RL reward both call :func:`verify`.
 
-Rule (LUFFY's reward, methods_spec §7, data_notes §3):
+Rule (LUFFY's reward; docs/evaluation.md):
 
 1. The answer region is the text after the last ``</think>``; a ``<think>`` that is never closed scores 0
    (the model ran out of tokens while thinking), and an answer only inside ``<think>…</think>`` does not count.

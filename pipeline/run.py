@@ -33,7 +33,8 @@ from pipeline.stages import StageCommand, build_plan
 STATUS_EVERY_S = 60
 """Seconds between status lines while commands run side by side (their own output goes to their logs)."""
 PLAN_OWNED_KEYS = {"model": "profile.models=[...]", "sft/method": "experiment.methods=[...]",
-                   "eval.phase": None, "eval.variant": None, "rl.init": None}
+                   "eval.phase": None, "eval.variant": None, "eval.model_run": None, "rl.init": None,
+                   "rl.init_run": None}
 """Keys the plan sets per stage; a user override of one would be ambiguous."""
 ORCHESTRATOR_KEYS = ("dry_run", "force")
 """Keys only the orchestrator reads; stage commands do not receive them."""

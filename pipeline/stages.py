@@ -3,36 +3,42 @@
 An experiment lists stages (``experiment.stages``) and SFT methods (``experiment.methods``); the profile lists
 models. The plan expands them::
 
-    data      python -m data.prepare                                   (once)
-    base      python -m toy.base (toy models only), python -m data.tokenize_sft        (per model)
-    sft       [srun ...] torchrun ... -m sft.train  sft/method=<m>     (per model x method; srun: multi-node)
-    eval_sft  python -m eval.run eval.phase=sft eval.variant=<v>       (per model x [base] + methods)
-    rl        python -m rl.train rl.init=<v>                           (per model x [base] + rl_methods)
-    eval_rl   python -m eval.run eval.phase=rl eval.variant=<v>        (per model x [base] + rl_methods)
-    report    python -m eval.report                                    (once)
+    data      python -m data.prepare                                         (once)
+    base      python -m toy.base (toy models only), python -m data.tokenize_sft   (per model)
+    sft       [srun ...] torchrun ... -m sft.train  sft/method=<m>           (per model x method; srun: multi-node)
+    eval_sft  python -m eval.run eval.phase=sft eval.variant=<v> eval.model_run=<SFT run>
+                                                                             (per model x [base] + methods)
+    rl        python -m rl.train rl.init=<v> rl.init_run=<SFT run>          (per model x [base] + rl_methods)
+    eval_rl   python -m eval.run eval.phase=rl eval.variant=<v> eval.model_run=<RL run>
+                                                                             (per model x [base] + rl_methods)
+    report    python -m report.run                                           (once)
 
 Every command carries the user's overrides plus its own, so each stage composes exactly the config the
-plan was built from; a stage's command line is all it needs to be re-run by hand.
+plan was built from; a stage's command line is all it needs to be re-run by hand. A stage that reads an upstream
+run is handed its folder (``rl.init_run``, ``eval.model_run``: the :class:`common.paths.Arm` of its variant, none
+for the base model); the labels ``rl.init`` and ``eval.variant`` only name its own folder.
 """
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
-from common.config import Config, ConfigError, compose
+from common.config import Config, ConfigError, compose, override_value
 from common.paths import (
     BASE_VARIANT,
+    Arm,
     RunSpec,
+    arms,
     base_run,
+    configured_rl_run,
     data_run,
     eval_run,
     heldout_nll_run,
     method_label,
     model_configs,
     report_run,
-    rl_run,
     rl_variants,
     sft_run,
     tokens_run,
@@ -79,6 +85,17 @@ def _python_module(module: str, overrides: list[str]) -> list[str]:
     return [sys.executable, "-m", module, *overrides]
 
 
+def command_name(*parts: str, seed: int | None = None) -> str:
+    """A command's name in the plan (what ``needs``, ``force`` and the logs use): ``sft/<model>/<label>``, then
+    ``/seed<s>`` in a multi-seed experiment (``seed`` given)."""
+    return "/".join([*parts, *([f"seed{seed}"] if seed is not None else [])])
+
+
+def _handed_down(key: str, folder: Path | None) -> list[str]:
+    """The override that hands a stage the upstream run folder it reads; none for the base model."""
+    return [] if folder is None else [f"{key}={override_value(str(folder))}"]
+
+
 def torchrun_prefix(cfg: Config) -> list[str]:
     """torchrun for the SFT trainer: ``--standalone`` on one node; across ``profile.nnodes`` nodes, the per-node
     command, the same on every node.
@@ -117,14 +134,14 @@ def _eval_settings(cfg: Config) -> dict[str, object]:
     """The sampling settings; the command's own phase and variant are on its command line, the report's labels and
     analyses are not sampling."""
     shown = {key: value for key, value in vars(cfg.eval).items()
-             if key not in ("phase", "variant", "benchmark_labels", "row_labels", "analysis")}
+             if key not in ("phase", "variant", "model_run", "benchmark_labels", "row_labels", "analysis")}
     return {"sampling": shown}
 
 
-def _rl_settings(cfg: Config, variant: str) -> dict[str, object]:
+def _rl_settings(cfg: Config) -> dict[str, object]:
     from rl.verl_args import build_command  # the exact verl argv; pure, no Ray
 
-    return {"verl": " ".join(build_command(cfg, variant))}
+    return {"verl": " ".join(build_command(cfg))}
 
 
 def build_plan(cfg: Config, overrides: list[str]) -> list[StageCommand]:
@@ -153,45 +170,52 @@ def build_plan(cfg: Config, overrides: list[str]) -> list[StageCommand]:
             raise ConfigError(f"profile.models: a model.* override in {overrides} reaches {model} in its stage "
                               f"commands but only {cfg.model.name} in the report; run one model per experiment")
         base = base_run(mcfg)
-        base_model = [f"base/{model}"] if base is not None else []
+        base_model = [command_name("base", model)] if base is not None else []
+        tokenize = command_name("tokenize", model)
         if "base" in stages:
             if base is not None:
-                plan.append(StageCommand("base", f"base/{model}", _python_module("toy.base", model_overrides),
-                                         [base], mcfg, {"toy": vars(mcfg.toy)}))
-            plan.append(StageCommand("base", f"tokenize/{model}", _python_module("data.tokenize_sft", model_overrides),
+                plan.append(StageCommand("base", command_name("base", model),
+                                         _python_module("toy.base", model_overrides), [base], mcfg,
+                                         {"toy": vars(mcfg.toy)}))
+            plan.append(StageCommand("base", tokenize, _python_module("data.tokenize_sft", model_overrides),
                                      [tokens_run(mcfg)], mcfg, {"max_length": mcfg.data.max_length},
                                      needs=["data", *base_model]))
         for seed in seeds:
-            suffix = f"/seed{seed}" if per_seed else ""
+            seed_name = seed if per_seed else None
             seed_overrides = [*model_overrides, f"seed={seed}"] if per_seed else model_overrides
             seed_cfg = compose(seed_overrides) if per_seed else mcfg
+            seed_arms = {a.variant: a for a in arms(seed_cfg)}
             for method, label in zip(cfg.experiment.methods, grid_variants[1:]):
                 method_overrides = [*seed_overrides, f"sft/method={method}"]
                 scfg = compose(method_overrides)
-                if method_label(scfg.sft.method) != label:
+                if method_label(scfg.sft.method) != label or sft_run(scfg).directory != seed_arms[label].sft:
                     raise ConfigError(f"experiment.methods: an sft.method.* override in {overrides} makes {method} "
                                       f"train as {method_label(scfg.sft.method)} but the report looks for {label} (it "
                                       f"applies only to {cfg.sft.method.name} there); use sft.* settings, or run one "
                                       "method per experiment")
                 if "sft" in stages:
                     argv = [*node_launcher(scfg), *torchrun_prefix(scfg), "-m", "sft.train", *method_overrides]
-                    plan.append(StageCommand("sft", f"sft/{model}/{label}{suffix}", argv, [sft_run(scfg)], scfg,
-                                             _sft_settings(scfg), needs=[f"tokenize/{model}"]))
+                    plan.append(StageCommand("sft", command_name("sft", model, label, seed=seed_name), argv,
+                                             [sft_run(scfg)], scfg, _sft_settings(scfg), needs=[tokenize]))
             start_model = {variant: ["data", *base_model] if variant == BASE_VARIANT else
-                           [f"sft/{model}/{variant}{suffix}"] for variant in grid_variants}
+                           [command_name("sft", model, variant, seed=seed_name)] for variant in grid_variants}
             if "eval_sft" in stages:
-                plan.extend(_eval_commands(seed_cfg, seed_overrides, "sft", grid_variants, start_model, suffix))
+                plan.extend(_eval_commands(seed_cfg, seed_overrides, "sft", [seed_arms[v] for v in grid_variants],
+                                           start_model, seed_name))
             for variant in grid_rl_variants:
+                rl_name = command_name("rl", model, variant, seed=seed_name)
                 if "rl" in stages:
-                    rl_overrides = [*seed_overrides, f"rl.init={variant}"]
-                    plan.append(StageCommand("rl", f"rl/{model}/{variant}{suffix}",
-                                             _python_module("rl.train", rl_overrides), [rl_run(seed_cfg, variant)],
-                                             seed_cfg, _rl_settings(seed_cfg, variant), needs=start_model[variant]))
+                    start = seed_arms[variant].sft
+                    rl_overrides = [*seed_overrides, f"rl.init={variant}", *_handed_down("rl.init_run", start)]
+                    rcfg = replace(seed_cfg, rl=replace(seed_cfg.rl, init=variant, init_run=str(start or "")))
+                    plan.append(StageCommand("rl", rl_name, _python_module("rl.train", rl_overrides),
+                                             [configured_rl_run(rcfg)], rcfg, _rl_settings(rcfg),
+                                             needs=start_model[variant]))
                 if "eval_rl" in stages:
-                    plan.extend(_eval_commands(seed_cfg, seed_overrides, "rl", [variant],
-                                               {variant: ["data", f"rl/{model}/{variant}{suffix}"]}, suffix))
+                    plan.extend(_eval_commands(seed_cfg, seed_overrides, "rl", [seed_arms[variant]],
+                                               {variant: ["data", rl_name]}, seed_name))
     if "report" in stages:
-        plan.append(StageCommand("report", "report", _python_module("eval.report", overrides), [report_run(cfg)], cfg,
+        plan.append(StageCommand("report", "report", _python_module("report.run", overrides), [report_run(cfg)], cfg,
                                  needs=[command.name for command in plan], refresh=lambda: [report_run(cfg)]))
     names = {command.name for command in plan}
     for command in plan:
@@ -199,15 +223,21 @@ def build_plan(cfg: Config, overrides: list[str]) -> list[StageCommand]:
     return plan
 
 
-def _eval_commands(cfg: Config, overrides: list[str], phase: str, variants: list[str],
-                   needs: dict[str, list[str]], suffix: str) -> list[StageCommand]:
+def _eval_commands(cfg: Config, overrides: list[str], phase: str, evaluated: list[Arm],
+                   needs: dict[str, list[str]], seed: int | None) -> list[StageCommand]:
+    """One evaluation command per arm of ``evaluated``, handed the run folder it evaluates (``eval.model_run``)."""
     commands = []
-    for variant in variants:
-        argv = _python_module("eval.run", [*overrides, f"eval.phase={phase}", f"eval.variant={variant}"])
-        runs = [eval_run(cfg, phase, variant, bench) for bench in cfg.data.benchmarks]
-        heldout = heldout_nll_run(cfg, variant) if phase == "sft" else None  # it reads the tokenised held-out slice
-        commands.append(StageCommand(f"eval_{phase}", f"eval/{cfg.model.name}/{phase}/{variant}{suffix}", argv,
-                                     runs + ([heldout] if heldout else []), cfg,
+    for a in evaluated:
+        model = a.model(phase)
+        argv = _python_module("eval.run", [*overrides, f"eval.phase={phase}", f"eval.variant={a.variant}",
+                                           *_handed_down("eval.model_run", model)])
+        ecfg = replace(cfg, eval=replace(cfg.eval, phase=phase, variant=a.variant, model_run=str(model or "")))
+        runs = [eval_run(cfg, phase, a.variant, bench, model) for bench in cfg.data.benchmarks]
+        # it reads the tokenised held-out slice
+        heldout = heldout_nll_run(cfg, a.variant, model) if phase == "sft" else None
+        commands.append(StageCommand(f"eval_{phase}", command_name("eval", cfg.model.name, phase, a.variant, seed=seed),
+                                     argv, runs + ([heldout] if heldout else []), ecfg,
                                      {**_eval_settings(cfg), "benchmarks": list(cfg.data.benchmarks)},
-                                     needs=needs[variant] + ([f"tokenize/{cfg.model.name}"] if heldout else [])))
+                                     needs=needs[a.variant] + ([command_name("tokenize", cfg.model.name)]
+                                                               if heldout else [])))
     return commands

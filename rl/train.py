@@ -1,4 +1,4 @@
-"""RL stage entry point: ``python -m rl.train rl.init=<base|sft-label> [overrides]``.
+"""RL stage entry point: ``python -m rl.train rl.init=<base|sft-label> [rl.init_run=<SFT run folder>] [overrides]``.
 
 One run = one variant: check the inputs (preflight), run ``python -m verl.trainer.main_ppo`` with the overrides
 of ``rl/verl_args.py`` as a subprocess (its log teed to ``verl.log``, its per-step metrics copied into
@@ -19,13 +19,23 @@ import re
 import sys
 import threading
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable
 
 
 from common.config import Config, stage_main
 from common.manifest import Manifest, input_records, read_manifest, stage_run
-from common.paths import BASE_VARIANT, HF_EXPORT, RL_GROUPS_KEPT, TRAINING_METRICS_FILE, hf_export_dir, rl_run
+from common.paths import (
+    BASE_VARIANT,
+    HF_EXPORT,
+    RL_GROUPS_KEPT,
+    TRAINING_METRICS_FILE,
+    configured_rl_run,
+    hf_export_dir,
+    rl_start,
+    trained_method,
+)
 from common.processes import start_in_new_session, stop_tree
 from common.seeding import derive_seed
 from common.tracking import MetricsLogger, dapo_groups_kept, progress, read_metrics
@@ -112,8 +122,8 @@ def _check_gpus(cfg: Config) -> None:
 def preflight(cfg: Config, variant: str) -> dict[str, Any]:
     """Fails fast, before Ray starts, with what to fix: upstream manifests, model, parquet files, devices."""
     facts: dict[str, Any] = {}
-    model_path = init_model_path(cfg, variant)
-    input_records(rl_run(cfg, variant).inputs)  # the data and start-model runs: complete, outputs intact
+    model_path = init_model_path(cfg)
+    input_records(configured_rl_run(cfg).inputs)  # the data and start-model runs: complete, outputs intact
     is_hub_id = variant == BASE_VARIANT and cfg.model.source == "hub" and not model_path.exists()
     if not is_hub_id:
         if cfg.model.source == "gguf" and variant == BASE_VARIANT:
@@ -187,7 +197,7 @@ class _MetricsCopier:
 
 def run_verl(cfg: Config, variant: str, stage: Path, already_done: int) -> int:
     """Runs main_ppo to ``rl.total_steps`` (resuming); returns the newest checkpointed step. Raises on failure."""
-    command = build_command(cfg, variant)
+    command = build_command(cfg)
     env = {**os.environ, **verl_env(cfg)}
     if cfg.profile.device == "cpu":
         # The CPU profile always runs a local Ray (fake GPUs, logical CPUs); vLLM runs as verl starts it.
@@ -299,10 +309,11 @@ def summarize_metrics(records: list[dict[str, Any]], filtered_groups_per_step: i
 def run(cfg: Config) -> Manifest:
     """RL from ``rl.init`` (or the configured SFT method) to ``rl/<model>/<variant>/hf``; returns the manifest."""
     variant = resolve_variant(cfg)
-    spec = rl_run(cfg, variant)
+    spec = configured_rl_run(cfg)
     stage = spec.directory
     facts = preflight(cfg, variant)
-    model_path = init_model_path(cfg, variant)
+    model_path = init_model_path(cfg)
+    method = trained_method(rl_start(cfg)[1])  # the start model's SFT method, from its run's manifest
     seeds = {purpose: derive_seed(cfg.seed, f"rl/{purpose}") for purpose in ("data", "train", "minibatch", "rollout")}
     with stage_run(stage, stage="rl", variant=spec.variant, config=spec.config, inputs=spec.inputs,
                    seeds=seeds) as current:
@@ -311,7 +322,8 @@ def run(cfg: Config) -> Manifest:
         checkpoint_dir = stage / CHECKPOINT_SUBDIR
         done = latest_checkpoint_step(checkpoint_dir)
         current.manifest.details.update({"init": variant, "init_model": str(model_path), **facts,
-                                         "verl_command": build_command(cfg, variant),
+                                         "sft_method": asdict(method) if method is not None else None,
+                                         "verl_command": build_command(cfg),
                                          "verl_env": verl_env(cfg)})
         current.checkpoint()
         if done < cfg.rl.total_steps:

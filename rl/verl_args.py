@@ -16,17 +16,16 @@ from pathlib import Path
 from typing import Any
 
 from common.config import Config
+from common.config import override_value as format_value
 from common.config.rl import REWARD_STYLES
 from common.paths import (
-    BASE_VARIANT,
     RL_TRAIN_FILE,
     RL_VAL_FILE,
     base_model_path,
     data_dir,
     hf_export_dir,
-    method_label,
     rl_dir,
-    sft_dir,
+    rl_start,
 )
 from common.numerics import pinned_kernels_env
 from common.seeding import derive_seed
@@ -51,14 +50,14 @@ CPU_VLLM_KV_CACHE_GB = 1
 
 def resolve_variant(cfg: Config) -> str:
     """The variant RL starts from: ``rl.init``, or the label of the configured SFT method when it is empty."""
-    return cfg.rl.init or method_label(cfg.sft.method)
+    return rl_start(cfg)[0]
 
 
-def init_model_path(cfg: Config, variant: str) -> Path:
-    """The HF folder RL starts from: the base model, or the SFT stage's export of ``variant``."""
-    if variant == BASE_VARIANT:
-        return Path(base_model_path(cfg))
-    return hf_export_dir(sft_dir(cfg, variant))
+def init_model_path(cfg: Config) -> Path:
+    """The HF folder RL starts from: the base model, or the export of the SFT run the plan hands down
+    (``rl.init_run``; :func:`common.paths.rl_start`)."""
+    _, init = rl_start(cfg)
+    return Path(base_model_path(cfg)) if init is None else hf_export_dir(init)
 
 
 def data_files(cfg: Config) -> tuple[Path, Path]:
@@ -77,28 +76,11 @@ def _absolute(path: str | Path) -> str:
     return str(Path(path).resolve())
 
 
-def _model_path(cfg: Config, variant: str) -> str:
+def _model_path(cfg: Config) -> str:
     """The start model as verl gets it: an absolute folder, or a hub id when the base model is a hub id."""
-    path = init_model_path(cfg, variant)
-    is_hub_id = variant == BASE_VARIANT and cfg.model.source == "hub" and not path.exists()
+    path = init_model_path(cfg)
+    is_hub_id = rl_start(cfg)[1] is None and cfg.model.source == "hub" and not path.exists()
     return str(path) if is_hub_id else _absolute(path)
-
-
-def format_value(value: Any) -> str:
-    """A Python value as a Hydra override value: true/false, repr floats, [a,b] lists, {k:v} dicts, quoted odd
-    strings."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, (list, tuple)):
-        return "[" + ",".join(format_value(item) for item in value) + "]"
-    if isinstance(value, dict):
-        return "{" + ",".join(f"{key}:{format_value(item)}" for key, item in value.items()) + "}"
-    text = str(value)
-    if text == "" or any(char in text for char in " ,[]{}()='\"\\$*?<>|&;#"):
-        return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
-    return text
 
 
 def override_key(override: str) -> str:
@@ -106,9 +88,9 @@ def override_key(override: str) -> str:
     return override.split("=", 1)[0].lstrip("+~")
 
 
-def _dapo_keys(cfg: Config, variant: str) -> dict[str, Any]:
+def _dapo_keys(cfg: Config) -> dict[str, Any]:
     rl = cfg.rl
-    stage = rl_dir(cfg, variant)
+    variant, stage = resolve_variant(cfg), rl_dir(cfg)
     train_file, val_file = data_files(cfg)
     correct_score, incorrect_score = reward_scores(cfg)
     max_tokens_per_gpu = rl.max_prompt_length + rl.max_response_length
@@ -135,7 +117,7 @@ def _dapo_keys(cfg: Config, variant: str) -> dict[str, Any]:
         "algorithm.filter_groups.metric": rl.filter_groups_metric,
         "algorithm.filter_groups.max_inflight_gen_batches": rl.max_inflight_gen_batches,
         # actor: clip-higher, token-mean, optimiser
-        "actor_rollout_ref.model.path": _model_path(cfg, variant),
+        "actor_rollout_ref.model.path": _model_path(cfg),
         "actor_rollout_ref.model.enable_gradient_checkpointing": rl.gradient_checkpointing,
         # actor and reference (they share the model config): ours, never verl's flash_attention_2 default, which
         # needs the flash-attn package; the rollout's vLLM picks its own attention kernels. With sdpa, verl's packed
@@ -214,7 +196,7 @@ def _dapo_keys(cfg: Config, variant: str) -> dict[str, Any]:
 
 
 def _cpu_keys(cfg: Config) -> dict[str, Any]:
-    """What the real trainer needs on a CPU-only machine with the rl.verl_cpu_plugin platform (verl_on_cpu.md §6)."""
+    """What the real trainer needs on a CPU-only machine with the rl.verl_cpu_plugin platform (docs/rl.md)."""
     return {
         "trainer.device": "cpu",
         "ray_kwargs.ray_init.num_cpus": CPU_RAY_LOGICAL_CPUS,
@@ -238,9 +220,9 @@ def _cpu_keys(cfg: Config) -> dict[str, Any]:
     }
 
 
-def build_overrides(cfg: Config, variant: str) -> list[str]:
-    """The ``main_ppo`` overrides for RL from ``variant`` (``base`` or an SFT method label)."""
-    keys = _dapo_keys(cfg, variant)
+def build_overrides(cfg: Config) -> list[str]:
+    """The ``main_ppo`` overrides for RL from ``rl.init`` / ``rl.init_run`` (:func:`common.paths.rl_start`)."""
+    keys = _dapo_keys(cfg)
     if cfg.profile.device == "cpu":
         keys.update(_cpu_keys(cfg))
     user_keys = {override_key(key) for key in cfg.rl.verl_overrides}
@@ -249,9 +231,9 @@ def build_overrides(cfg: Config, variant: str) -> list[str]:
     return overrides
 
 
-def build_command(cfg: Config, variant: str) -> list[str]:
+def build_command(cfg: Config) -> list[str]:
     """The full argv: ``<python> -m verl.trainer.main_ppo <overrides>`` (what the dry run prints, what rl.train runs)."""
-    return [sys.executable, "-m", MAIN_PPO_MODULE, *build_overrides(cfg, variant)]
+    return [sys.executable, "-m", MAIN_PPO_MODULE, *build_overrides(cfg)]
 
 
 def verl_env(cfg: Config) -> dict[str, str]:

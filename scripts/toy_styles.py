@@ -10,7 +10,7 @@ is right.
 Reads each evaluation's ``samples.jsonl`` (``eval/<model>/<phase>/<variant>/<benchmark>/``), classifies every
 sample and prints one Markdown row per evaluation: per style or strategy, the share of samples and their accuracy
 (share / accuracy). Arithmetic benchmarks (``toy_add``, ``toy_mixed``) are classified with
-``toy.world.solution_style``; forking benchmarks (``toy_fork_<family>``, one problem family each) with
+``toy.arithmetic.solution_style``; forking benchmarks (``toy_fork_<family>``, one problem family each) with
 ``toy.forking.solution_strategy``, so their rows are the strategy shares per family (``other``: a sample that
 opens with no strategy). Each world gets its own table. This is how SFT's and RL's effect on the toy worlds is read:
 which styles or strategies they up-weight, and whether these are the ones that are right (docs/toy_world.md).
@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from common.config.toy import FORK_FAMILIES, FORK_STRATEGIES, ToyConfig  # noqa: E402
 from common.manifest import read_manifest  # noqa: E402
 from toy.forking import BENCHMARK_PREFIX, BEST_STRATEGY, solution_strategy  # noqa: E402
-from toy.world import STYLES, solution_style  # noqa: E402
+from toy.arithmetic import STYLES, solution_style  # noqa: E402
 
 OTHER = "other"
 CLASSES = {"arithmetic": STYLES, "forking": FORK_STRATEGIES + (OTHER,)}

@@ -3,7 +3,7 @@
 A token loss (``sft.losses``) never sees the vocabulary. It names the per-token statistics it needs
 (``TokenLoss.stats``) and turns them into per-token coefficients of differentiable per-token terms
 (:class:`TokenWeights`); this module computes both, from the final hidden states and the LM-head weight,
-``chunk_size`` prediction rows at a time (methods_spec §9.2):
+``chunk_size`` prediction rows at a time (docs/sft.md):
 
 * pass A (no graph, fp32 unless the loss asks for the model dtype): the loss's statistics, a few floats per row;
   skipped entirely (no head matmul) when the loss names none (plain SFT, DFT). It runs its chunks last to first
@@ -32,7 +32,7 @@ log-sum-exp, ``y`` the target):
 * ``prob_logp``   ``sg(p_y) · log p_y`` (DFT; logit gradient ``p_y (e_y − p)``)
 * ``entropy``     ``H = −Σ_v p_v log p_v = lse − Σ_v p_v z_v``
 * ``kl``          ``KL(π_θ‖π_ref) = Σ_v p_v (log p_v − log q_v) = Σ_v p_v (z_v − z'_v) − lse + lse'``
-* ``code_kl``     ``Σ_v p_v (p_v − log q_v)`` (the official EKSFT code's "KL", methods_spec D9)
+* ``code_kl``     ``Σ_v p_v (p_v − log q_v)`` (the official EKSFT code's "KL", D9 in docs/methods.md)
 * ``forward_kl``  ``KL(π_ref‖π_θ) = Σ_v q_v (log q_v − log p_v)`` (ASFT)
 * ``ref_logp``    ``log q_y``;  ``old_logp``  ``log π_old(y)`` (from old-policy logits)
 * ``ratio``       ``exp(clamp(log p_y − old_logp, −20, 20))`` (PSFT; ``old_logp`` from pass A)
@@ -80,7 +80,7 @@ class TokenStats:
     has_target: Tensor
     """``[N]`` bool: the row is a supervised prediction position (``labels[b, i+1] != -100``)."""
     is_label_position: Tensor
-    """``[N]`` bool: ``labels[b, i] != -100`` (the official EKSFT code's unshifted mask, methods_spec D1)."""
+    """``[N]`` bool: ``labels[b, i] != -100`` (the official EKSFT code's unshifted mask, D1 in docs/methods.md)."""
     sequence: Tensor
     """``[N]`` index of the row's sequence in the micro-batch."""
     num_sequences: int

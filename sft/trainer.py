@@ -51,7 +51,7 @@ def micro_batch_weight(loss_norm: str, *, num_tokens: int, step_tokens: int, gra
     """Weight ``w_m`` of micro-batch objective ``L_m`` in the step objective ``J = Σ_ranks Σ_m w_m · L_m``.
 
     * ``micro_batch_mean``: ``1 / (grad_accum · world_size)``, the mean of every micro-batch objective of the step
-      (methods_spec D13 spec default);
+      (the paper's batch-level mean, D13 in docs/methods.md);
     * ``micro_batch_sum``: ``1 / world_size``, the sum over a rank's micro-batches and the mean over ranks (the
       official EKSFT code: HF Trainer does not divide by gradient accumulation, DeepSpeed averages ranks);
     * ``global_token_mean``: ``num_tokens / step_tokens``, each micro-batch weighted by its share of the step's

@@ -59,8 +59,9 @@ def shared_data() -> Path:
 
 @pytest.fixture(scope="module")
 def checker():
-    """A running BFCL checker (``eval.bfcl.BfclChecker`` in its own venv); skips when ``make bfcl-env`` has not run."""
-    from eval.bfcl import BfclChecker, bfcl_python
+    """A running BFCL checker (``eval.bfcl.checker.BfclChecker`` in its own venv); skips when ``make bfcl-env`` has
+    not run."""
+    from eval.bfcl.checker import BfclChecker, bfcl_python
 
     if not bfcl_python().exists():
         pytest.skip(f"no BFCL checker venv at {bfcl_python()} (make bfcl-env)")

@@ -36,7 +36,7 @@ from common.models import load_causal_lm, load_tokenizer
 from common.seeding import derive_seed
 from toy import forking, worlds
 from toy.pretrain import EVAL_MAX_NEW_TOKENS, boxed_integer
-from toy.world import SYSTEM_PROMPT, question
+from toy.arithmetic import SYSTEM_PROMPT, question
 
 TOKEN_CLASSES = ("fork", "digits", "other")
 HIGH_ENTROPY_NATS = 0.1

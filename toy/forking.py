@@ -1,6 +1,6 @@
 """The forking toy world (``toy.world=forking``): two-digit sums solved by one of three mental-arithmetic strategies.
 
-In the arithmetic world (``world.py``) the tiny model is unsure of its own sums, so its high-entropy tokens are the
+In the arithmetic world (``arithmetic.py``) the tiny model is unsure of its own sums, so its high-entropy tokens are the
 answer digits. Here every computed token is a single-digit fact or a copy, and the uncertainty sits at one place:
 the first token of the solution, which names the strategy. Each strategy is a short procedure whose every written
 equation is true, but whose way of assembling the answer is valid only under a condition on the digits:
@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from typing import Iterator, Mapping
 
 from common.config.toy import FORK_FAMILIES, FORK_STRATEGIES
-from toy.world import SYSTEM_PROMPT, chat_text, is_held_out, luffy_row, question
+from toy.arithmetic import SYSTEM_PROMPT, chat_text, is_held_out, luffy_row, question
 
 OPENINGS = {"column": "Column:", "place": "Place value:", "round": "Round:"}
 """The first words of each strategy's solution: the fork."""

@@ -19,7 +19,7 @@ import torch
 
 from common.answers import last_boxed
 from toy.tokenizer import DOCUMENT_SEPARATOR, END_OF_TURN, PAD
-from toy.world import SYSTEM_PROMPT, Problem, question
+from toy.arithmetic import SYSTEM_PROMPT, Problem, question
 
 INTEGER = re.compile(r"-?\d+")
 WARMUP_STEPS = 30

@@ -1,4 +1,4 @@
-"""``toy.world`` dispatch: the one place that picks the arithmetic world (``world.py``) or the forking world
+"""``toy.world`` dispatch: the one place that picks the arithmetic world (``arithmetic.py``) or the forking world
 (``forking.py``) for pretraining documents, LUFFY rows and held-out benchmark problems."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Iterator
 
 from common.config import ConfigError
 from common.config.toy import FORK_FAMILIES, ToyConfig
-from toy import forking, world
+from toy import arithmetic, forking
 
 ARITHMETIC_BENCHMARKS = ("add", "mixed")
 """The arithmetic world's benchmarks ``toy_add`` and ``toy_mixed``."""
@@ -17,7 +17,7 @@ def documents(toy: ToyConfig, seed: int) -> Iterator[str]:
     """The world's endless, seeded stream of pretraining documents."""
     if toy.world == "forking":
         return forking.documents(seed, forking.ForkingMix(toy.chat_doc_ratio, toy.fork_pretrain_best_share))
-    return world.documents(seed, world.DocumentMix(
+    return arithmetic.documents(seed, arithmetic.DocumentMix(
         chat_ratio=toy.chat_doc_ratio, chat_style_weights=dict(toy.chat_style_weights),
         raw_style_weights=dict(toy.raw_style_weights), slip_rates=dict(toy.slip_rates),
         direct_error_rate=toy.direct_error_rate, min_terms=toy.min_terms, max_terms=toy.max_terms))
@@ -27,7 +27,7 @@ def training_rows(toy: ToyConfig, seed: int) -> list[dict]:
     """``toy.num_rows`` LUFFY rows: clean styled solutions (arithmetic) or the narrow teacher's (forking)."""
     if toy.world == "forking":
         return forking.teacher_rows(toy.num_rows, seed, dict(toy.fork_teacher_weights), toy.fork_teacher_verified)
-    return world.training_rows(toy.num_rows, seed, toy.min_terms, toy.max_terms, dict(toy.row_style_weights))
+    return arithmetic.training_rows(toy.num_rows, seed, toy.min_terms, toy.max_terms, dict(toy.row_style_weights))
 
 
 def benchmark_names(toy: ToyConfig) -> tuple[str, ...]:
@@ -44,14 +44,15 @@ def benchmark_problems(toy: ToyConfig, name: str, count: int, seed: int) -> list
                           f"{list(benchmark_names(toy))}")
     if toy.world == "forking":
         return forking.benchmark_problems(name.removeprefix(forking.BENCHMARK_PREFIX), count, seed)
-    return world.benchmark_problems(name.removeprefix("toy_"), count, seed, toy.min_terms, toy.max_terms)
+    return arithmetic.benchmark_problems(name.removeprefix("toy_"), count, seed, toy.min_terms, toy.max_terms)
 
 
 def benchmark_questions(toy: ToyConfig, name: str, count: int, seed: int) -> list[tuple[str, int]]:
     """The :func:`benchmark_problems` as (question, answer) pairs, each question phrased with ``random.Random(seed)``
     (the data stage's benchmark records)."""
     rng = random.Random(seed)
-    return [(world.question(problem, rng), problem.answer) for problem in benchmark_problems(toy, name, count, seed)]
+    return [(arithmetic.question(problem, rng), problem.answer)
+            for problem in benchmark_problems(toy, name, count, seed)]
 
 
 def health_check_problems(toy: ToyConfig, count: int, seed: int) -> list:
@@ -61,4 +62,4 @@ def health_check_problems(toy: ToyConfig, count: int, seed: int) -> list:
         return [problem for index, family in enumerate(FORK_FAMILIES)
                 for problem in forking.benchmark_problems(
                     family, count // len(FORK_FAMILIES) + (index < count % len(FORK_FAMILIES)), seed)]
-    return world.benchmark_problems("mixed", count, seed, toy.min_terms, toy.max_terms)
+    return arithmetic.benchmark_problems("mixed", count, seed, toy.min_terms, toy.max_terms)

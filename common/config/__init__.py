@@ -54,6 +54,7 @@ __all__ = [
     "check_choice",
     "check_range",
     "compose",
+    "override_value",
     "stage_main",
     "to_config",
 ]
@@ -177,6 +178,23 @@ def stage_main(run: Callable[[Config], Any]) -> Callable[[], None]:
             run(config)
 
     return main
+
+
+def override_value(value: Any) -> str:
+    """A Python value as a Hydra override value: true/false, repr floats, [a,b] lists, {k:v} dicts, quoted odd
+    strings (a path with ``=`` or a space, e.g.)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(override_value(item) for item in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{key}:{override_value(item)}" for key, item in value.items()) + "}"
+    text = str(value)
+    if text == "" or any(char in text for char in " ,[]{}()='\"\\$*?<>|&;#"):
+        return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    return text
 
 
 def compose(overrides: list[str] | tuple[str, ...] = ()) -> Config:

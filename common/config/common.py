@@ -68,6 +68,22 @@ def check_choice(key: str, value: Any, allowed: Iterable[Any]) -> None:
 
 
 @dataclass
+class SamplingConfig:
+    """The sampling settings of evaluation (``eval.*``) and of DAPO's rollouts (``rl.*``): both schemas extend this
+    one, so each field is declared once."""
+
+    temperature: float = 1.0
+    """Sampling temperature (evaluation: 0 is greedy; DAPO's rollouts need more than 0)."""
+    top_p: float = 1.0
+    """Nucleus sampling mass."""
+
+    def validate_sampling(self, section: str, *, greedy: bool) -> None:
+        """Checks the fields under ``<section>.``; ``greedy`` allows temperature 0."""
+        check_range(f"{section}.temperature", self.temperature, 0.0, low_open=not greedy)
+        check_range(f"{section}.top_p", self.top_p, 0.0, 1.0, low_open=True)
+
+
+@dataclass
 class ExperimentConfig:
     """An experiment: which stages run, for which SFT methods and models (``conf/experiment/*.yaml``)."""
 

@@ -12,7 +12,7 @@ LIVE_CATEGORIES = ("live_simple", "live_multiple", "live_parallel", "live_parall
 IRRELEVANCE_CATEGORIES = ("live_irrelevance", "irrelevance")
 """BFCL Irrelevance Detection sets: live (884 user-contributed questions) and v1 non-live (240)."""
 BFCL_CATEGORIES = (*LIVE_CATEGORIES, *IRRELEVANCE_CATEGORIES)
-"""The BFCL categories ``data.benchmark_source=bfcl`` may name as benchmarks (``eval.bfcl`` scores them)."""
+"""The BFCL categories ``data.benchmark_source=bfcl`` may name as benchmarks (``eval.bfcl.checker`` scores them)."""
 CHATML_TOOLS_TEMPLATE = (
     "{%- if tools %}{{ '<|im_start|>system\\n' }}{% if messages[0].role == 'system' %}"
     "{{ messages[0].content + '\\n\\n' }}{% endif %}{{ '# Tools\\n<tools>' }}"
@@ -100,7 +100,7 @@ class DataConfig:
     """Optional system prompt file for benchmark prompts; empty = the training rows' own system turn."""
     benchmark_source: str = "hub"
     """hub, local (JSONL files in ``benchmark_dir``), toy (held-out toy problems) or bfcl (BFCL categories, read
-    and scored by ``eval.bfcl`` in the BFCL venv; the data stage writes no benchmark file)."""
+    and scored by ``eval.bfcl.checker`` in the BFCL venv; the data stage writes no benchmark file)."""
     benchmark_dir: str = ""
     """Folder of benchmark JSONL files (``benchmark_source == local``)."""
     benchmarks: dict[str, BenchmarkSource] = field(default_factory=dict)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from common.config.common import SUPERVISION, ConfigError, check_choice, check_name, check_range
+from common.config.common import SUPERVISION, ConfigError, SamplingConfig, check_choice, check_name, check_range
 
 ANALYSES = ("drift", "iou", "case_study", "sweep")
 """Analyses the report stage can add next to the tables and pass@k curves."""
@@ -18,7 +18,7 @@ PAPER_ROW_LABELS = {"base": "Base", "sft": "SFT", "dft": "DFT", "iwsft": "IW-SFT
 
 @dataclass
 class AnalysisConfig:
-    """The report's analyses (``eval.report``): parameter drift, IoU(M_H, M_KL), token-probability case study, sweeps."""
+    """The report's analyses (``report.run``): parameter drift, IoU(M_H, M_KL), token-probability case study, sweeps."""
 
     run: list[str] = field(default_factory=lambda: list(ANALYSES))
     """Analyses to produce, a subset of drift, iou, case_study, sweep (each is skipped with a note when its inputs are missing)."""
@@ -41,13 +41,18 @@ class AnalysisConfig:
 
 
 @dataclass
-class EvalConfig:
-    """Sampling with vLLM (or HF ``generate``), scoring with math-verify, avg@n and unbiased pass@k."""
+class EvalConfig(SamplingConfig):
+    """Sampling with vLLM (or HF ``generate``; ``temperature`` and ``top_p`` from :class:`SamplingConfig`), scoring
+    with math-verify, avg@n and unbiased pass@k."""
 
     phase: str = "sft"
     """sft (Table 1: the base model and the SFT checkpoints) or rl (Table 2: the DAPO checkpoints)."""
     variant: str = "base"
-    """base (the untrained model, or RL from it) or an SFT method label (sft, eksft, eksft_rho0.1, ...)."""
+    """The evaluated model's name, which labels its run folder and table row: base (the untrained model, or RL from
+    it) or an SFT method label (sft, eksft, eksft_rho0.1, ...)."""
+    model_run: str = ""
+    """The SFT (phase sft) or RL (phase rl) run folder to evaluate, which the orchestrator's plan hands down; empty:
+    the configured method's run (``sft.method``; the base model for variant base), or RL's from it."""
     model_path: str = ""
     """Evaluate this HF folder or hub id instead of the variant's checkpoint (then name it with eval.variant)."""
     benchmarks: list[str] = field(default_factory=list)
@@ -56,10 +61,6 @@ class EvalConfig:
     """Samples per problem (avg@n; pass@k for every k ≤ n)."""
     n_per_benchmark: dict[str, int] = field(default_factory=dict)
     """Per-benchmark sample counts overriding n, e.g. {aime25: 320} for the paper's pass@k curve."""
-    temperature: float = 1.0
-    """Sampling temperature."""
-    top_p: float = 1.0
-    """Nucleus sampling mass."""
     max_tokens: int = 8192
     """Response tokens per sample."""
     max_problems: int = 0
@@ -93,14 +94,16 @@ class EvalConfig:
     def validate(self) -> None:
         check_choice("eval.phase", self.phase, ("sft", "rl"))
         check_name("eval.variant", self.variant)
+        if self.model_path and self.model_run:
+            raise ConfigError(f"eval.model_path ({self.model_path}) and eval.model_run ({self.model_run}) both name "
+                              "the model to evaluate; set one")
         if self.model_path and self.variant == "base":
             raise ConfigError("eval.variant must name the model when eval.model_path is set "
                               "(e.g. eval.variant=my_model); 'base' is the experiment's own base model")
         check_range("eval.n", self.n, 1)
         for name, count in self.n_per_benchmark.items():
             check_range(f"eval.n_per_benchmark.{name}", count, 1)
-        check_range("eval.temperature", self.temperature, 0.0)
-        check_range("eval.top_p", self.top_p, 0.0, 1.0, low_open=True)
+        self.validate_sampling("eval", greedy=True)
         check_range("eval.max_tokens", self.max_tokens, 1)
         check_range("eval.max_problems", self.max_problems, 0)
         check_choice("eval.backend", self.backend, ("vllm", "hf"))

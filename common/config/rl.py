@@ -7,18 +7,23 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from common.config.common import SUPERVISION, ConfigError, check_choice, check_range
+from common.config.common import SUPERVISION, ConfigError, SamplingConfig, check_choice, check_range
 
 REWARD_STYLES = {"plus_minus_one": (1.0, -1.0), "zero_one": (1.0, 0.0)}
 """Reward style -> (score of a correct answer, score of a wrong one)."""
 
 
 @dataclass
-class RLConfig:
-    """DAPO with verl 0.9.1 (``python -m verl.trainer.main_ppo``)."""
+class RLConfig(SamplingConfig):
+    """DAPO with verl 0.9.1 (``python -m verl.trainer.main_ppo``); the rollouts sample with ``temperature`` and
+    ``top_p`` (:class:`SamplingConfig`)."""
 
     init: str = ""
-    """Variant RL starts from: ``base`` (the base model) or an SFT method label; empty = the label of ``sft.method``."""
+    """Variant RL starts from, which names its run folder: ``base`` (the base model) or an SFT method label; empty =
+    the label of ``sft.method``."""
+    init_run: str = ""
+    """The SFT run folder RL starts from, which the orchestrator's plan hands down; empty: the configured method's run
+    (``sft.method``), or the base model for ``init=base``."""
     lr: float = 1e-6
     """Actor learning rate (AdamW)."""
     lr_warmup_steps: int = 10
@@ -49,10 +54,6 @@ class RLConfig:
     """Dual-clip bound for negative advantages: the per-token loss is capped at -c·Â (must be > 1)."""
     loss_agg_mode: str = "token-mean"
     """Loss aggregation: token-mean (DAPO: one denominator for all tokens of the mini-batch) or a seq-mean variant."""
-    temperature: float = 1.0
-    """Rollout sampling temperature."""
-    top_p: float = 1.0
-    """Rollout nucleus mass."""
     val_temperature: float = 1.0
     """Validation sampling temperature (verl's in-training validation; the eval stage has its own)."""
     val_top_p: float = 0.7
@@ -107,6 +108,9 @@ class RLConfig:
     def validate(self) -> None:
         if "/" in self.init:
             raise ConfigError(f"rl.init must be 'base' or an SFT method label (a folder name); got {self.init!r}")
+        if self.init == "base" and self.init_run:
+            raise ConfigError(f"rl.init=base starts from the base model, but rl.init_run names an SFT run "
+                              f"({self.init_run}); drop one")
         check_range("rl.lr", self.lr, 0.0, 1.0, low_open=True)
         check_range("rl.lr_warmup_steps", self.lr_warmup_steps, 0)
         check_range("rl.weight_decay", self.weight_decay, 0.0)
@@ -126,8 +130,7 @@ class RLConfig:
         check_range("rl.clip_ratio_c", self.clip_ratio_c, 1.0, low_open=True)
         check_choice("rl.loss_agg_mode", self.loss_agg_mode,
                      ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"))
-        check_range("rl.temperature", self.temperature, 0.0, low_open=True)
-        check_range("rl.top_p", self.top_p, 0.0, 1.0, low_open=True)
+        self.validate_sampling("rl", greedy=False)
         check_range("rl.val_temperature", self.val_temperature, 0.0)
         check_range("rl.val_top_p", self.val_top_p, 0.0, 1.0, low_open=True)
         check_range("rl.val_n", self.val_n, 1)

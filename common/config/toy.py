@@ -6,10 +6,10 @@ from dataclasses import dataclass, field
 from common.config.common import IDENTITY_WHEN_SET, SUPERVISION, ConfigError, check_choice, check_range, computation_config
 
 TOY_STYLES = ("chain", "steps", "careful", "direct")
-"""Solution styles of the toy world (toy/world.py explains each)."""
+"""Solution styles of the toy world (toy/arithmetic.py explains each)."""
 
 TOY_WORLDS = ("arithmetic", "forking")
-"""``toy.world``: toy/world.py (the default) or toy/forking.py."""
+"""``toy.world``: toy/arithmetic.py (the default) or toy/forking.py."""
 FORK_FAMILIES = ("small", "carry", "plain")
 """Problem families of the forking world (toy/forking.py explains each)."""
 FORK_STRATEGIES = ("column", "place", "round")

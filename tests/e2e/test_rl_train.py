@@ -64,24 +64,26 @@ def write_rl_parquet(path: Path, num_rows: int, split: str, seed: int = 0) -> No
     pd.DataFrame(rows).to_parquet(path)
 
 
-def _complete(directory: Path, stage: str) -> None:
-    write_manifest(directory, Manifest(stage=stage, variant="test", status="complete"))
+def _complete(directory: Path, stage: str, config: dict | None = None) -> None:
+    write_manifest(directory, Manifest(stage=stage, variant="test", status="complete", config=config or {}))
 
 
 @pytest.fixture(scope="module")
 def rl_run(tmp_path_factory):
     from common.config import compose
-    from common.paths import data_dir, hf_export_dir, sft_dir
+    from common.paths import data_dir, hf_export_dir, sft_run
     from rl.train import run
 
     root = tmp_path_factory.mktemp("rl")
-    overrides = [f"experiment.run_root={root}", "rl.init=sft", "rl.train_batch_size=4", "rl.ppo_mini_batch_size=2",
+    overrides = [f"experiment.run_root={root}", "sft/method=sft", "rl.init=sft", "rl.train_batch_size=4",
+                 "rl.ppo_mini_batch_size=2",
                  "rl.rollout_n=4", "rl.total_steps=2", "rl.max_prompt_length=64", "rl.max_response_length=16",
                  "rl.overlong_buffer_len=4", "rl.micro_batch_size_per_gpu=8", "rl.save_freq=2", "rl.test_freq=0",
                  "rl.val_before_train=false", "rl.max_inflight_gen_batches=2", "logging.progress=false"]
     cfg = compose(overrides)
-    build_start_model(hf_export_dir(sft_dir(cfg, "sft")))
-    _complete(sft_dir(cfg, "sft"), "sft")
+    sft = sft_run(cfg)
+    build_start_model(hf_export_dir(sft.directory))
+    _complete(sft.directory, "sft", sft.config)
     write_rl_parquet(data_dir(cfg) / "rl.parquet", 32, "train")
     write_rl_parquet(data_dir(cfg) / "rl_val.parquet", 4, "val", seed=1)
     _complete(data_dir(cfg), "data")
@@ -95,7 +97,7 @@ def test_dapo_runs_to_the_last_step_and_hands_back_a_loadable_model(rl_run):
     from common.tracking import read_metrics
 
     cfg, manifest = rl_run
-    stage = rl_dir(cfg, "sft")
+    stage = rl_dir(cfg)
     assert manifest.complete and manifest.metrics["final_step"] == 2
     records = {r["step"]: r for r in read_metrics(stage / "metrics.jsonl")}
     assert sorted(s for s in records if s > 0) == [1, 2]
@@ -114,6 +116,7 @@ def test_dapo_runs_to_the_last_step_and_hands_back_a_loadable_model(rl_run):
         model.generation_config.eos_token_id if isinstance(model.generation_config.eos_token_id, list) else [])
     assert model.config.num_hidden_layers == 2
     json.dumps(manifest.details)  # the manifest stays plain JSON
+    assert manifest.details["sft_method"] == {"name": "sft", "loss_norm": None}  # from the SFT run's manifest
 
 
 def test_rerun_with_complete_manifest_is_skipped(rl_run):

@@ -3,7 +3,7 @@ exports" (the base with perturbed weights), an EKSFT metrics log, a tokenised SF
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, replace
+from dataclasses import replace
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -11,26 +11,37 @@ import pytest
 import torch
 
 from bench.tiny_model import build_tiny_qwen3
-from eval import report
+from report import run as report
 from common.config import compose
-from common.manifest import Manifest, stage_run, write_manifest
+from common.config.sft import EKSFTMethod
+from common.manifest import stage_run
 from common.paths import (
+    arm,
+    arm_named,
     base_model_path,
-    eval_dir,
+    eval_run,
     hf_export_dir,
-    parse_method_label,
     report_dir,
-    sft_dir,
+    sft_run,
     sft_tokens_path,
     toy_base_dir,
+    with_method,
 )
 
 pytestmark = pytest.mark.integration
 
 
-def _complete(folder, stage):
-    with stage_run(folder, stage=stage, variant="test", config={"folder": str(folder)}, announce=lambda _: None):
+def _complete(folder, stage, config=None):
+    with stage_run(folder, stage=stage, variant="test", config=config or {"folder": str(folder)},
+                   announce=lambda _: None):
         pass
+
+
+def _complete_sft(cfg, method):
+    """A complete SFT run of ``method`` whose manifest records its identity (and so its method); returns its arm."""
+    spec = sft_run(with_method(cfg, method))
+    _complete(spec.directory, "sft", spec.config)
+    return arm(cfg, method)
 
 
 def _export(base, folder, scale, seed):
@@ -52,13 +63,14 @@ def _build_tree(tmp_path):
     base = build_tiny_qwen3(base_model_path(cfg), dtype="float32")
     _complete(toy_base_dir(cfg), "base")
     for label, scale in (("sft", 0.05), ("eksft", 0.005)):
-        _export(base, hf_export_dir(sft_dir(cfg, label)), scale, seed=len(label))
-        _complete(sft_dir(cfg, label), "sft")
+        folder = arm_named(cfg, label).sft
+        _export(base, hf_export_dir(folder), scale, seed=len(label))
+        _complete_sft(cfg, arm_named(cfg, label).method)
     log = [{"step": 1, "stats/iou": 0.0, "stats/num_T": 40, "stats/num_M_H": 8, "stats/num_M_KL": 0, "stats/num_M": 8},
            {"step": 2, "stats/iou": 0.2, "stats/num_T": 40, "stats/num_M_H": 8, "stats/num_M_KL": 8, "stats/num_M": 12},
            {"step": 3, "stats/iou": 0.6, "stats/num_T": 40, "stats/num_M_H": 8, "stats/num_M_KL": 8, "stats/num_M": 10}]
-    (sft_dir(cfg, "eksft") / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in log))
-    (sft_dir(cfg, "sft") / "metrics.jsonl").write_text(json.dumps({"step": 1, "loss": 1.0}) + "\n")
+    (arm_named(cfg, "eksft").sft / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in log))
+    (arm_named(cfg, "sft").sft / "metrics.jsonl").write_text(json.dumps({"step": 1, "loss": 1.0}) + "\n")
 
     from transformers import AutoTokenizer
 
@@ -73,17 +85,15 @@ def _build_tree(tmp_path):
     pq.write_table(pa.table({"row_id": ["row-0"], "input_ids": [prompt_ids + response_ids],
                              "labels": [[-100] * len(prompt_ids) + response_ids]}), tokens)
 
-    for variant, counts in (("base", [0, 2]), ("sft", [1, 4]), ("eksft", [2, 3]), ("eksft_rho0.1", [1, 3]),
-                            ("eksft_rho0.4", [0, 1])):
+    # two sweep points: SFT runs of the same config with another rho (the report finds them by their manifests)
+    points = [_complete_sft(cfg, EKSFTMethod(rho=rho)) for rho in (0.1, 0.4)]
+    for evaluated, counts in ((arm_named(cfg, "base"), [0, 2]), (arm_named(cfg, "sft"), [1, 4]),
+                              (arm_named(cfg, "eksft"), [2, 3]), (points[0], [1, 3]), (points[1], [0, 1])):
         for bench in ("toy_add", "toy_mixed"):
-            folder = eval_dir(cfg, "sft", variant, bench)
+            folder = eval_run(cfg, "sft", evaluated.variant, bench, evaluated.sft).directory
             folder.mkdir(parents=True)
             (folder / "metrics.json").write_text(json.dumps({"n": 4, "correct_counts": {"p1": counts[0],
                                                                                       "p2": counts[1]}}))
-            # the evaluation manifest records the evaluated SFT method: how the report finds sweep points
-            details = {"variant": variant,
-                       **({} if variant == "base" else {"sft_method": asdict(parse_method_label(variant))})}
-            write_manifest(folder, Manifest(stage="eval_sft", variant=variant, status="complete", details=details))
     return cfg
 
 
@@ -142,13 +152,12 @@ def test_iou_gives_every_seed_its_own_row(tmp_path):
     cfg = compose([f"experiment.run_root={tmp_path}", "experiment.methods=[sft,eksft]", "experiment.seeds=[0,1]",
                    "logging.progress=false"])
     for seed, ious in ((0, (0.2, 0.6)), (1, (0.5, 0.7))):
-        folder = sft_dir(replace(cfg, seed=seed), "eksft")
+        folder = _complete_sft(replace(cfg, seed=seed), arm_named(cfg, "eksft").method).sft
         hf_export_dir(folder).mkdir(parents=True)
-        _complete(folder, "sft")
         log = [{"step": step, "stats/iou": iou} for step, iou in enumerate(ious, 1)]
         (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in log))
     out = tmp_path / "report"
-    _, summaries = report.iou_section(cfg, cfg, report.variants(cfg), out, _Outputs())
+    _, summaries = report.iou_section(cfg, report.model_runs(cfg)[0], out, _Outputs())
     assert {label: (s["min"], s["max"]) for label, s in summaries.items()} == {
         "EKSFT (paper eq.), seed 0": (0.2, 0.6), "EKSFT (paper eq.), seed 1": (0.5, 0.7)}
     assert "| EKSFT (paper eq.), seed 1 | 2 | 0.50 | 0.60 | 0.70 |" in (out / "iou_Toy-Qwen3-0.8M.md").read_text()

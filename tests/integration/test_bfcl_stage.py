@@ -1,4 +1,4 @@
-"""The evaluation stage's bfcl family (``eval.bfcl_stage``, issue 16): per-category samples.jsonl and metrics.json
+"""The evaluation stage's bfcl family (``eval.bfcl.evaluate``, issue 16): per-category samples.jsonl and metrics.json
 judged by BFCL's real checker, resumed after a crash without re-sampling finished questions, skipped when complete.
 
 The sampler is scripted (fixed texts, so the verdicts are known: text with no ``<tool_call>`` decodes to no call,
@@ -15,7 +15,7 @@ from common.config import compose
 from common.config.data import CHATML_TOOLS_TEMPLATE
 from common.paths import eval_dir
 from data import prepare
-from eval.bfcl_stage import run_bfcl
+from eval.bfcl.evaluate import run_bfcl
 from eval.sample import Completion
 
 REFUSAL = "None of the available functions can do that."
@@ -54,7 +54,7 @@ def test_bfcl_family_resumes_after_a_crash_and_skips_when_complete(cfg, checker)
     calls: list[int] = []
     with pytest.raises(RuntimeError, match="engine died"):
         run_bfcl(cfg, lambda *args: ScriptedSampler(calls, fail_on_call=2), checker)
-    simple_dir = eval_dir(cfg, "sft", "probe", "live_simple")
+    simple_dir = eval_dir(cfg, "live_simple")
     assert len((simple_dir / "samples.jsonl").read_text().splitlines()) == 1
     assert json.loads((simple_dir / "manifest.json").read_text())["status"] == "failed"
 
@@ -67,7 +67,7 @@ def test_bfcl_family_resumes_after_a_crash_and_skips_when_complete(cfg, checker)
     assert [r["problem_id"] for r in records] == list(simple["correct_counts"]) and len(records) == 3
     assert all(not r["valid"] and r["error_type"] and r["correct"] == 0 for r in records)
     assert (simple["accuracy"], simple["interval"], simple["correct"], simple["total"]) == (0.0, [0.0, 0.0], 0, 3)
-    irrelevance = json.loads((eval_dir(cfg, "sft", "probe", "live_irrelevance") / "metrics.json").read_text())
+    irrelevance = json.loads((eval_dir(cfg, "live_irrelevance") / "metrics.json").read_text())
     assert (irrelevance["accuracy"], irrelevance["correct"], irrelevance["total"]) == (100.0, 3, 3)
     assert irrelevance["protocol"]["bfcl_eval_version"] == "2026.3.23"
     assert irrelevance["protocol"]["irrelevance_set"] == "live_irrelevance"

@@ -99,7 +99,7 @@ def test_evaluation_stage_writes_the_heldout_nll_run_and_skips_it_when_current(t
         tokens.add_output(HELDOUT_TOKENS_FILE, "held-out slice")
 
     summary = run(cfg)
-    spec = heldout_nll_run(cfg, "base")
+    spec = heldout_nll_run(cfg, "base", None)
     assert spec.directory.name == HELDOUT_NLL_DIR
     assert spec.directory.parent.parent == data_dir(cfg).parents[1] / "eval" / "tiny" / "sft"
     manifest = read_manifest(spec.directory)
@@ -109,4 +109,5 @@ def test_evaluation_stage_writes_the_heldout_nll_run_and_skips_it_when_current(t
     assert summary.metrics[HELDOUT_NLL_DIR] == manifest.metrics and summary.status == "complete"
     run(cfg)
     assert read_manifest(spec.directory).run_id == manifest.run_id
-    assert heldout_nll_run(_config(tmp_path, tiny_model), "base") is None  # no slice: no run (and no identity change)
+    # no slice: no run (and no identity change)
+    assert heldout_nll_run(_config(tmp_path, tiny_model), "base", None) is None

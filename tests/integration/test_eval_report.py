@@ -2,21 +2,23 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
-from dataclasses import replace
-
-from eval import report
+from report import run as report
 from common.config import compose
-from common.manifest import read_manifest
-from common.paths import RL_DISCARDED_GROUPS, RL_GROUPS_KEPT, eval_dir, report_dir, rl_dir, sft_dir
+from common.manifest import is_current, read_manifest
+from common.paths import RL_DISCARDED_GROUPS, RL_GROUPS_KEPT, arm_named, eval_run, report_dir, report_run
 
 pytestmark = pytest.mark.integration
 
 
 def _write_metrics(cfg, phase, variant, benchmark, counts: dict[str, int], n: int = 4, **extra) -> None:
-    folder = eval_dir(cfg, phase, variant, benchmark)
+    folder = eval_run(cfg, phase, variant, benchmark, arm_named(cfg, variant).model(phase)).directory
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "metrics.json").write_text(json.dumps({"n": n, "correct_counts": counts, **extra}))
 
@@ -136,13 +138,13 @@ def test_report_training_curves_and_rl_headroom(tmp_path):
         sft_log = [{"step": step, "loss": 2.0 / step, "stats/ce": 1.0 / step, "stats/entropy_mean_M": 1.0,
                     "stats/entropy_mean_rest": 0.5, "stats/kl_mean_M": 0.1 * step, "stats/kl_mean_rest": 0.01,
                     "stats/num_M": 10, "stats/num_T": 40} for step in (1, 2, 3)]
-        folder = sft_dir(scfg, "eksft")
+        folder = arm_named(scfg, "eksft").sft
         folder.mkdir(parents=True)
         (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in sft_log))
         rl_log = [{"step": step, "critic/score/mean": 0.1 * step, "response_length/mean": 30.0, "actor/entropy": 0.9,
                    "timing_s/step": 5.0} for step in (1, 2)]
         rl_log[0][RL_DISCARDED_GROUPS] = 2 * cfg.rl.train_batch_size  # step 2 discarded none: it logs no count
-        folder = rl_dir(scfg, "sft")
+        folder = arm_named(scfg, "sft").rl
         folder.mkdir(parents=True)
         (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rl_log))
     manifest = report.run(cfg)
@@ -203,3 +205,37 @@ def test_report_reaches_wandb_offline(tmp_path, monkeypatch):
     assert "passk_Toy-Qwen3-0.8M_sft_toy_add" in images
     record = next(run_dir.glob("run-*.wandb")).read_bytes()
     assert b"table1/Toy-Qwen3-0.8M/SFT/Avg pass@1" in record and b"demo/report" in record
+
+
+def test_switching_a_setting_back_renders_that_settings_table_again(tmp_path):
+    # Issue 32, item 1: `pipeline.run $O`, then `$O sft.lr=3e-3`, then `$O` again printed "report: done (manifests
+    # unchanged)" and report.md still showed the lr=3e-3 evaluation: the report recorded every evaluation folder of
+    # the experiment as its inputs, so both configs had one report identity. Its inputs are the runs the current
+    # config reads.
+    overrides = [f"experiment.run_root={tmp_path}", "experiment.methods=[sft]", "eval.analysis.run=[]"]
+    default, changed = compose(overrides), compose([*overrides, "sft.lr=3e-3"])
+    for cfg, sft_count in ((default, 1), (changed, 4)):  # the base model's evaluation is the same under both
+        for bench in ("toy_add", "toy_mixed"):
+            _write_metrics(cfg, "sft", "base", bench, {"p": 0})
+            _write_metrics(cfg, "sft", "sft", bench, {"p": sft_count})
+    def sft_avg_pass1(manifest) -> float:
+        table = (report_dir(default) / "table1.md").read_text()
+        assert f"{manifest.metrics['sft']['Toy-Qwen3-0.8M/SFT']['Avg pass@1']:.1f}" in next(
+            line for line in table.splitlines() if line.startswith("| SFT |"))  # the file, not only the manifest
+        return manifest.metrics["sft"]["Toy-Qwen3-0.8M/SFT"]["Avg pass@1"]
+
+    first = report.run(default)
+    assert sft_avg_pass1(first) == 25.0
+    assert sft_avg_pass1(report.run(changed)) == 100.0
+    spec = report_run(default)
+    assert not is_current(report_dir(default), spec.config_hash, spec.inputs, optional_inputs=True)  # no skip
+    again = report.run(default)
+    assert again.started_at != first.started_at and sft_avg_pass1(again) == 25.0
+
+
+def test_the_old_entry_point_forwards_with_a_note(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "eval.report", f"experiment.run_root={tmp_path}", "--cfg", "job"],
+                          cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "`python -m eval.report` is now `python -m report.run`" in done.stderr
+    assert f"run_root: {tmp_path}" in done.stdout  # Hydra of report.run got the command line

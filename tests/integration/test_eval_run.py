@@ -13,14 +13,14 @@ import pytest
 
 from bench.tiny_model import build_tiny_qwen3
 from eval.metrics import MEAN_TOKEN_ENTROPY
-from eval.run import SAMPLES_FILE, run
+from eval.run import run
 from eval.sample import Completion, _EngineProcess, make_sampler, render_prompt
 from eval.scoring import extract_answer, verify
 from common.benchmarks import read_benchmark
 from common.config import Config, ConfigError, compose
 from common.manifest import StageInputError, read_manifest
 from common.models import load_tokenizer
-from common.paths import data_dir, eval_dir
+from common.paths import SAMPLES_FILE, data_dir, eval_dir
 from common.seeding import derive_seed
 
 pytestmark = pytest.mark.integration
@@ -54,7 +54,7 @@ def _write_benchmarks(cfg: Config, shared_data: Path, names: list[str]) -> None:
 
 
 def _samples(cfg: Config, benchmark: str) -> list[dict]:
-    path = eval_dir(cfg, cfg.eval.phase, cfg.eval.variant, benchmark) / SAMPLES_FILE
+    path = eval_dir(cfg, benchmark) / SAMPLES_FILE
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
 
 
@@ -84,7 +84,7 @@ def test_verdicts_and_metrics_by_hand(tmp_path, tiny_model, shared_data):
                                    "</think>\\boxed{104}"],
              seed[rows[1]["id"]]: ["</think>\\boxed{3376}", "</think>", "\\boxed{3375", "</think>3375"]}
     summary = run(cfg, lambda *args: ScriptedSampler(texts))
-    out = eval_dir(cfg, "sft", "tiny", "hmmt25")
+    out = eval_dir(cfg, "hmmt25")
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["correct_counts"] == {rows[0]["id"]: 2, rows[1]["id"]: 0}
     assert metrics["avg@4"] == pytest.approx((2 / 4 + 0) / 2)
@@ -109,7 +109,7 @@ def test_metrics_reach_wandb_offline(tmp_path, tiny_model, shared_data, monkeypa
     texts = {derive_seed(cfg.seed, f"eval/hmmt25/{row['id']}"): [f"</think>\\boxed{{{row['answer']}}}", "", "", ""]
              for row in rows}
     run(cfg, lambda *args: ScriptedSampler(texts))
-    runs = list((eval_dir(cfg, "sft", "tiny", "hmmt25").parent / "wandb").glob("offline-run-*"))
+    runs = list((eval_dir(cfg, "hmmt25").parent / "wandb").glob("offline-run-*"))
     assert len(runs) == 1
     record = next(runs[0].glob("run-*.wandb")).read_bytes()
     for text in (b"hmmt25/avg@4", b"hmmt25/pass@4", b"grouped", b"grouped/eval_sft/tiny", b"eval_test"):
@@ -178,7 +178,7 @@ def test_vllm_sampling_metrics_resume_and_seeds(tmp_path, tiny_model, shared_dat
            for b in ("aime24", "hmmt25")}
     gold = {r["id"]: r["answer"] for b in ids for r in read_benchmark(data_dir(cfg) / "benchmarks" / f"{b}.jsonl")}
     seed_of = {derive_seed(cfg.seed, f"eval/{b}/{pid}"): pid for b in ids for pid in ids[b]}
-    aime_dir = eval_dir(cfg, "sft", "tiny", "aime24")
+    aime_dir = eval_dir(cfg, "aime24")
 
     # Ctrl-C during the second batch: the first batch's two problems are on disk, the manifest says failed.
     interrupted = RecordingFactory(interrupt_on_call=2)
@@ -203,7 +203,7 @@ def test_vllm_sampling_metrics_resume_and_seeds(tmp_path, tiny_model, shared_dat
             assert 1 <= r["num_tokens"] <= 24 and r["finish_reason"] in ("stop", "length")
             assert r["answer"] == extract_answer("<think>\n" + r["text"])
             assert r["correct"] == verify("<think>\n" + r["text"], gold[r["problem_id"]])
-        out = eval_dir(cfg, "sft", "tiny", benchmark)
+        out = eval_dir(cfg, benchmark)
         metrics = json.loads((out / "metrics.json").read_text())
         assert metrics["n"] == 4 and metrics["num_problems"] == 3
         assert metrics["avg@4"] == pytest.approx(sum(r["correct"] for r in records) / len(records))
@@ -284,7 +284,7 @@ def test_two_engines_sample_what_one_engine_samples(tmp_path, tiny_model, shared
         _write_benchmarks(cfg, shared_data, ["aime24"])
     run(one)
     run(two)
-    out_one, out_two = eval_dir(one, "sft", "tiny", "aime24"), eval_dir(two, "sft", "tiny", "aime24")
+    out_one, out_two = eval_dir(one, "aime24"), eval_dir(two, "aime24")
     assert out_one.relative_to(tmp_path / "one") == out_two.relative_to(tmp_path / "two")  # one run identity
     key = lambda r: (r["problem_id"], r["sample_index"])  # noqa: E731
     expected = sorted(_samples(one, "aime24"), key=key)

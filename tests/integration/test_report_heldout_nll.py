@@ -7,10 +7,10 @@ from dataclasses import replace
 
 import pytest
 
-from eval import report
+from report import run as report
 from common.config import compose
 from common.manifest import stage_run
-from common.paths import HELDOUT_NLL, eval_dir, heldout_nll_run
+from common.paths import HELDOUT_NLL, arm_named, eval_run, heldout_nll_run
 
 pytestmark = pytest.mark.integration
 
@@ -26,12 +26,14 @@ def test_headroom_correlates_the_heldout_nll_and_pairs_arms_by_variant(tmp_path)
         for variant, per_seed in counts.items():
             for seed, count in zip((0, 1), per_seed):
                 for bench in ("toy_add", "toy_mixed"):
-                    folder = eval_dir(replace(cfg, seed=seed), phase, variant, bench)
+                    scfg = replace(cfg, seed=seed)
+                    folder = eval_run(scfg, phase, variant, bench, arm_named(scfg, variant).model(phase)).directory
                     folder.mkdir(parents=True, exist_ok=True)
                     (folder / "metrics.json").write_text(json.dumps({"n": 4, "correct_counts": {"p": count}}))
     for variant, per_seed in nll.items():
         for seed, value in zip((0, 1), per_seed):
-            spec = heldout_nll_run(replace(cfg, seed=seed), variant)
+            scfg = replace(cfg, seed=seed)
+            spec = heldout_nll_run(scfg, variant, arm_named(scfg, variant).sft)
             with stage_run(spec.directory, stage=spec.stage, variant=spec.variant, config=spec.config,
                            announce=lambda message: None) as run:
                 run.manifest.metrics = {HELDOUT_NLL: value}

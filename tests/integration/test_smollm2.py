@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from common.config import compose
-from common.paths import eval_dir, hf_export_dir, sft_dir, sft_tokens_path
+from common.paths import SAMPLES_FILE, eval_dir, hf_export_dir, sft_dir, sft_tokens_path
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm]
 
@@ -69,6 +69,6 @@ def test_smollm2_tokenise_train_export_generate(cfg, tmp_path, monkeypatch):
     monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "vllm_cache"))
     evaluated = eval_run.run(cfg)
     assert evaluated.complete
-    samples = (eval_dir(cfg, "sft", "sft", "toy_add") / eval_run.SAMPLES_FILE).read_text().splitlines()
+    samples = (eval_dir(cfg, "toy_add") / SAMPLES_FILE).read_text().splitlines()
     assert len(samples) == 2 * 2
     assert all(1 <= json.loads(line)["num_tokens"] <= 8 for line in samples)

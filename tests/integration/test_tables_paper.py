@@ -1,11 +1,11 @@
-"""The paper's numbers and bold marks in eval/paper_tables.json re-parsed from the paper's .tex (../shared/docs)."""
+"""The paper's numbers and bold marks in report/paper_tables.json re-parsed from the paper's .tex (../shared/docs)."""
 from __future__ import annotations
 
 import re
 
 import pytest
 
-from eval.tables import load_paper_tables, rank_marks
+from report.tables import load_paper_tables, rank_marks
 
 COLUMNS = ["AIME", "AIME25", "AMC", "HMMT25", "Avg"]
 

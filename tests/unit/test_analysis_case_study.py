@@ -5,8 +5,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from eval.analyses import AnalysisInputError
-from eval.analyses.case_study import read_case_study_row, write_case_study
+from report.analyses import AnalysisInputError
+from report.analyses.case_study import read_case_study_row, write_case_study
 
 
 @pytest.fixture

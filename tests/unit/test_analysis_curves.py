@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import json
 
-from eval.analyses import curves
+from report.analyses import curves
 
 from common.paths import RL_DISCARDED_GROUPS
-from eval.analyses.curves import RL_PANELS, SFT_PANELS, logged_panels, plot_curves, read_runs, rl_panels, series
+from report.analyses.curves import RL_PANELS, SFT_PANELS, logged_panels, plot_curves, read_runs, rl_panels, series
 
 SFT_LOG = [
     {"step": 1, "loss": 2.0, "stats/ce": 1.5, "stats/entropy_mean_M": 3.0, "stats/entropy_mean_rest": 1.0,

@@ -8,8 +8,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from eval.analyses import AnalysisInputError
-from eval.analyses.drift import compare_checkpoints, fraction_above, per_layer, write_drift
+from report.analyses import AnalysisInputError
+from report.analyses.drift import compare_checkpoints, fraction_above, per_layer, write_drift
 
 
 def _checkpoint(folder, tensors):

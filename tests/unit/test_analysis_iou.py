@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from eval.analyses import AnalysisInputError
-from eval.analyses.iou import iou_markdown, iou_series
+from report.analyses import AnalysisInputError
+from report.analyses.iou import iou_markdown, iou_series
 
 LOG = [
     # step 1: M_KL empty (π_θ = π_ref) → left out

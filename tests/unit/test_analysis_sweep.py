@@ -1,89 +1,75 @@
-"""Sweep aggregation: method labels parse back into their method configs; sweep points group into one table."""
+"""Sweep aggregation: the points are the SFT runs the current config would train with another method, each with the
+method its manifest records (never parsed from a label); they group into one table per method."""
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
+from dataclasses import replace
 
-import pytest
-
-from eval import report
-from eval.sweep import Sweep, find_sweeps
 from common.config import compose
-from common.config.sft import (
-    SFT_METHOD_SCHEMAS,
-    EAFTMethod,
-    EKSFTMethod,
-    GEMMethod,
-    HighEntropyMethod,
-    IWSFTMethod,
-    SEDSFTMethod,
-    SFTMethod,
-)
+from common.config.sft import EKSFTMethod, SFTMethod
 from common.manifest import Manifest, write_manifest
-from common.paths import eval_dir, method_label, parse_method_label
+from common.paths import arm, eval_run, method_label, sft_run, sweep_arms, with_method
+from report import run as report
+from report.sweep import Sweep, find_sweeps
 
 
-@pytest.mark.parametrize("name", sorted(SFT_METHOD_SCHEMAS))
-def test_default_labels_round_trip(name):
-    method = SFT_METHOD_SCHEMAS[name]()
-    assert parse_method_label(method_label(method)) == method
-
-
-@pytest.mark.parametrize("method", [
-    EKSFTMethod(rho=0.0), EKSFTMethod(rho=0.1), EKSFTMethod(lambda_entropy=0.0, lambda_kl=0.1),
-    EKSFTMethod(dynamic_lambda=True), EKSFTMethod(dynamic_lambda_factor=0.1),  # one field name prefixes the other
-    EKSFTMethod(compat="official_code", kl_formula="true_kl"),  # values with underscores
-    EKSFTMethod(kl_eps=1e-05, random_mask_seed=3), IWSFTMethod(level="token", temp=0.5), GEMMethod(h="logsigmoid"),
-    EKSFTMethod(compat="official_code", loss_norm="micro_batch_mean"), SFTMethod(loss_norm="global_token_mean"),
-    SEDSFTMethod(top_k=10, threshold=0.7), EAFTMethod(alpha=0.5), HighEntropyMethod(rho=0.1),
-])
-def test_sweep_point_labels_round_trip(method):
-    label = method_label(method)
-    assert parse_method_label(label) == method
-
-
-def test_labels_read_back_field_by_field():
-    assert method_label(EKSFTMethod(compat="official_code", kl_formula="true_kl")) == \
-        "eksft_compatofficial_code_kl_formulatrue_kl"
-    assert parse_method_label("eksft_rho0.1") == EKSFTMethod(rho=0.1)
-
-
-@pytest.mark.parametrize("label", ["base", "my_model", "eksft_rho", "eksft_foo1", "eksft_rhoabc", "sft_rho0.1",
-                                   "eksft_rho0.10", "eksft_rho0.2"])
-def test_other_labels_are_rejected(label):
-    # "eksft_rho0.10" and "eksft_rho0.2" parse to configs whose label is "eksft_rho0.1" / "eksft": not this label.
-    with pytest.raises(ValueError, match=label):
-        parse_method_label(label)
-
-
-def _parsed(labels):
-    """The label -> method map the report reads from evaluation manifests (non-method labels record none)."""
-    return {label: parse_method_label(label) for label in labels if label not in ("base", "my_model")}
+def _labelled(*methods):
+    return {method_label(method): method for method in methods}
 
 
 def test_find_sweeps_groups_by_method_and_sorts_by_value():
-    labels = ["base", "eksft_rho0.4", "eksft", "eksft_rho0", "sft", "my_model"]
-    assert find_sweeps(_parsed(labels)) == [Sweep(method="eksft", fields=["rho"], points=[
+    methods = _labelled(EKSFTMethod(rho=0.4), EKSFTMethod(), EKSFTMethod(rho=0.0), SFTMethod())
+    assert find_sweeps(methods) == [Sweep(method="eksft", fields=["rho"], points=[
         ("eksft_rho0", (0.0,)), ("eksft", (0.2,)), ("eksft_rho0.4", (0.4,))])]
-    grid = find_sweeps(_parsed(["eksft_lambda_entropy0_lambda_kl0", "eksft_lambda_entropy0", "eksft"]))
+    grid = find_sweeps(_labelled(EKSFTMethod(lambda_entropy=0.0, lambda_kl=0.0), EKSFTMethod(lambda_entropy=0.0),
+                                 EKSFTMethod()))
     assert grid[0].fields == ["lambda_entropy", "lambda_kl"]
     assert [p[1] for p in grid[0].points] == [(0.0, 0.0), (0.0, 0.05), (0.05, 0.05)]
-    assert find_sweeps(_parsed(["eksft", "sft", "dft"])) == []
+    assert find_sweeps(_labelled(EKSFTMethod(), SFTMethod())) == []
+
+
+def _trained(cfg, method, folder=None):
+    """A complete SFT run of ``method`` under ``cfg`` (its manifest records the identity, method included)."""
+    spec = sft_run(with_method(cfg, method))
+    folder = folder or spec.directory
+    folder.mkdir(parents=True)
+    write_manifest(folder, Manifest(stage="sft", variant=spec.variant, status="complete", config=spec.config))
+    return folder
+
+
+def test_sweep_points_are_the_runs_the_current_config_would_train_with_another_method(tmp_path):
+    cfg = compose([f"experiment.run_root={tmp_path}", "experiment.methods=[eksft]"])
+    point = _trained(cfg, EKSFTMethod(rho=0.1))
+    _trained(cfg, EKSFTMethod())  # the experiment's own arm, not a sweep point
+    _trained(replace(cfg, sft=replace(cfg.sft, lr=3e-3)), EKSFTMethod(rho=0.3))  # another lr: another experiment
+    _trained(replace(cfg, seed=1), EKSFTMethod(rho=0.4))  # another seed
+    assert [(a.variant, a.sft, a.method) for a in sweep_arms(cfg)] == [("eksft_rho0.1", point, EKSFTMethod(rho=0.1))]
+    assert [a.variant for a in sweep_arms(replace(cfg, seed=1))] == ["eksft_rho0.4"]
+
+
+def test_a_folder_label_is_not_read_back(tmp_path):
+    # A run folder whose label says rho 0.4 but whose manifest and identity say rho 0.1 (renamed by hand) is not the
+    # rho 0.1 run the config names: the folder is not where that run lives, so it is no point; nothing parses labels.
+    cfg = compose([f"experiment.run_root={tmp_path}", "experiment.methods=[eksft]"])
+    proper = sft_run(with_method(cfg, EKSFTMethod(rho=0.1))).directory
+    _trained(cfg, EKSFTMethod(rho=0.1), folder=proper.with_name("eksft_rho0.4-" + proper.name.rpartition("-")[2]))
+    assert sweep_arms(cfg) == []
 
 
 def test_sweep_table_rows_and_columns(tmp_path):
     cfg = compose([f"experiment.run_root={tmp_path}", "experiment.methods=[eksft]"])
     # n = 4; per benchmark (toy_add, toy_mixed) the correct counts of two problems.
-    points = {"eksft_rho0": ([4, 0], [2, 2]), "eksft_rho0.1": ([1, 1], [0, 0]), "eksft": ([4, 4], [4, 2]),
-              "base": ([0, 0], [0, 0]), "sft": ([4, 4], [4, 4])}
-    for label, per_bench in points.items():
+    points = [(EKSFTMethod(rho=0.0), ([4, 0], [2, 2])), (EKSFTMethod(rho=0.1), ([1, 1], [0, 0])),
+              (EKSFTMethod(), ([4, 4], [4, 2])), (None, ([0, 0], [0, 0])), (SFTMethod(), ([4, 4], [4, 4]))]
+    for method, per_bench in points:
+        if method is not None:
+            _trained(cfg, method)
+        evaluated = arm(cfg, method)
         for bench, counts in zip(("toy_add", "toy_mixed"), per_bench):
-            folder = eval_dir(cfg, "sft", label, bench)
+            folder = eval_run(cfg, "sft", evaluated.variant, bench, evaluated.sft).directory
             folder.mkdir(parents=True)
             (folder / "metrics.json").write_text(json.dumps({"n": 4, "correct_counts": dict(zip("ab", counts))}))
-            details = {"variant": label, **({} if label == "base" else {"sft_method": asdict(parse_method_label(label))})}
-            write_manifest(folder, Manifest(stage="eval_sft", variant=label, status="complete", details=details))
-    [(mcfg, phase, sweep, table, files)] = report.sweep_tables(cfg, report.model_configs(cfg))
+    [(mcfg, phase, sweep, table, files)] = report.sweep_tables(cfg, report.model_runs(cfg))
     assert (phase, sweep.fields, table.row_header) == ("sft", ["rho"], "rho")
     assert table.columns == ["Toy-Add", "Toy-Mixed", "Avg"] and table.metrics == ["pass@1", "pass@4"]
     rows = {row.label: row.ours for row in table.blocks[0].rows}

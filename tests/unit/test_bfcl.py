@@ -9,8 +9,8 @@ import math
 
 import pytest
 
-from eval.bfcl import (BfclChecker, BfclUnavailableError, CategoryScore, category_scores, live_overall, prompt_of,
-                       summary)
+from eval.bfcl.checker import (BfclChecker, BfclUnavailableError, CategoryScore, category_scores, live_overall,
+                                prompt_of, summary)
 
 
 def test_category_scores_count_each_category():

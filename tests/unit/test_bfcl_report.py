@@ -1,4 +1,4 @@
-"""The BFCL appendix tables (eval/bfcl_report.py) on hand-made per-question verdicts: the live cell pools the live
+"""The BFCL appendix tables (report/bfcl.py) on hand-made per-question verdicts: the live cell pools the live
 categories (count-weighted), the irrelevance cell is live_irrelevance's, the paper's numbers sit beside ours."""
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import json
 import pytest
 
 from common.config import compose
-from common.paths import eval_dir, model_configs
-from eval.bfcl_report import caption, render, variant_cells
+from common.paths import arms, eval_run, model_configs
+from report.bfcl import caption, render, variant_cells
 
 
 @pytest.fixture
@@ -18,7 +18,7 @@ def cfg(tmp_path):
     qwen3_4b = model_configs(cfg)[0]
     verdicts = {"live_simple": [1, 1, 1, 0], "live_multiple": [1, 0], "live_irrelevance": [1, 1]}
     for category, values in verdicts.items():
-        folder = eval_dir(qwen3_4b, "sft", "base", category)
+        folder = eval_run(qwen3_4b, "sft", "base", category, None).directory
         folder.mkdir(parents=True)
         (folder / "metrics.json").write_text(json.dumps(
             {"correct_counts": {f"{category}_{i}": v for i, v in enumerate(values)}}))
@@ -26,16 +26,18 @@ def cfg(tmp_path):
 
 
 def test_live_cell_pools_the_live_categories_and_irrelevance_is_its_own(cfg):
-    cells, counts = variant_cells(model_configs(cfg)[0], "base")
+    qwen3_4b = model_configs(cfg)[0]
+    base, sft = arms(qwen3_4b)[:2]
+    cells, counts = variant_cells(qwen3_4b, base)
     assert cells["BFCL live"].mean == pytest.approx(100 * 4 / 6) and counts["BFCL live"] == 6
     assert cells["BFCL live"].low < cells["BFCL live"].mean < cells["BFCL live"].high
     assert (cells["Irrelevance Det."].mean, counts["Irrelevance Det."]) == (100.0, 2)
-    assert variant_cells(model_configs(cfg)[0], "sft")[0] == {"BFCL live": None, "Irrelevance Det.": None}
+    assert variant_cells(qwen3_4b, sft)[0] == {"BFCL live": None, "Irrelevance Det.": None}
 
 
 def test_a_missing_live_category_leaves_the_live_cell_empty(cfg):
     cfg.eval.benchmarks = []  # all of data.benchmarks: live_parallel(_multiple) too, which were not evaluated
-    cells, _ = variant_cells(model_configs(cfg)[0], "base")
+    cells, _ = variant_cells(model_configs(cfg)[0], arms(model_configs(cfg)[0])[0])
     assert cells["BFCL live"] is None and cells["Irrelevance Det."].mean == 100.0
 
 

@@ -10,7 +10,7 @@ from data.formatting import IGNORE_INDEX, PromptTooLongError, build_sft_example,
 from data.schema import VERL_COLUMNS
 from common.models import end_of_turn_token
 from toy.tokenizer import train_tokenizer
-from toy.world import DocumentMix, documents
+from toy.arithmetic import DocumentMix, documents
 
 CHATML = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>\n' }}{% endfor %}"
           "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")

@@ -66,6 +66,6 @@ def test_no_heldout_slice_by_default_and_no_change_to_the_data_identity():
     cfg = compose(["experiment=demo", "profile=toy"])
     assert cfg.data.num_heldout_rows == 0
     assert "num_heldout_rows" not in computation_config(cfg.data)
-    assert heldout_nll_run(cfg, "base") is None
+    assert heldout_nll_run(cfg, "base", None) is None
     assert "num_heldout_rows" in computation_config(compose(["experiment=demo", "profile=toy",
                                                              "data.num_heldout_rows=8"]).data)

@@ -1,8 +1,10 @@
 """Stage packages never import each other (two exceptions: the RL reward imports the evaluator's scorer, the data
 stage draws toy rows and benchmarks from the toy world's dispatch ``toy.worlds``), the shared base ``common/``
-imports no stage and not the orchestrator, and no stage imports the orchestrator ``pipeline/``, so stages can only
-hand off through files on disk (docs/architecture.md). The unit tier imports no verl, vLLM or Ray and reads nothing
-from ../shared; its conftest guards do what they say."""
+imports no stage, not the report and not the orchestrator, and no stage imports the orchestrator ``pipeline/`` or
+the report ``report/``, so stages can only hand off through files on disk (docs/architecture.md). The report, the
+floor above the stages, imports the base and only the evaluation's statistics. No module imports another that
+imports it back, not even from inside a function. The unit tier imports no verl, vLLM or Ray and reads nothing from
+../shared; its conftest guards do what they say."""
 from __future__ import annotations
 
 import ast
@@ -16,6 +18,9 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 STAGES = ("data", "sft", "rl", "eval", "toy")
 ALLOWED = {("rl", "eval.scoring"), ("data", "toy.worlds")}
+REPORT_READS = ("eval.metrics", "eval.intervals", "eval.bfcl.checker")
+"""What the report may import from the stages: the evaluation's statistics (pass@k, intervals, BFCL's accuracy)."""
+PACKAGES = ("common", *STAGES, "pipeline", "report")
 HEAVY = ("verl", "vllm", "ray")
 
 
@@ -46,16 +51,91 @@ def test_stage_packages_do_not_import_each_other():
     assert not violations, "\n".join(violations)
 
 
-def test_the_base_imports_no_stage_and_no_orchestrator():
+def test_the_base_imports_no_stage_no_report_and_no_orchestrator():
     violations = [f"{file.relative_to(REPO)} imports {module}" for file in _python_files("common")
-                  for module in _imported_modules(file) if module.split(".")[0] in (*STAGES, "pipeline")]
+                  for module in _imported_modules(file) if module.split(".")[0] in (*STAGES, "pipeline", "report")]
     assert not violations, "\n".join(violations)
 
 
-def test_no_stage_imports_the_orchestrator():
+def test_no_stage_imports_the_orchestrator_or_the_report():
     violations = [f"{file.relative_to(REPO)} imports {module}" for stage in STAGES for file in _python_files(stage)
-                  for module in _imported_modules(file) if module.split(".")[0] == "pipeline"]
+                  for module in _imported_modules(file) if module.split(".")[0] in ("pipeline", "report")]
     assert not violations, "\n".join(violations)
+
+
+def test_the_report_imports_the_base_and_the_evaluations_statistics_only():
+    """The orchestrator starts the report as a process and never imports it; the report reads runs through
+    ``common.paths`` and takes from the stages only the statistics of :data:`REPORT_READS`."""
+    violations = [f"{file.relative_to(REPO)} imports {module}" for file in _python_files("report")
+                  for module in _imported_modules(file) if module.split(".")[0] in (*STAGES, "pipeline")
+                  and not module.startswith(REPORT_READS)]
+    violations += [f"{file.relative_to(REPO)} imports {module}" for file in _python_files("pipeline")
+                   for module in _imported_modules(file) if module.split(".")[0] == "report"]
+    assert not violations, "\n".join(violations)
+
+
+def _module_name(file: Path) -> str:
+    parts = file.relative_to(REPO).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """Project module -> the project modules it imports anywhere in its file (inside functions too); ``from a
+    import b`` counts ``a.b`` when that is a module."""
+    modules = {_module_name(file): file for package in PACKAGES for file in _python_files(package)}
+    graph = {}
+    for name, file in modules.items():
+        imported = set()
+        for node in ast.walk(ast.parse(file.read_text(encoding="utf-8"), filename=str(file))):
+            if isinstance(node, ast.Import):
+                imported.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                imported.update([node.module, *(f"{node.module}.{alias.name}" for alias in node.names)])
+        graph[name] = {module for module in imported if module in modules and module != name}
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan's algorithm, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found = []
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is None:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    component = []
+                    while True:
+                        member = stack.pop()
+                        component.append(member)
+                        if member == node:
+                            break
+                    if len(component) > 1:
+                        found.append(sorted(component))
+            elif child not in index:
+                index[child] = low[child] = len(index)
+                stack.append(child)
+                work.append((child, iter(sorted(graph[child]))))
+            elif child in stack:
+                low[node] = min(low[node], index[child])
+    return found
+
+
+def test_no_import_cycle_not_even_through_an_import_inside_a_function():
+    # eval.run imported eval.bfcl_stage inside run() because eval.bfcl_stage imported eval.run: a cycle, hidden.
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _cycles(_import_graph()) == []
 
 
 def test_unit_tests_import_no_engine_even_inside_a_function():

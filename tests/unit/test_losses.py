@@ -213,7 +213,7 @@ def test_identical_reference_kl_term_and_gradient_exactly_zero_in_paper_mode():
     assert not torch.allclose(logits.grad, grads[0])
 
 
-def test_masked_rows_get_the_label_free_gradient_of_methods_spec():
+def test_masked_rows_get_the_label_free_gradient():
     # per-position logit gradient (§1.4): i ∉ M: a(p − e_y); i ∈ M: b·p(log p + H) + c·p(log p − log q − KL)
     torch.manual_seed(3)
     logits = torch.randn(1, 7, 5, requires_grad=True)

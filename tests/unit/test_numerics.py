@@ -9,15 +9,16 @@ import torch
 from common.config import ConfigError, compose
 from common.manifest import Manifest, read_manifest, write_manifest
 from common.numerics import check_kernels, numerics_identity
-from common.paths import base_run, eval_run, rl_run, sft_run
+from common.paths import arm_named, base_run, eval_run
 
 TOY = ["experiment=demo", "profile=toy", "experiment.methods=[sft]"]
 
 
 def run_ids(overrides: list[str]) -> dict[str, str]:
     cfg = compose([*TOY, *overrides])
-    return {"base": base_run(cfg).directory.name, "sft": sft_run(cfg, "sft").directory.name,
-            "rl": rl_run(cfg, "sft").directory.name, "eval": eval_run(cfg, "rl", "sft", "toy_add").directory.parent.name}
+    sft = arm_named(cfg, "sft")
+    return {"base": base_run(cfg).directory.name, "sft": sft.sft.name, "rl": sft.rl.name,
+            "eval": eval_run(cfg, "rl", "sft", "toy_fork_plain", sft.rl).directory.parent.name}
 
 
 @pytest.fixture

@@ -21,12 +21,13 @@ def readme_command(module: str) -> list[str]:
 
 
 def test_evaluate_any_model_command_as_written():
-    from eval.run import benchmark_names, resolve_model
+    from eval.stage import benchmark_names, resolve_model
 
     overrides = readme_command("eval.run")
     cfg = compose(overrides)
     assert benchmark_names(cfg) == ["aime24", "amc"]
-    assert resolve_model(cfg) == ("/path/to/hf", None)
+    assert resolve_model(cfg) == ("/path/to/hf", {"model": {"path": "/path/to/hf", "upstream_run": None},
+                                                  "sft_method": None})
     assert model_paths(cfg, f"eval_{cfg.eval.phase}") == [("eval.model_path", "/path/to/hf")]
     assert cfg.eval.n == 4 and cfg.eval.variant == "my_model"
 

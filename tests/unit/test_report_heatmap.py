@@ -1,9 +1,9 @@
 """The (λ_H, λ_KL) sweep heatmap: one grid cell per sweep point, Avg of each metric."""
 from __future__ import annotations
 
-from eval import report
-from eval.sweep import Sweep
-from eval.tables import AVERAGE, Block, ResultTable, Row
+from report import run as report
+from report.sweep import Sweep
+from report.tables import AVERAGE, Block, ResultTable, Row
 
 
 class _Outputs:

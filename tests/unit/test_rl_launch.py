@@ -14,7 +14,7 @@ import pytest
 
 from common.config import compose
 from common.models import end_of_turn_token
-from common.paths import RL_DISCARDED_GROUPS, RL_GROUPS_KEPT, rl_run
+from common.paths import RL_DISCARDED_GROUPS, RL_GROUPS_KEPT, configured_rl_run
 from common.tracking import dapo_groups_kept
 from rl import train
 from rl.export import LATEST_ITERATION_FILE, latest_checkpoint_step
@@ -108,8 +108,8 @@ def test_stall_watchdog_counts_any_line_during_start_up_and_only_steps_after_it(
 
 def test_stall_timeout_is_not_part_of_the_run_identity():
     quick, patient = compose(["rl.stall_timeout_s=60"]), compose(["rl.stall_timeout_s=6000"])
-    assert rl_run(quick, "sft") == rl_run(patient, "sft")
-    assert rl_run(quick, "sft").directory != rl_run(compose(["rl.lr=1e-5"]), "sft").directory
+    assert configured_rl_run(quick) == configured_rl_run(patient)
+    assert configured_rl_run(quick).directory != configured_rl_run(compose(["rl.lr=1e-5"])).directory
 
 
 def test_sigterm_to_the_rl_stage_stops_verl_and_the_workers_it_started(tmp_path):
@@ -122,7 +122,7 @@ def test_sigterm_to_the_rl_stage_stops_verl_and_the_workers_it_started(tmp_path)
                  f"open({str(pids)!r}, 'w').write(f'{{os.getpid()}} {{worker.pid}}')\n"
                  "time.sleep(600)\n")
     stage_script = ("import sys; from pathlib import Path; from common.config import stage_main; from rl import train\n"
-                    f"train.build_command = lambda cfg, variant: [sys.executable, '-c', {fake_verl!r}]\n"
+                    f"train.build_command = lambda cfg: [sys.executable, '-c', {fake_verl!r}]\n"
                     f"stage_main(lambda cfg: train.run_verl(cfg, 'sft', Path({str(tmp_path)!r}), 0))()\n")
     stage = subprocess.Popen([sys.executable, "-c", stage_script, "logging.progress=false"], cwd=REPO,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -153,7 +153,7 @@ def test_a_ray_node_that_times_out_during_start_up_is_started_again(tmp_path, mo
                  f"    print('Exception: {train.RAY_START_FAILURE}. This could happen ...'); sys.exit(1)\n"
                  f"checkpoints = pathlib.Path({str(tmp_path / CHECKPOINT_SUBDIR)!r})\n"
                  f"checkpoints.mkdir(); (checkpoints / {LATEST_ITERATION_FILE!r}).write_text('32')\n")
-    monkeypatch.setattr(train, "build_command", lambda cfg, variant: [sys.executable, "-c", fake_verl])
+    monkeypatch.setattr(train, "build_command", lambda cfg: [sys.executable, "-c", fake_verl])
     cfg = compose(["logging.progress=false"])
     assert train.run_verl_retrying_ray_start(cfg, "sft", tmp_path, 0, pause_s=0.0) == 32
     assert attempts.read_text() == "xx"
@@ -165,7 +165,7 @@ def test_other_verl_failures_and_start_up_timeouts_after_a_step_are_not_retried(
         fake_verl = (f"import pathlib, sys; runs = pathlib.Path({str(runs)!r}); "
                      "runs.write_text(runs.read_text() + 'x' if runs.exists() else 'x'); "
                      f"print('{output}'); sys.exit(1)")
-        monkeypatch.setattr(train, "build_command", lambda cfg, variant: [sys.executable, "-c", fake_verl])
+        monkeypatch.setattr(train, "build_command", lambda cfg: [sys.executable, "-c", fake_verl])
         with pytest.raises(train.RLError) as failure:
             train.run_verl_retrying_ray_start(compose(["logging.progress=false"]), "sft", tmp_path, 0, pause_s=0.0)
         assert not isinstance(failure.value, train.RayStartFailed)
@@ -201,7 +201,7 @@ def test_progress_bar_shows_each_step_with_that_steps_note(tmp_path, monkeypatch
             self.n += steps
             drawn.append((self.n, self.note))
 
-    monkeypatch.setattr(train, "build_command", lambda cfg, variant: [sys.executable, "-c", fake_verl])
+    monkeypatch.setattr(train, "build_command", lambda cfg: [sys.executable, "-c", fake_verl])
     monkeypatch.setattr(train, "progress", lambda **kwargs: RecordingBar())
     assert train.run_verl(compose(["rl.filter_groups=false"]), "sft", tmp_path, 0) == 2
     notes = {1: "reward +0.25", 2: "reward +0.75"}

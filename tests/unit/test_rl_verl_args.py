@@ -21,7 +21,7 @@ def paper_cfg():
 
 
 def test_paper_dapo_values_are_in_the_argv(paper_cfg):
-    keys = _as_dict(build_overrides(paper_cfg, "eksft"))
+    keys = _as_dict(build_overrides(paper_cfg))
     expected = {
         "actor_rollout_ref.actor.optim.lr": "1e-06",
         "data.train_batch_size": "256",
@@ -61,18 +61,19 @@ def test_paper_dapo_values_are_in_the_argv(paper_cfg):
 
 
 def test_base_variant_starts_from_the_hub_model(paper_cfg):
-    assert _as_dict(build_overrides(paper_cfg, "base"))["actor_rollout_ref.model.path"] == "Qwen/Qwen3-4B"
+    base = compose(["profile=paper", "experiment=table2", "rl.init=base"])
+    assert _as_dict(build_overrides(base))["actor_rollout_ref.model.path"] == "Qwen/Qwen3-4B"
 
 
 def test_command_is_main_ppo_plus_overrides(paper_cfg):
-    command = build_command(paper_cfg, "sft")
+    command = build_command(paper_cfg)
     assert command[1:3] == ["-m", "verl.trainer.main_ppo"]
-    assert command[3:] == build_overrides(paper_cfg, "sft")
+    assert command[3:] == build_overrides(paper_cfg)
 
 
 def test_toy_profile_adds_the_cpu_embedding():
     cfg = compose(["profile=toy"])
-    keys = _as_dict(build_overrides(cfg, "eksft"))
+    keys = _as_dict(build_overrides(cfg))
     assert keys["trainer.device"] == "cpu"
     assert keys["+ray_kwargs.ray_init.num_gpus"] == "1"
     assert keys["+actor_rollout_ref.model.override_config.attn_implementation"] == "sdpa"
@@ -85,7 +86,7 @@ def test_toy_profile_adds_the_cpu_embedding():
 @pytest.mark.parametrize("profile, verl_precision, dtype", [("paper", "bf16", "bfloat16"), ("toy", "fp32", "float32")])
 def test_actor_reference_and_rollout_compute_in_the_model_dtype(profile, verl_precision, dtype):
     """verl's default is bf16 everywhere; the toy model is float32 (bf16 is emulated on CPUs without it)."""
-    keys = _as_dict(build_overrides(compose([f"profile={profile}"]), "sft"))
+    keys = _as_dict(build_overrides(compose([f"profile={profile}"])))
     for role in ("actor", "ref"):
         assert keys[f"+actor_rollout_ref.{role}.fsdp_config.mixed_precision"] == f"{{param_dtype:{verl_precision}}}"
     assert keys["actor_rollout_ref.rollout.dtype"] == dtype
@@ -94,17 +95,17 @@ def test_actor_reference_and_rollout_compute_in_the_model_dtype(profile, verl_pr
 @pytest.mark.parametrize("profile, attention", [("paper", "sdpa"), ("toy", "sdpa")])
 def test_attention_is_ours_on_every_profile(profile, attention):
     """verl's actor/ref default to flash_attention_2 (the flash-attn package); the model config decides instead."""
-    keys = _as_dict(build_overrides(compose([f"profile={profile}"]), "eksft"))
+    keys = _as_dict(build_overrides(compose([f"profile={profile}"])))
     assert keys["+actor_rollout_ref.model.override_config.attn_implementation"] == attention
     flash = compose(["profile=paper", "model.attn_implementation=flash_attention_2"])
-    assert _as_dict(build_overrides(flash, "eksft"))[
+    assert _as_dict(build_overrides(flash))[
         "+actor_rollout_ref.model.override_config.attn_implementation"] == "flash_attention_2"
 
 
 def test_verl_output_and_wandb_follow_our_run_folder_and_logging(paper_cfg):
     cfg = compose(["profile=paper", "experiment=table2", "logging.wandb_project=my_project",
                    "logging.wandb_mode=offline"])
-    keys = _as_dict(build_overrides(cfg, "eksft"))
+    keys = _as_dict(build_overrides(cfg))
     assert re.search(r"/rl/qwen3_4b/eksft-[0-9a-f]{8}/verl_hydra$", keys["hydra.run.dir"])
     assert keys["hydra.run.dir"].startswith("/")
     assert keys["trainer.project_name"] == "my_project"
@@ -117,7 +118,7 @@ def test_user_overrides_pass_through_and_win():
     cfg = compose(["profile=paper", "+rl.verl_overrides={actor_rollout_ref.actor.clip_ratio_high:0.3,"
                                     "trainer.val_only:true}"])
     cfg.rl.verl_overrides["+reward.reward_kwargs.max_resp_len"] = "4096"
-    overrides = build_overrides(cfg, "sft")
+    overrides = build_overrides(cfg)
     assert overrides[-3:] == ["actor_rollout_ref.actor.clip_ratio_high=0.3", "trainer.val_only=True",
                               "+reward.reward_kwargs.max_resp_len=4096"]
     # ours for the same keys are gone (one value per key, the user's)

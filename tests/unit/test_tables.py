@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from eval.intervals import Estimate
-from eval.tables import (
+from report.tables import (
     Block,
     ResultTable,
     Row,

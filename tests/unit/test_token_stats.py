@@ -1,4 +1,5 @@
-"""The chunked loss head against the dense reference, plus the per-token terms' closed forms (methods_spec §0, §9)."""
+"""The chunked loss head against the dense reference, plus the per-token terms' closed forms (docs/methods.md,
+docs/sft.md)."""
 from __future__ import annotations
 
 import pytest
@@ -160,7 +161,7 @@ def test_prediction_rows_shift_and_label_positions():
 
 
 def test_row_terms_closed_form_gradients():
-    # ∂H/∂z = −p(log p + H); ∂KL/∂z = p(log p − log q − KL); ∂(−log p_y)/∂z = p − e_y  (methods_spec §0)
+    # ∂H/∂z = −p(log p + H); ∂KL/∂z = p(log p − log q − KL); ∂(−log p_y)/∂z = p − e_y
     torch.manual_seed(7)
     logits = torch.randn(4, 9, dtype=torch.float64, requires_grad=True)
     ref = torch.randn(4, 9, dtype=torch.float64)

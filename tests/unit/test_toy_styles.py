@@ -11,7 +11,7 @@ import pytest
 
 from common.manifest import Manifest
 from toy import forking
-from toy.world import Problem, Term, solve
+from toy.arithmetic import Problem, Term, solve
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "toy_styles.py"
 spec = importlib.util.spec_from_file_location("toy_styles", SCRIPT)

@@ -9,7 +9,7 @@ import pytest
 from data.schema import check_row
 from toy.pretrain import boxed_integer, learning_rate
 from toy.tokenizer import train_tokenizer
-from toy.world import (DocumentMix, Problem, Term, benchmark_problems, chat_text, documents, reduce_problem,
+from toy.arithmetic import (DocumentMix, Problem, Term, benchmark_problems, chat_text, documents, reduce_problem,
                        solution_style, solve, training_rows)
 
 # 3 - 7 * 4 + (9 - 2) * 5 = 3 - 28 + 35 = 10

@@ -1,6 +1,7 @@
-"""BFCL checker process for ``eval.bfcl``: runs in the isolated BFCL venv (``requirements/bfcl.txt``), never in ours.
+"""BFCL checker process for ``eval.bfcl.checker``: runs in the isolated BFCL venv (``requirements/bfcl.txt``), never
+in ours.
 
-    <bfcl-venv>/bin/python eval/_bfcl_worker.py --registry-name Qwen/Qwen3-8B-FC
+    <bfcl-venv>/bin/python eval/bfcl/_worker.py --registry-name Qwen/Qwen3-8B-FC
 
 Imports only the standard library and ``bfcl_eval``, whose pinned dependencies (``numpy==1.26.4``, vendor SDKs) clash
 with the project's stack. Writes one JSON line ``{"ready": true, "bfcl_eval_version": ...}`` once BFCL is imported,

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-from eval.analyses import pyplot, save_figure
+from report.analyses import pyplot, save_figure
 from eval.intervals import Draws, Estimate, common_problems, estimate, value_matrix
 from eval.metrics import k_values
 

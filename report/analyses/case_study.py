@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from eval.analyses import AnalysisInputError, pyplot, save_figure
+from report.analyses import AnalysisInputError, pyplot, save_figure
 from common.models import load_causal_lm
 from common.paths import IGNORE_INDEX
 

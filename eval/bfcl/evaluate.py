@@ -1,32 +1,31 @@
 """The evaluation stage's ``bfcl`` benchmark family (``data.benchmark_source=bfcl``; ``python -m eval.run`` hands the
-run here): BFCL's questions sampled with the model's tool template, judged by BFCL's own checker (:mod:`eval.bfcl`).
+run here): BFCL's questions sampled with the model's tool template, judged by BFCL's own checker
+(:mod:`eval.bfcl.checker`).
 
 For each category of ``eval.benchmarks`` (default: every one in ``data.benchmarks``) it asks the checker for BFCL's
-entries (the first ``eval.max_problems``, or all), renders each with :func:`eval.bfcl.prompt_ids` (the model's chat
-template, or ``data.tool_template``), samples ``eval.n`` = 1 completion per question (BFCL's protocol; seed
-``derive_seed(seed, "eval/<category>/<id>")``), judges it, and writes into ``eval_dir(cfg, phase, variant,
-category)``:
+entries (the first ``eval.max_problems``, or all), renders each with :func:`eval.bfcl.checker.prompt_ids` (the
+model's chat template, or ``data.tool_template``), samples ``eval.n`` = 1 completion per question (BFCL's protocol;
+seed ``derive_seed(seed, "eval/<category>/<id>")``), judges it, and writes into ``eval_dir(cfg, category)``:
 
 * ``samples.jsonl``: one line per question (``problem_id``, ``sample_index`` 0, seed, text, tokens, finish reason,
   BFCL's ``valid`` and ``error_type``, ``correct`` = valid as 0/1), flushed question by question; a re-run keeps the
-  finished questions and samples only the missing ones (the math benchmarks' :func:`eval.run.read_finished`).
+  finished questions and samples only the missing ones (the loop of :func:`eval.stage.sample_problems`).
 * ``metrics.json``: accuracy, correct, total, its 95% bootstrap interval over questions (:mod:`eval.intervals`),
   the per-question verdicts (``correct_counts``), BFCL error types, and the protocol with ``bfcl_eval_version``
   and ``irrelevance_set``; the same two in the manifest's details.
 
-The two appendix columns come from the categories' metrics (:func:`eval.bfcl.summary`): BFCL live (count-weighted
-over the live categories) and Irrelevance Detection (``live_irrelevance``); ``eval.bfcl_report`` renders them.
+The two appendix columns come from the categories' metrics (:func:`eval.bfcl.checker.summary`): BFCL live
+(count-weighted over the live categories) and Irrelevance Detection (``live_irrelevance``); ``report.bfcl`` renders
+them.
 """
 from __future__ import annotations
 
-import json
-import os
 from collections import Counter
 from typing import Any, Callable
 
 import numpy as np
 
-from eval.bfcl import (
+from eval.bfcl.checker import (
     BFCL_EVAL_VERSION,
     DEFAULT_IRRELEVANCE,
     DEFAULT_REGISTRY_NAME,
@@ -36,22 +35,19 @@ from eval.bfcl import (
     summary,
 )
 from eval.intervals import estimate
-from eval.run import (
-    METRICS_FILE,
-    SAMPLES_FILE,
-    benchmark_names,
-    in_batches,
-    log_to_wandb,
-    read_finished,
-    resolve_model,
-)
-from eval.sample import LazySampler, Sampler, engine_count
+from eval.sample import LazySampler, Sampler
+from eval.stage import add_benchmark, backend_record, benchmark_names, log_to_wandb, resolve_model, sample_problems
 from common.config import Config
 from common.manifest import Manifest, read_manifest, stage_run, write_json_atomic
 from common.models import load_tokenizer
-from common.paths import BASE_VARIANT, eval_dir, eval_run
-from common.seeding import derive_seed
-from common.tracking import progress
+from common.paths import (
+    BASE_VARIANT,
+    EVAL_METRICS_FILE,
+    SAMPLES_FILE,
+    configured_eval_run,
+    eval_dir,
+    sampling_protocol,
+)
 
 
 def accuracy_with_interval(verdicts: list[int]) -> dict[str, Any]:
@@ -89,76 +85,59 @@ class _BfclEngine(LazySampler):
 
 
 def evaluate_category(cfg: Config, category: str, engine: _BfclEngine, checker: BfclChecker,
-                      model_record: dict[str, Any]) -> Manifest:
+                      model_details: dict[str, Any]) -> Manifest:
     """Samples, judges and summarises one BFCL category under the run contract (skips, resumes or restarts)."""
-    spec = eval_run(cfg, cfg.eval.phase, cfg.eval.variant, category)
-    out_dir, samples_path = spec.directory, spec.directory / SAMPLES_FILE
+    spec = configured_eval_run(cfg, category)
+    out_dir = spec.directory
     entries, prompts = engine.entries[category], engine.prompts[category]
-    protocol = {"n": 1, "temperature": cfg.eval.temperature, "top_p": cfg.eval.top_p,
-                "max_tokens": cfg.eval.max_tokens, "seed": cfg.seed, "backend": cfg.eval.backend,
-                "dtype": cfg.model.dtype, "bfcl_eval_version": checker.bfcl_eval_version,
+    protocol = {**sampling_protocol(cfg), "n": 1, "seed": cfg.seed, "bfcl_eval_version": checker.bfcl_eval_version,
                 "irrelevance_set": DEFAULT_IRRELEVANCE, "decoder": DEFAULT_REGISTRY_NAME,
                 "tool_template": cfg.data.tool_template or "the model's own"}
     with stage_run(out_dir, stage=spec.stage, variant=spec.variant, config=spec.config, inputs=spec.inputs,
                    seeds={"sampling": cfg.seed}) as run:
         if run is None:
             return read_manifest(out_dir)
-        run.manifest.details.update({"model": model_record, "num_problems": len(entries), "variant": cfg.eval.variant,
+        run.manifest.details.update({**model_details, "num_problems": len(entries), "variant": cfg.eval.variant,
                                      "phase": cfg.eval.phase, "bfcl_eval_version": checker.bfcl_eval_version,
                                      "irrelevance_set": DEFAULT_IRRELEVANCE})
-        if not run.resumed:
-            samples_path.unlink(missing_ok=True)
-        finished = {pid: records[0] for pid, records in read_finished(samples_path, 1).items()}
-        todo = [(entry, ids) for entry, ids in zip(entries, prompts) if entry["id"] not in finished]
-        if finished:
-            print(f"[eval/{category}] {len(finished)} of {len(entries)} questions already judged; "
-                  f"sampling the other {len(todo)}")
-        bar = progress(total=len(entries), initial=len(finished), desc=f"eval {cfg.eval.variant}/{category}",
-                       enabled=cfg.logging.progress, unit="question")
-        with bar, open(samples_path, "a", encoding="utf-8") as samples:
-            for batch in in_batches(todo, cfg.eval.problems_per_batch * engine_count(cfg)):
-                seeds = [derive_seed(cfg.seed, f"eval/{category}/{entry['id']}") for entry, _ in batch]
-                completions = engine.sampler().sample([ids for _, ids in batch], seeds, 1)
-                for (entry, _), seed, (completion,) in zip(batch, seeds, completions):
-                    verdict = checker.check(category, entry["id"], completion.text)
-                    record = {"problem_id": entry["id"], "sample_index": 0, "seed": seed, "text": completion.text,
-                              "num_tokens": completion.num_tokens, "finish_reason": completion.finish_reason,
-                              "valid": verdict.valid, "error_type": verdict.error_type,
-                              "correct": int(verdict.valid)}
-                    samples.write(json.dumps(record, ensure_ascii=False) + "\n")
-                    samples.flush()
-                    os.fsync(samples.fileno())
-                    finished[entry["id"]] = record
-                    bar.update(1)
 
-        metrics = category_metrics([finished[entry["id"]] for entry in entries])
-        backend = engine.started.version if engine.started is not None else \
-            run.manifest.details.get("backend", {}).get("version", "")
+        def judge(question: tuple[dict[str, Any], list[int]], completions: list, seed: int) -> list[dict[str, Any]]:
+            entry, (completion,) = question[0], completions
+            verdict = checker.check(category, entry["id"], completion.text)
+            return [{"problem_id": entry["id"], "sample_index": 0, "seed": seed, "text": completion.text,
+                     "num_tokens": completion.num_tokens, "finish_reason": completion.finish_reason,
+                     "valid": verdict.valid, "error_type": verdict.error_type, "correct": int(verdict.valid)}]
+
+        finished, sampling = sample_problems(
+            cfg, category, out_dir / SAMPLES_FILE, list(zip(entries, prompts)), 1, engine, resumed=run.resumed,
+            problem_id=lambda question: question[0]["id"], prompt_ids=lambda question: question[1], score=judge,
+            unit="question")
+        metrics = category_metrics([finished[entry["id"]][0] for entry in entries])
+        backend = backend_record(engine, run.manifest)
         metrics_doc = {"benchmark": category, "phase": cfg.eval.phase, "variant": cfg.eval.variant,
                        "model": cfg.model.name, "model_path": engine.model_path, **metrics,
-                       "protocol": {**protocol, "backend_version": backend}}
-        write_json_atomic(out_dir / METRICS_FILE, metrics_doc)
+                       "protocol": {**protocol, "backend_version": backend.get("version", "")}}
+        write_json_atomic(out_dir / EVAL_METRICS_FILE, metrics_doc)
         run.add_output(SAMPLES_FILE, "one line per question: problem_id, sample_index 0, seed, text, num_tokens, "
                                      "finish_reason, valid and error_type (BFCL's checker), correct (0/1)")
-        run.add_output(METRICS_FILE, "accuracy with its interval, per-question verdicts, BFCL error types, protocol")
+        run.add_output(EVAL_METRICS_FILE, "accuracy with its interval, per-question verdicts, BFCL error types, "
+                                          "protocol")
         run.manifest.metrics = {k: v for k, v in metrics.items() if k not in ("correct_counts", "error_types")}
-        if engine.started is not None:
-            run.manifest.details["backend"] = {"name": engine.started.backend, "version": engine.started.version,
-                                               "max_model_len": engine.max_model_len, **engine.started.settings}
+        run.manifest.details["backend"] = backend
         run.manifest.details["protocol"] = metrics_doc["protocol"]
+        run.manifest.details["sampling"] = sampling
         run.manifest.details["seed_rule"] = "derive_seed(seed, 'eval/<category>/<question id>') per question"
         return run.manifest
 
 
 def run_bfcl(cfg: Config, sampler_factory: Callable[..., Sampler], checker: BfclChecker | None = None) -> Manifest:
     """Evaluates one model on every selected BFCL category; returns a summary manifest (not written) whose metrics
-    map each category to its headline numbers, plus ``bfcl``: :func:`eval.bfcl.summary` of them."""
+    map each category to its headline numbers, plus ``bfcl``: :func:`eval.bfcl.checker.summary` of them."""
     categories = benchmark_names(cfg)
-    model_path, upstream = resolve_model(cfg)
-    if upstream is None and cfg.eval.variant == BASE_VARIANT and cfg.model.gguf_file:
+    model_path, model_details = resolve_model(cfg)
+    if model_details["model"]["upstream_run"] is None and cfg.eval.variant == BASE_VARIANT and cfg.model.gguf_file:
         raise ValueError(f"model {cfg.model.name} is a GGUF file, which the samplers cannot load; evaluate its SFT "
                          "runs, or give an HF folder of it as eval.model_path")
-    model_record = {"path": model_path, "upstream_run": str(upstream) if upstream is not None else None}
     own_checker = checker is None
     checker = checker or BfclChecker()
     if checker.bfcl_eval_version != BFCL_EVAL_VERSION:
@@ -168,17 +147,12 @@ def run_bfcl(cfg: Config, sampler_factory: Callable[..., Sampler], checker: Bfcl
     result = Manifest(stage=f"eval_{cfg.eval.phase}", variant=cfg.eval.variant, status="complete")
     try:
         for category in categories:
-            manifest = evaluate_category(cfg, category, engine, checker, model_record)
-            result.metrics[category] = manifest.metrics
-            result.outputs[str(eval_dir(cfg, cfg.eval.phase, cfg.eval.variant, category))] = \
-                f"{category}: samples, metrics, manifest"
-            if not manifest.complete:
-                result.status = manifest.status
+            add_benchmark(result, cfg, category, evaluate_category(cfg, category, engine, checker, model_details))
     finally:
         engine.close()
         if own_checker:
             checker.close()
     scores = {c: CategoryScore(result.metrics[c]["correct"], result.metrics[c]["total"]) for c in categories}
     result.metrics["bfcl"] = summary(scores, DEFAULT_IRRELEVANCE)
-    log_to_wandb(cfg, result, model_record, eval_dir(cfg, cfg.eval.phase, cfg.eval.variant, categories[0]).parent)
+    log_to_wandb(cfg, result, model_details["model"], eval_dir(cfg, categories[0]).parent)
     return result

@@ -20,7 +20,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from eval.analyses import AnalysisInputError, pyplot, save_figure
+from report.analyses import AnalysisInputError, pyplot, save_figure
 from common.tracking import progress
 
 SINGLE_FILE = "model.safetensors"

@@ -10,7 +10,7 @@ a ``Δ vs SFT`` line gives the paired difference to it with its interval (same s
 indices). Marks, per block and column: the best value is bold and the second best underlined only where the
 intervals separate (the best's interval lies above every other row's; the second's above every row below it);
 where they do not, the cell says "n.s." instead. The paper's own marks (no intervals) follow :func:`rank_marks`.
-Where the paper has a number for the same model, row, benchmark and metric (``eval/paper_tables.json``), it is
+Where the paper has a number for the same model, row, benchmark and metric (``report/paper_tables.json``), it is
 shown in parentheses next to ours. The CSV is long: one line per (model, method, column, metric) with the mean,
 interval, paired difference, the paper's value and one column per seed.
 """

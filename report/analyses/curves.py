@@ -28,8 +28,8 @@ from common.paths import (
     sft_stat_key,
 )
 from common.tracking import dapo_groups_kept
-from eval.analyses import pyplot, save_figure
-from eval.analyses.iou import read_metrics_log
+from report.analyses import pyplot, save_figure
+from report.analyses.iou import read_metrics_log
 
 Record = dict
 Getter = Callable[[Record], "float | None"]

@@ -1,12 +1,13 @@
-"""Sweep aggregation: finds the points of a Hydra multirun sweep among an experiment's evaluations and lays them out
-like the paper's ratio table (rows = swept values, columns = benchmarks pass@1 / pass@k + Avg) and plot.
+"""Sweep aggregation: groups the points of a Hydra multirun sweep and lays them out like the paper's ratio table
+(rows = swept values, columns = benchmarks pass@1 / pass@k + Avg) and plot.
 
-Every sweep point writes its own ``eval/<model>/<phase>/<label>-<id>/`` folders (``common.paths``). The report
-reads every complete evaluation manifest of a model and phase, each of which records the variant label and the SFT
-method it evaluated (``details.variant``, ``details.sft_method``), and groups them by method: a method evaluated
-with two or more labels is a sweep over the fields whose values differ among them (``rho`` for ``eksft``,
-``eksft_rho0``, ``eksft_rho0.1``, …; the defaults' label counts as the point at the default value). Evaluations of
-the base model or of ``eval.model_path`` record no method and are not sweep points.
+Every sweep point trains its own ``sft/<model>/<label>-<id>/`` run and evaluates it in its own folders
+(``common.paths``). The report's points are the experiment's arms plus the other complete SFT runs the current config
+would train with another method (``common.paths.sweep_arms``: same data, seed and settings), each with the method
+its SFT manifest records; :func:`find_sweeps` groups those evaluated in a phase by method: a method with two or more
+labels is a sweep over the fields whose values differ among them (``rho`` for ``eksft``, ``eksft_rho0``,
+``eksft_rho0.1``, …; the defaults' label counts as the point at the default value). The base model and
+``eval.model_path`` evaluations have no method and are not sweep points.
 """
 from __future__ import annotations
 
@@ -14,10 +15,9 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Mapping
 
-from eval.analyses import pyplot, save_figure
-from eval.tables import AVERAGE, ResultTable
-from common.config.sft import SFT_METHOD_SCHEMAS, SFTMethod
-from common.manifest import MANIFEST_NAME, StageInputError, read_manifest
+from report.analyses import pyplot, save_figure
+from report.tables import AVERAGE, ResultTable
+from common.config.sft import SFTMethod
 
 
 @dataclass
@@ -33,21 +33,6 @@ class Sweep:
     @property
     def name(self) -> str:
         return f"{self.method}_{'_'.join(self.fields)}"
-
-
-def evaluated_methods(phase_dir: Path) -> dict[str, SFTMethod]:
-    """Label -> SFT method of every complete evaluation manifest under ``eval/<model>/<phase>/`` that records one
-    (manifests of an older pipeline version are passed over)."""
-    methods = {}
-    for path in sorted(phase_dir.glob(f"*/*/{MANIFEST_NAME}")):
-        try:
-            manifest = read_manifest(path.parent)
-        except StageInputError:
-            continue
-        method = manifest.details.get("sft_method") if manifest is not None and manifest.complete else None
-        if method:
-            methods[manifest.details["variant"]] = SFT_METHOD_SCHEMAS[method["name"]](**method)
-    return methods
 
 
 def find_sweeps(methods: Mapping[str, SFTMethod]) -> list[Sweep]:

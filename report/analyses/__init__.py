@@ -1,9 +1,9 @@
-"""The paper's analyses beyond Tables 1-2, rendered by the report stage (:mod:`eval.report`):
+"""The paper's analyses beyond Tables 1-2, rendered by the report stage (:mod:`report.run`):
 
-* :mod:`eval.analyses.drift`: relative parameter change of each trained model vs the base model;
-* :mod:`eval.analyses.iou`: IoU(M_H, M_KL) and the mask sizes over the SFT steps of each EKSFT run;
-* :mod:`eval.analyses.case_study`: the probability each model gives every ground-truth token of one solution.
-* :mod:`eval.analyses.curves`: training curves of the SFT and RL runs from their ``metrics.jsonl``.
+* :mod:`report.analyses.drift`: relative parameter change of each trained model vs the base model;
+* :mod:`report.analyses.iou`: IoU(M_H, M_KL) and the mask sizes over the SFT steps of each EKSFT run;
+* :mod:`report.analyses.case_study`: the probability each model gives every ground-truth token of one solution.
+* :mod:`report.analyses.curves`: training curves of the SFT and RL runs from their ``metrics.jsonl``.
 
 Each reads other stages' files only (safetensors exports, ``metrics.jsonl``, the tokenised SFT split).
 """

@@ -1,20 +1,21 @@
-"""The report stage: ``python -m eval.report experiment=<name> [profile=…]`` (the orchestrator's last stage).
+"""The report stage: ``python -m report.run experiment=<name> [profile=…]`` (the orchestrator's last stage).
 
-Collects every ``metrics.json`` the eval stages wrote for the experiment's models (``profile.models``), variants
-(``base`` and each of ``experiment.methods``), seeds (``cfg.run_seeds()``) and benchmarks, and writes into
-``report_dir(cfg)``:
+Collects the ``metrics.json`` of the evaluations the current config names, for the experiment's models
+(``profile.models``), arms (``base`` and each of ``experiment.methods``, with their SFT and RL runs:
+:class:`common.paths.Arm`; then the sweep points), seeds (``cfg.run_seeds()``) and benchmarks; those runs, and no
+others, are its inputs (:func:`common.paths.report_run`). It writes into ``report_dir(cfg)``:
 
 * ``table1.{md,csv,tex}`` (phase sft) and ``table2.{md,csv,tex}`` (phase rl) in the paper's layout
-  (:mod:`eval.tables`): each cell the mean over seeds and problems with its 95% bootstrap interval
+  (:mod:`report.tables`): each cell the mean over seeds and problems with its 95% bootstrap interval
   (:mod:`eval.intervals`), a paired ``Δ vs SFT`` line per row, marks only where intervals separate, the paper's own
   numbers in parentheses where the cell exists in the paper, each seed's value in the CSV;
 * ``plots/passk_<model>_<phase>_<benchmark>.png``: pass@k curves with 95% bands, one line per method
-  (:mod:`eval.plots`);
-* ``plots/curves_<model>_{sft,rl}.png``: training curves of the SFT and RL runs (:mod:`eval.analyses.curves`), the
-  RL gain of each arm with its interval and minus SFT's (:func:`eval.tables.rl_gains`), and the RL-headroom table
+  (:mod:`report.plots`);
+* ``plots/curves_<model>_{sft,rl}.png``: training curves of the SFT and RL runs (:mod:`report.analyses.curves`), the
+  RL gain of each arm with its interval and minus SFT's (:func:`report.tables.rl_gains`), and the RL-headroom table
   (Spearman ρ of pre-RL pass@1 / pass@n / mean sample entropy / held-out NLL with the RL gain, across arms and
   seeds);
-* the analyses of ``eval.analysis.run`` (:mod:`eval.analyses`, :mod:`eval.sweep`), each skipped with a note in
+* the analyses of ``eval.analysis.run`` (:mod:`report.analyses`, :mod:`report.sweep`), each skipped with a note in
   ``report.md`` when its inputs are missing: ``drift_<model>_<phase>.{json,csv}`` and ``plots/drift_*.png``
   (parameter drift of every SFT / RL export vs the base model), ``iou_<model>.{md,json}`` and ``plots/iou_*.png``
   (IoU(M_H, M_KL) and mask sizes over the SFT steps of each EKSFT run), ``case_study_<model>.{html,json}`` and
@@ -32,22 +33,21 @@ import io
 import json
 import math
 import os
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
 
-from eval.analyses.case_study import read_case_study_row, token_probabilities, token_texts, write_case_study
-from eval.analyses.drift import compare_checkpoints, fraction_above, plot_drift, write_drift
-from eval.analyses.iou import iou_markdown, iou_series, plot_iou, read_metrics_log
-from eval.analyses.curves import SFT_PANELS, logged_panels, plot_curves, read_runs, rl_panels
-from eval.bfcl_report import run as bfcl_report
+from report.analyses.case_study import read_case_study_row, token_probabilities, token_texts, write_case_study
+from report.analyses.drift import compare_checkpoints, fraction_above, plot_drift, write_drift
+from report.analyses.iou import iou_markdown, iou_series, plot_iou, read_metrics_log
+from report.analyses.curves import SFT_PANELS, logged_panels, plot_curves, read_runs, rl_panels
+from report.bfcl import run as bfcl_report
 from eval.intervals import per_problem_values, spearman
 from eval.metrics import MEAN_TOKEN_ENTROPY, mixed_group_rate
-from eval.plots import plot_heatmap, plot_pass_at_k
-from eval.run import METRICS_FILE
-from eval.sweep import Sweep, evaluated_methods, find_sweeps, format_values, plot_sweep
-from eval.tables import (
+from report.plots import plot_heatmap, plot_pass_at_k
+from report.sweep import Sweep, find_sweeps, format_values, plot_sweep
+from report.tables import (
     AVERAGE,
     MISSING,
     Block,
@@ -63,25 +63,29 @@ from eval.tables import (
     to_latex,
     to_markdown,
 )
-from common.config import Config, ConfigError, stage_main
+from common.config import Config, stage_main
+from common.config.sft import SFTMethod
 from common.manifest import Manifest, StageInputError, read_manifest, stage_run
 from common.models import local_model_dir
 from common.paths import (
     BASE_VARIANT,
+    EVAL_METRICS_FILE,
     HELDOUT_NLL,
     RL_DISCARDED_GROUPS,
     RL_GROUPS_KEPT,
     TRAINING_METRICS_FILE,
+    Arm,
     base_run,
-    eval_dir,
+    eval_run,
     heldout_nll_run,
     hf_export_dir,
     model_configs,
+    report_arms,
+    report_benchmarks,
     report_dir,
     report_run,
-    rl_dir,
     rl_variants,
-    sft_dir,
+    seed_configs,
     sft_tokens_path,
     variants,
 )
@@ -107,16 +111,32 @@ def row_label(cfg: Config, variant: str) -> str:
     return f"{titles[name]} ({suffix})" if name in titles and suffix else variant
 
 
-def benchmarks(cfg: Config) -> list[str]:
-    return list(cfg.eval.benchmarks) or list(cfg.data.benchmarks)
+@dataclass
+class ModelRuns:
+    """One model of the report: its config and, per seed, the arms the report reads (``common.paths.report_arms``:
+    the experiment's, then sweep points), by variant."""
+
+    cfg: Config
+    arms: dict[int, dict[str, Arm]]
+
+    @property
+    def first_seed(self) -> dict[str, Arm]:
+        """The arms of the first seed (the analyses that compare single checkpoints read these)."""
+        return next(iter(self.arms.values()))
 
 
-def seed_configs(mcfg: Config) -> dict[int, Config]:
-    """``mcfg`` once per seed of ``cfg.run_seeds()`` (``experiment.seeds``, else ``seed``)."""
-    return {seed: replace(mcfg, seed=seed) for seed in mcfg.run_seeds()}
+def model_runs(cfg: Config) -> list[ModelRuns]:
+    """Every model of ``profile.models`` with its arms per seed of ``cfg.run_seeds()``."""
+    return [ModelRuns(mcfg, {seed: {a.variant: a for a in report_arms(scfg)}
+                             for seed, scfg in seed_configs(mcfg).items()}) for mcfg in model_configs(cfg)]
 
 
-def collect(cfg: Config, phase: str, models: list[Config], labels: list[str]
+def metrics_path(cfg: Config, phase: str, a: Arm, benchmark: str) -> Path:
+    """The ``metrics.json`` of arm ``a``'s evaluation in ``phase`` on ``benchmark`` (``cfg``: the model and seed)."""
+    return eval_run(cfg, phase, a.variant, benchmark, a.model(phase)).directory / EVAL_METRICS_FILE
+
+
+def collect(cfg: Config, phase: str, models: list[ModelRuns], labels: list[str]
             ) -> tuple[ResultTable, dict[str, Path], dict[tuple[str, str], dict]]:
     """The phase's table over ``models`` x ``labels`` x seeds (``cfg.run_seeds()``) with intervals and paired
     differences, the metrics files it read (by ``model/phase/variant/benchmark/seed<s>``), and pass@k curves.
@@ -124,18 +144,20 @@ def collect(cfg: Config, phase: str, models: list[Config], labels: list[str]
     Curves map (model title, benchmark) to {row label: {seed: metrics.json}}.
     """
     name, header, stage = PHASES[phase]
-    names = benchmarks(cfg)
+    names = report_benchmarks(cfg)
     columns = [cfg.eval.benchmark_labels.get(b, b) for b in names]
     docs: dict[tuple[int, str, str], dict[int, dict]] = {}
     inputs: dict[str, Path] = {}
-    for m, mcfg in enumerate(models):
-        for seed, scfg in seed_configs(mcfg).items():
+    for m, model in enumerate(models):
+        for seed, scfg in seed_configs(model.cfg).items():
             for variant in labels:
+                if variant not in model.arms[seed]:
+                    continue
                 for bench in names:
-                    path = eval_dir(scfg, phase, variant, bench) / METRICS_FILE
+                    path = metrics_path(scfg, phase, model.arms[seed][variant], bench)
                     if path.exists():
                         docs.setdefault((m, variant, bench), {})[seed] = json.loads(path.read_text(encoding="utf-8"))
-                        inputs[f"{mcfg.model.name}/{phase}/{variant}/{bench}/seed{seed}"] = path
+                        inputs[f"{model.cfg.model.name}/{phase}/{variant}/{bench}/seed{seed}"] = path
     # The second column is pass@table_k unless some evaluation drew fewer samples than that.
     k = min([cfg.eval.table_k, *(doc["n"] for by_seed in docs.values() for doc in by_seed.values())])
     present = sorted({seed for by_seed in docs.values() for seed in by_seed}) or cfg.run_seeds()
@@ -143,8 +165,8 @@ def collect(cfg: Config, phase: str, models: list[Config], labels: list[str]
                                 f"{_seeds_text(present)} and problems",
                         row_header=header, columns=[*columns, AVERAGE], metrics=["pass@1", f"pass@{k}"], blocks=[])
     curves: dict[tuple[str, str], dict] = {}
-    for m, mcfg in enumerate(models):
-        title = model_title(mcfg)
+    for m, model in enumerate(models):
+        title = model_title(model.cfg)
         rows = [Row(label=row_label(cfg, variant), variant=variant,
                     evaluations={column: docs[(m, variant, bench)] for bench, column in zip(names, columns)
                                  if (m, variant, bench) in docs})
@@ -184,41 +206,12 @@ def time_limited_evaluations(files: dict[str, Path]) -> list[str]:
 
 
 # ------------------------------------------------------------------------------------------------ analyses
-def run_folder_label(name: str) -> str:
-    """The label of a run folder: ``eksft_rho0.1-1a2b3c4d`` → ``eksft_rho0.1`` (a bare label stays as it is)."""
-    label, _, suffix = name.rpartition("-")
-    return label if label and len(suffix) == 8 and all(ch in "0123456789abcdef" for ch in suffix) else name
-
-
-def stage_folder(cfg: Config, phase: str, variant: str) -> Path | None:
-    """The SFT (phase sft) or RL (phase rl) run folder of ``variant`` under ``cfg`` (model and seed), None for a
-    label that names no such run (``base`` in phase sft, a folder that is not a method label)."""
-    try:
-        return sft_dir(cfg, variant) if phase == "sft" else rl_dir(cfg, variant)
-    except (ValueError, ConfigError):
-        return None
-
-
-def trained_runs(cfg: Config, phase: str, labels: list[str]) -> dict[str, Path]:
-    """Variant → run folder of every SFT (phase sft) or RL (phase rl) run of ``cfg.model`` at ``cfg.seed`` that
-    exists: ``labels`` first (in order), then any other run of the experiment (sweep points), sorted."""
-    folders = [folder for folder in (stage_folder(cfg, phase, v) for v in labels) if folder is not None]
-    roots = {folder.parent for folder in folders}
-    found = sorted({run_folder_label(child.name) for root in roots if root.is_dir() for child in root.iterdir()
-                    if child.is_dir()})
-    runs = {}
-    for variant in [v for v in labels if v in found] + [v for v in found if v not in labels]:
-        folder = stage_folder(cfg, phase, variant)
-        if folder is not None and folder.is_dir():
-            runs[variant] = folder
-    return runs
-
-
-def trained_exports(cfg: Config, phase: str, labels: list[str]) -> dict[str, Path]:
-    """The runs of :func:`trained_runs` that are complete and have an HF export."""
+def trained_exports(arms: dict[str, Arm], phase: str) -> dict[str, Path]:
+    """Variant → run folder of every arm whose SFT (phase sft) or RL (phase rl) run is complete with an HF export."""
     exports = {}
-    for variant, folder in trained_runs(cfg, phase, labels).items():
-        manifest = read_manifest(folder)
+    for variant, a in arms.items():
+        folder = a.sft if phase == "sft" else a.rl
+        manifest = read_manifest(folder) if folder is not None else None
         if manifest is not None and manifest.complete and hf_export_dir(folder).is_dir():
             exports[variant] = folder
     return exports
@@ -237,8 +230,10 @@ def base_model_folder(cfg: Config) -> tuple[Path | None, Path | None]:
         return None, None
 
 
-def drift_section(cfg: Config, mcfg: Config, labels: list[str], out_dir: Path, run_) -> tuple[list[str], dict]:
-    """Parameter drift of each phase's exports vs the base model: Markdown lines and {phase: {method: fraction}}."""
+def drift_section(cfg: Config, model: ModelRuns, out_dir: Path, run_) -> tuple[list[str], dict]:
+    """Parameter drift of each phase's exports (the first seed's) vs the base model: Markdown lines and
+    {phase: {method: fraction}}."""
+    mcfg = model.cfg
     title = model_title(mcfg)
     name = _slug(title)
     threshold = cfg.eval.analysis.drift_threshold
@@ -247,7 +242,7 @@ def drift_section(cfg: Config, mcfg: Config, labels: list[str], out_dir: Path, r
     if base is None:
         return lines + [f"Skipped: no local safetensors copy of the base model ({mcfg.model.path or 'toy'}).", ""], {}
     for phase in PHASES:
-        exports = trained_exports(mcfg, phase, labels)
+        exports = trained_exports(model.first_seed, phase)
         if not exports:
             lines += [f"Phase {phase}: skipped, no complete {phase.upper()} export of this model yet.", ""]
             continue
@@ -272,16 +267,16 @@ def drift_section(cfg: Config, mcfg: Config, labels: list[str], out_dir: Path, r
     return lines, metrics
 
 
-def iou_section(cfg: Config, mcfg: Config, labels: list[str], out_dir: Path, run_) -> tuple[list[str], dict]:
+def iou_section(cfg: Config, model: ModelRuns, out_dir: Path, run_) -> tuple[list[str], dict]:
     """IoU(M_H, M_KL) over the SFT steps of every run that logged it, each seed's run on its own row (``<method>,
     seed <s>`` when there are several seeds): Markdown lines and {run: min/avg/max}."""
-    title = model_title(mcfg)
+    title = model_title(model.cfg)
     name = _slug(title)
     lines = [f"### IoU(M_H, M_KL) over SFT steps: {title}", ""]
     series = {}
-    seeds = seed_configs(mcfg)
-    for seed, scfg in seeds.items():
-        for variant, stage in trained_exports(scfg, "sft", labels).items():
+    seeds = model.arms
+    for seed, arms in seeds.items():
+        for variant, stage in trained_exports(arms, "sft").items():
             if (stage / TRAINING_METRICS_FILE).exists():
                 found = iou_series(stage / TRAINING_METRICS_FILE)
                 if found is not None and found.iou:
@@ -309,14 +304,15 @@ def iou_section(cfg: Config, mcfg: Config, labels: list[str], out_dir: Path, run
     return lines + ["", f"Files: [{stem}.md]({stem}.md), [{stem}.json]({stem}.json)", ""], summaries
 
 
-def case_study_section(cfg: Config, mcfg: Config, labels: list[str], out_dir: Path, run_) -> list[str]:
-    """Per-token probabilities of one SFT solution under the base model and each SFT export."""
+def case_study_section(cfg: Config, model: ModelRuns, out_dir: Path, run_) -> list[str]:
+    """Per-token probabilities of one SFT solution under the base model and each SFT export (the first seed's)."""
+    mcfg = model.cfg
     title = model_title(mcfg)
     name = _slug(title)
     analysis = cfg.eval.analysis
     lines = [f"### Token-probability case study: {title}", ""]
     base, _ = base_model_folder(mcfg)
-    exports = trained_exports(mcfg, "sft", labels)
+    exports = trained_exports(model.first_seed, "sft")
     tokens_path = sft_tokens_path(mcfg)
     if base is None or not exports or not tokens_path.exists():
         missing = [what for what, ok in (("the base model", base is not None), ("an SFT export", bool(exports)),
@@ -344,17 +340,17 @@ def case_study_section(cfg: Config, mcfg: Config, labels: list[str], out_dir: Pa
                     f"Interactive: [{stem}.html]({stem}.html); numbers: [{stem}.json]({stem}.json)", ""]
 
 
-def curves_section(cfg: Config, mcfg: Config, labels: list[str], out_dir: Path, run_) -> list[str]:
-    """Training curves of the experiment's SFT runs and RL runs (every seed), from their ``metrics.jsonl``."""
-    title = model_title(mcfg)
+def curves_section(cfg: Config, model: ModelRuns, labels: list[str], out_dir: Path, run_) -> list[str]:
+    """Training curves of the SFT runs and RL runs of ``labels`` (every seed), from their ``metrics.jsonl``."""
+    title = model_title(model.cfg)
     lines = [f"### {title}", ""]
     rl_curves = rl_panels(cfg.rl.kept_groups_per_step)
     for phase, panels, what in (("sft", SFT_PANELS, "SFT"), ("rl", rl_curves, "RL (DAPO)")):
         paths = {}
         for variant in labels:
             by_seed = {}
-            for seed, scfg in seed_configs(mcfg).items():
-                folder = stage_folder(scfg, phase, variant)
+            for seed, arms in model.arms.items():
+                folder = arms[variant].sft if phase == "sft" else arms[variant].rl
                 if folder is not None and (folder / TRAINING_METRICS_FILE).exists():
                     by_seed[seed] = folder / TRAINING_METRICS_FILE
             if by_seed:
@@ -379,7 +375,7 @@ def curves_section(cfg: Config, mcfg: Config, labels: list[str], out_dir: Path, 
 
 def rl_gain_section(collected: dict, kept: dict[tuple[int, str], dict[int, float]]) -> tuple[list[str], dict]:
     """Per RL arm: Table 2 − Table 1 of the same arm in each Table 2 metric's Avg column, paired on seeds and
-    problems, and that gain minus SFT's (:func:`eval.tables.rl_gains`); beside them the share of the prompt groups
+    problems, and that gain minus SFT's (:func:`report.tables.rl_gains`); beside them the share of the prompt groups
     DAPO kept in the arm's RL runs (``kept``: (model index, variant) → seed → share, :func:`groups_kept_per_seed`)."""
     if "sft" not in collected or "rl" not in collected:
         return ["Skipped: needs both Table 1 (before RL) and Table 2 (after RL) evaluations.", ""], {}
@@ -417,20 +413,17 @@ def rl_gain_section(collected: dict, kept: dict[tuple[int, str], dict[int, float
                         f"`{RL_DISCARDED_GROUPS}` in each run's `{TRAINING_METRICS_FILE}`.", ""], metrics
 
 
-def groups_kept_per_seed(models: list[Config], labels: list[str]) -> dict[tuple[int, str], dict[int, float]]:
+def groups_kept_per_seed(models: list[ModelRuns], labels: list[str]) -> dict[tuple[int, str], dict[int, float]]:
     """(model index, variant) → seed → share of the prompt groups DAPO kept (:func:`common.tracking.dapo_groups_kept`)
     in every RL run of ``labels`` with group filtering that logged a step."""
     result: dict[tuple[int, str], dict[int, float]] = {}
-    for m, mcfg in enumerate(models):
-        for seed, scfg in seed_configs(mcfg).items():
-            kept_per_step = scfg.rl.kept_groups_per_step
-            if kept_per_step is None:
-                continue
+    for m, model in enumerate(models):
+        kept_per_step = model.cfg.rl.kept_groups_per_step
+        if kept_per_step is None:
+            continue
+        for seed, arms in model.arms.items():
             for variant in labels:
-                folder = stage_folder(scfg, "rl", variant)
-                if folder is None:
-                    continue
-                share = dapo_groups_kept(read_metrics_log(folder / TRAINING_METRICS_FILE), kept_per_step)
+                share = dapo_groups_kept(read_metrics_log(arms[variant].rl / TRAINING_METRICS_FILE), kept_per_step)
                 if share is not None:
                     result.setdefault((m, variant), {})[seed] = share
     return result
@@ -471,9 +464,9 @@ def headroom_section(collected: dict, heldout: dict[tuple[int, str], dict[int, f
     """Spearman correlation, across RL arms and seeds, of pre-RL diagnostics with the RL gain in Avg pass@1, each over
     the pairs that have it: the share of mixed groups (:func:`mixed_groups_per_seed` at ``group_size``), the entropy
     (pre-RL samples that all carry log-probabilities) and the held-out NLL (``heldout``: (model index, variant) →
-    seed → NLL, :func:`heldout_nll_per_seed`). The gain is :func:`eval.tables.rl_gains`' per seed: each RL arm paired
-    with the Table 1 row of the same variant (Table 2 may hold fewer arms: ``experiment.rl_methods``) on the problems
-    both evaluated."""
+    seed → NLL, :func:`heldout_nll_per_seed`). The gain is :func:`report.tables.rl_gains`' per seed: each RL arm
+    paired with the Table 1 row of the same variant (Table 2 may hold fewer arms: ``experiment.rl_methods``) on the
+    problems both evaluated."""
     if "sft" not in collected or "rl" not in collected:
         return ["Skipped: needs both Table 1 (before RL) and Table 2 (after RL) evaluations.", ""], {}
     before, after = collected["sft"][0], collected["rl"][0]
@@ -522,14 +515,14 @@ def headroom_section(collected: dict, heldout: dict[tuple[int, str], dict[int, f
                                               for field, value in rho.items()}}
 
 
-def heldout_nll_per_seed(models: list[Config], labels: list[str]) -> dict[tuple[int, str], dict[int, float]]:
+def heldout_nll_per_seed(models: list[ModelRuns], labels: list[str]) -> dict[tuple[int, str], dict[int, float]]:
     """(model index, variant) → seed → pre-RL held-out NLL, from every complete held-out NLL run
     (:func:`common.paths.heldout_nll_run`) of ``labels``."""
     result: dict[tuple[int, str], dict[int, float]] = {}
-    for m, mcfg in enumerate(models):
-        for seed, scfg in seed_configs(mcfg).items():
+    for m, model in enumerate(models):
+        for seed, scfg in seed_configs(model.cfg).items():
             for variant in labels:
-                spec = heldout_nll_run(scfg, variant)
+                spec = heldout_nll_run(scfg, variant, model.arms[seed][variant].sft)
                 manifest = read_manifest(spec.directory) if spec is not None else None
                 if manifest is not None and manifest.complete and HELDOUT_NLL in manifest.metrics:
                     result.setdefault((m, variant), {})[seed] = manifest.metrics[HELDOUT_NLL]
@@ -594,14 +587,23 @@ def sweep_heatmaps(sweep: Sweep, table: ResultTable, title: str, stem: str, out_
     return [" ".join(links), ""]
 
 
-def sweep_tables(cfg: Config, models: list[Config]) -> list[tuple[Config, str, Sweep, ResultTable, dict[str, Path]]]:
+def evaluated_methods(model: ModelRuns, phase: str, benchmarks: list[str]) -> dict[str, SFTMethod]:
+    """Label → SFT method of every arm of ``model`` (the experiment's and the sweep points) with an evaluation in
+    ``phase``; the method is the one its SFT run's manifest records."""
+    return {variant: a.method for seed, scfg in seed_configs(model.cfg).items()
+            for variant, a in model.arms[seed].items()
+            if a.method is not None and any(metrics_path(scfg, phase, a, bench).exists() for bench in benchmarks)}
+
+
+def sweep_tables(cfg: Config, models: list[ModelRuns]
+                 ) -> list[tuple[Config, str, Sweep, ResultTable, dict[str, Path]]]:
     """(model config, phase, sweep, table, metrics files) for every method evaluated with ≥ 2 labels."""
     found = []
-    for mcfg in models:
+    for model in models:
+        mcfg = model.cfg
         for phase in PHASES:
-            phase_dir = eval_dir(mcfg, phase, BASE_VARIANT, "_").parents[1]
-            for sweep in find_sweeps(evaluated_methods(phase_dir)):
-                table, files, _ = collect(cfg, phase, [mcfg], [label for label, _ in sweep.points])
+            for sweep in find_sweeps(evaluated_methods(model, phase, report_benchmarks(cfg))):
+                table, files, _ = collect(cfg, phase, [model], [label for label, _ in sweep.points])
                 for row, (_, values) in zip(table.blocks[0].rows, sweep.points):
                     row.label = format_values(values)
                 table.row_header = ", ".join(sweep.fields)
@@ -638,7 +640,7 @@ def run(cfg: Config) -> Manifest:
     if cfg.data.benchmark_source == "bfcl":  # a tool-use experiment: the BFCL appendix tables (docs/tool_use.md)
         return bfcl_report(cfg)
     out_dir = report_dir(cfg)
-    models, labels = model_configs(cfg), variants(cfg)
+    models, labels = model_runs(cfg), variants(cfg)
     analyses = cfg.eval.analysis.run
     rows = {"sft": labels, "rl": rl_variants(cfg)}
     collected = {phase: collect(cfg, phase, models, rows[phase]) for phase in PHASES}
@@ -692,20 +694,21 @@ def run(cfg: Config) -> Manifest:
         analysis_metrics: dict[str, dict] = {}
         if analyses:
             lines += ["## Analyses", ""]
-        for mcfg in models:
+        for model in models:
+            name = model.cfg.model.name
             if "drift" in analyses:
-                more, analysis_metrics[f"drift/{mcfg.model.name}"] = drift_section(cfg, mcfg, labels, out_dir, run_)
+                more, analysis_metrics[f"drift/{name}"] = drift_section(cfg, model, out_dir, run_)
                 lines += more
             if "iou" in analyses:
-                more, analysis_metrics[f"iou/{mcfg.model.name}"] = iou_section(cfg, mcfg, labels, out_dir, run_)
+                more, analysis_metrics[f"iou/{name}"] = iou_section(cfg, model, out_dir, run_)
                 lines += more
             if "case_study" in analyses:
-                lines += case_study_section(cfg, mcfg, labels, out_dir, run_)
+                lines += case_study_section(cfg, model, out_dir, run_)
         if "sweep" in analyses:
             lines += sweep_section(cfg, sweeps, out_dir, run_)
         lines += ["## Training curves", ""]
-        for mcfg in models:
-            lines += curves_section(cfg, mcfg, labels, out_dir, run_)
+        for model in models:
+            lines += curves_section(cfg, model, labels, out_dir, run_)
         more, analysis_metrics["rl_gain"] = rl_gain_section(collected, groups_kept_per_seed(models, rows["rl"]))
         lines += ["## RL gain per arm", "", *more]
         more, analysis_metrics["headroom"] = headroom_section(collected, heldout_nll_per_seed(models, rows["rl"]),

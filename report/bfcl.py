@@ -1,18 +1,18 @@
 """The report of a tool-use experiment (``data.benchmark_source=bfcl``): the paper's two appendix tables (BFCL live and
 Irrelevance Detection per model, Base and every SFT method) with our numbers, their 95% intervals and the paper's.
 
-    python -m eval.bfcl_report experiment=bfcl profile=paper       (also the report stage of experiment=bfcl)
+    python -m report.bfcl experiment=bfcl profile=paper       (also the report stage of experiment=bfcl)
 
-Cells, from the evaluation stage's per-category ``metrics.json`` (:mod:`eval.bfcl_stage`; ``correct_counts`` are the
+Cells, from the evaluation stage's per-category ``metrics.json`` (:mod:`eval.bfcl.evaluate`; ``correct_counts`` are the
 per-question verdicts, 0/1)::
 
     BFCL live         = Σ_c correct(c) / Σ_c total(c)  over the live AST categories present
-                        (BFCL's count-weighted live accuracy, :func:`eval.bfcl.live_overall`)
-    Irrelevance Det.  = accuracy on live_irrelevance (:data:`eval.bfcl.DEFAULT_IRRELEVANCE`)
+                        (BFCL's count-weighted live accuracy, :func:`eval.bfcl.checker.live_overall`)
+    Irrelevance Det.  = accuracy on live_irrelevance (:data:`eval.bfcl.checker.DEFAULT_IRRELEVANCE`)
 
 each with the 95% bootstrap interval over questions of :func:`eval.intervals.estimate` (the live cell pools the
 verdicts of its categories, so its mean is the count-weighted accuracy). The paper's numbers are
-``paper_tables.json``'s ``bfcl`` tables, matched by model title and :data:`eval.tables.PAPER_ROWS`.
+``paper_tables.json``'s ``bfcl`` tables, matched by model title and :data:`report.tables.PAPER_ROWS`.
 """
 from __future__ import annotations
 
@@ -22,29 +22,37 @@ from typing import Any
 
 import numpy as np
 
-from eval.bfcl import DEFAULT_IRRELEVANCE
+from eval.bfcl.checker import DEFAULT_IRRELEVANCE
 from eval.intervals import Estimate, estimate
-from eval.tables import MISSING, PAPER_ROWS, load_paper_tables
+from report.tables import MISSING, PAPER_ROWS, load_paper_tables
 from common.config import Config, stage_main
 from common.config.data import LIVE_CATEGORIES
 from common.manifest import Manifest, read_manifest, stage_run
-from common.paths import eval_dir, model_configs, report_dir, report_run, variants
+from common.paths import (
+    EVAL_METRICS_FILE,
+    Arm,
+    arms,
+    eval_run,
+    model_configs,
+    report_benchmarks,
+    report_dir,
+    report_run,
+)
 
 COLUMNS = ("BFCL live", "Irrelevance Det.")
 """The paper's two columns (``paper_tables.json`` titles)."""
-METRICS_FILE = "metrics.json"
 REPORT_FILE = "bfcl.md"
 
 
-def read_category(cfg: Config, variant: str, category: str) -> dict[str, Any] | None:
-    """A category's ``metrics.json`` from the evaluation of ``variant`` after SFT, or None when it is not there."""
-    path = eval_dir(cfg, "sft", variant, category) / METRICS_FILE
+def read_category(cfg: Config, a: Arm, category: str) -> dict[str, Any] | None:
+    """A category's ``metrics.json`` from the evaluation of arm ``a`` after SFT, or None when it is not there."""
+    path = eval_run(cfg, "sft", a.variant, category, a.sft).directory / EVAL_METRICS_FILE
     return json.loads(path.read_text(encoding="utf-8")) if path.exists() else None
 
 
 def categories(cfg: Config) -> list[str]:
     """The evaluated BFCL categories: ``eval.benchmarks``, else every one in ``data.benchmarks``."""
-    return list(cfg.eval.benchmarks) or list(cfg.data.benchmarks)
+    return report_benchmarks(cfg)
 
 
 def cell(verdicts: list[int]) -> Estimate | None:
@@ -54,12 +62,13 @@ def cell(verdicts: list[int]) -> Estimate | None:
     return estimate([np.asarray([verdicts], dtype=float)]).scaled(100)
 
 
-def variant_cells(cfg: Config, variant: str) -> tuple[dict[str, Estimate | None], dict[str, int]]:
-    """The two cells of one row and the number of questions behind each (live: every live category present)."""
+def variant_cells(cfg: Config, a: Arm) -> tuple[dict[str, Estimate | None], dict[str, int]]:
+    """The two cells of arm ``a``'s row and the number of questions behind each (live: every live category
+    present)."""
     selected = categories(cfg)
-    live = [read_category(cfg, variant, c) for c in LIVE_CATEGORIES if c in selected]
+    live = [read_category(cfg, a, c) for c in LIVE_CATEGORIES if c in selected]
     live_verdicts = [v for m in live if m is not None for v in m["correct_counts"].values()]
-    irrelevance = read_category(cfg, variant, DEFAULT_IRRELEVANCE) if DEFAULT_IRRELEVANCE in selected else None
+    irrelevance = read_category(cfg, a, DEFAULT_IRRELEVANCE) if DEFAULT_IRRELEVANCE in selected else None
     irrelevance_verdicts = list(irrelevance["correct_counts"].values()) if irrelevance is not None else []
     if any(m is None for m in live):  # a missing live category would change what the live column means
         live_verdicts = []
@@ -73,8 +82,9 @@ def model_table(cfg: Config, mcfg: Config, paper: dict[str, Any]) -> tuple[list[
     lines = [f"| Method ({title}) | {COLUMNS[0]} | 95% CI | paper | {COLUMNS[1]} | 95% CI | paper |",
              "|---|---|---|---|---|---|---|"]
     numbers: dict[str, Any] = {}
-    for variant in variants(cfg):
-        cells, counts = variant_cells(mcfg, variant)
+    for a in arms(mcfg):
+        variant = a.variant
+        cells, counts = variant_cells(mcfg, a)
         paper_row = paper.get(title, {}).get(PAPER_ROWS.get(variant), {})
         shown = []
         for column in COLUMNS:

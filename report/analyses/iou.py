@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from eval.analyses import AnalysisInputError, pyplot, save_figure
+from report.analyses import AnalysisInputError, pyplot, save_figure
 from common.paths import STAT_IOU, set_size_stat, sft_stat_key
 from common.tracking import read_metrics
 

@@ -3,7 +3,7 @@
 ``bfcl-eval`` pins ``numpy==1.26.4`` and a dozen vendor SDKs, and its AST checker cannot be imported without them
 (``ast_checker`` imports the model registry, which imports every handler; docs/tool_use.md has the measurements), so
 it runs in an isolated venv (``make bfcl-env``: ``requirements/bfcl.txt`` into ``.venv-bfcl``) as a subprocess,
-``eval/_bfcl_worker.py``, which decides each output exactly as ``bfcl_eval.eval_checker.eval_runner`` does.
+``eval/bfcl/_worker.py``, which decides each output exactly as ``bfcl_eval.eval_checker.eval_runner`` does.
 
 Categories (BFCL v4 file names, ``BFCL_v4_<category>.json``): the four *live* AST categories
 :data:`LIVE_CATEGORIES` and the irrelevance sets ``live_irrelevance`` (884) and ``irrelevance`` (v1, 240).
@@ -37,8 +37,8 @@ DEFAULT_REGISTRY_NAME = "Qwen/Qwen3-8B-FC"
 checker reads only its ``underscore_to_dot`` flag (False for every local Qwen3 FC entry)."""
 BFCL_PYTHON_ENV = "BFCL_PYTHON"
 """Environment variable naming the BFCL venv's interpreter (default: :data:`DEFAULT_BFCL_PYTHON`)."""
-DEFAULT_BFCL_PYTHON = Path(__file__).resolve().parent.parent / ".venv-bfcl" / "bin" / "python"
-_WORKER_SCRIPT = Path(__file__).with_name("_bfcl_worker.py")
+DEFAULT_BFCL_PYTHON = Path(__file__).resolve().parents[2] / ".venv-bfcl" / "bin" / "python"
+_WORKER_SCRIPT = Path(__file__).with_name("_worker.py")
 STARTUP_TIMEOUT_S = 900.0
 """Time the worker may take to import bfcl_eval (its handler registry imports every vendor SDK)."""
 REQUEST_TIMEOUT_S = 120.0
@@ -64,7 +64,7 @@ class Verdict:
 
 
 class BfclChecker:
-    """One ``_bfcl_worker.py`` process in the BFCL venv; :meth:`check` sends one output and returns BFCL's verdict."""
+    """One ``_worker.py`` process in the BFCL venv; :meth:`check` sends one output and returns BFCL's verdict."""
 
     def __init__(self, python: Path | None = None, registry_name: str = DEFAULT_REGISTRY_NAME):
         python = python or bfcl_python()
@@ -158,30 +158,6 @@ def prompt_ids(tokenizer: Any, entry: Mapping[str, Any]) -> list[int]:
     messages, tools = prompt_of(entry)
     text = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
     return tokenizer.encode(text, add_special_tokens=False)
-
-
-def evaluate(sampler: Any, tokenizer: Any, checker: BfclChecker, categories: Sequence[str], *, seed: int = 0,
-             max_per_category: int = 0, irrelevance: str = DEFAULT_IRRELEVANCE,
-             ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """One completion per question (BFCL's protocol) from ``sampler`` (``eval.sample.Sampler``), each judged by
-    BFCL's checker; returns the per-question records and :func:`summary`.
-
-    Question ``i`` of a category is sampled with seed ``seed + i``; ``max_per_category`` keeps each category's first
-    N questions (0 = all). Prompts: :func:`prompt_ids`. The evaluation stage's resumable version with run folders
-    is :mod:`eval.bfcl_stage`.
-    """
-    records: list[dict[str, Any]] = []
-    for category in categories:
-        entries = checker.entries(category)
-        entries = entries[:max_per_category] if max_per_category else entries
-        prompts = [prompt_ids(tokenizer, entry) for entry in entries]
-        completions = sampler.sample(prompts, [seed + i for i in range(len(prompts))], 1)
-        for entry, (completion,) in zip(entries, completions):
-            verdict = checker.check(category, entry["id"], completion.text)
-            records.append({"category": category, "id": entry["id"], "output": completion.text,
-                            "finish_reason": completion.finish_reason, "valid": verdict.valid,
-                            "error_type": verdict.error_type})
-    return records, summary(category_scores((r["category"], r["valid"]) for r in records), irrelevance)
 
 
 @dataclass(frozen=True)
