@@ -10,10 +10,18 @@ ANALYSES = ("drift", "iou", "case_study", "sweep")
 PAPER_ROW_LABELS = {"base": "Base", "sft": "SFT", "dft": "DFT", "iwsft": "IW-SFT", "psft": "PSFT",
                     "eksft": "EKSFT (paper eq.)", "eksft_compatofficial_code": "EKSFT (official code)",
                     "asft": "ASFT", "gem": "GEM", "sedsft": "SED-SFT", "eaft": "EAFT",
-                    "highentropy": "CE on top-ρ H (ours)", "eksft_lambda_entropy0_lambda_kl0": "masking only (λ = 0)"}
+                    "highentropy": "CE on top-ρ H (ours)", "eksft_lambda_entropy0_lambda_kl0": "masking only (λ = 0)",
+                    "eksft_lambda_entropy0": "EKSFT w/o entropy", "eksft_lambda_kl0": "EKSFT w/o KL",
+                    "eksft_global_regularisationTrue": "EKSFT, global regularisation",
+                    "eksft_compatofficial_code_mask_alignmentpaper": "EKSFT (official code, paper's alignment)",
+                    "eksft_selectionrandom": "EKSFT, random mask (10%)",
+                    "eksft_selectionrandom_matched": "EKSFT, random mask (EKSFT's size)",
+                    "eksft_combineintersection": "EKSFT, M_H ∩ M_KL", "eksft_rho0.02": "EKSFT (paper eq.), ρ 0.02",
+                    "eksft_rho0.05": "EKSFT (paper eq.), ρ 0.05", "profit": "ProFit", "pear": "PEAR"}
 """Row titles by method label (``common.paths.method_label``): ``eksft`` is EKSFT as the paper's equations write it,
 ``eksft_compatofficial_code`` (``sft/method=eksft_official``) as the public code runs it (docs/methods.md), and
-``eksft_lambda_entropy0_lambda_kl0`` (``sft/method=eksft_no_reg``) masks M from CE with no regulariser."""
+``eksft_lambda_entropy0_lambda_kl0`` (``sft/method=eksft_no_reg``) masks M from CE with no regulariser; the paper's
+other ablations and presets (``conf/sft/method/``) by what they change."""
 
 
 @dataclass

@@ -73,4 +73,6 @@ def test_a_model_override_that_the_report_would_not_see_is_refused():
 def test_every_arm_of_the_forking_experiment_has_a_row_title():
     cfg = compose(["experiment=forking"])
     assert [row_label(cfg, label) for label in method_labels(cfg)] == [
-        "SFT", "EKSFT (paper eq.)", "EKSFT (official code)", "masking only (λ = 0)", "DFT"]
+        "SFT", "EKSFT (paper eq.)", "EKSFT (official code)", "masking only (λ = 0)", "DFT", "EKSFT w/o entropy",
+        "EKSFT w/o KL", "EKSFT, global regularisation", "EKSFT (official code, paper's alignment)",
+        "EKSFT, random mask (EKSFT's size)", "EKSFT (paper eq.), ρ 0.02", "EKSFT (paper eq.), ρ 0.05", "ProFit", "PEAR"]
