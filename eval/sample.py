@@ -94,6 +94,8 @@ class VLLMSampler:
                                   "max_model_len": max_model_len, "enforce_eager": cfg.eval.enforce_eager,
                                   "tensor_parallel_size": cfg.eval.tensor_parallel_size, "seed": cfg.seed,
                                   "disable_log_stats": True, "logprobs_mode": "processed_logprobs"}
+        if cfg.eval.max_num_seqs:
+            engine["max_num_seqs"] = cfg.eval.max_num_seqs
         if cfg.eval.kv_cache_memory_bytes:
             engine["kv_cache_memory_bytes"] = cfg.eval.kv_cache_memory_bytes
         else:

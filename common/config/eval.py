@@ -77,6 +77,11 @@ class EvalConfig(SamplingConfig):
     """vllm (the offline engine) or hf (transformers generate, a slow fallback)."""
     problems_per_batch: int = 8
     """Problems per generate call (each problem's samples are written as soon as its batch returns)."""
+    max_num_seqs: int = field(default=0, metadata=SUPERVISION)
+    """Sequences vLLM decodes at once; 0 = vLLM's default, which it derives from the device's memory (256, or 1024
+    on 70 GiB and more). On CPU the sampled tokens do not depend on it nor on problems_per_batch (each request carries
+    its own seed; their reported log-probabilities differ in the last bits; tests/integration/test_eval_run.py); a tiny
+    model is bound by per-step overhead, so the toy profile decodes 1024 at once (bench/stage_overhead.py)."""
     max_model_len: int = 0
     """Engine context length; 0 = longest prompt + max_tokens."""
     kv_cache_memory_bytes: int = 268435456
@@ -116,6 +121,7 @@ class EvalConfig(SamplingConfig):
         check_range("eval.max_problems", self.max_problems, 0)
         check_choice("eval.backend", self.backend, ("vllm", "hf"))
         check_range("eval.problems_per_batch", self.problems_per_batch, 1)
+        check_range("eval.max_num_seqs", self.max_num_seqs, 0)
         check_range("eval.max_model_len", self.max_model_len, 0)
         check_range("eval.kv_cache_memory_bytes", self.kv_cache_memory_bytes, 0)
         check_range("eval.gpu_memory_utilization", self.gpu_memory_utilization, 0.0, 1.0, low_open=True)

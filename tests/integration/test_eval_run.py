@@ -243,6 +243,26 @@ def test_vllm_sampling_metrics_resume_and_seeds(tmp_path, tiny_model, shared_dat
 
 
 
+def test_samples_do_not_depend_on_how_problems_are_batched(tmp_path, tiny_model, shared_data):
+    """Per-request seeds make each problem's samples its own: one problem per call and one sequence decoded at a time,
+    or every problem in one call and vLLM's batch as wide as it goes, give the same tokens (what lets
+    eval.problems_per_batch and eval.max_num_seqs stay out of a run's identity). The log-probabilities vLLM reports
+    for them come from GEMMs of another width and differ in their last bits."""
+    narrow = _config(tmp_path / "narrow", tiny_model, "eval.benchmarks=[amc]", "eval.max_problems=3",
+                     "eval.problems_per_batch=1", "eval.max_num_seqs=1")
+    wide = _config(tmp_path / "wide", tiny_model, "eval.benchmarks=[amc]", "eval.max_problems=3",
+                   "eval.problems_per_batch=3", "eval.max_num_seqs=1024")
+    for cfg in (narrow, wide):
+        _write_benchmarks(cfg, shared_data, ["amc"])
+        run(cfg)
+    narrow_samples, wide_samples = _samples(narrow, "amc"), _samples(wide, "amc")
+    assert [{**r, "neg_logprob_sum": None} for r in narrow_samples] == \
+        [{**r, "neg_logprob_sum": None} for r in wide_samples]
+    assert [r["neg_logprob_sum"] for r in narrow_samples] == \
+        pytest.approx([r["neg_logprob_sum"] for r in wide_samples], rel=1e-6)
+    assert read_manifest(eval_dir(wide, "amc")).details["backend"]["engine"]["max_num_seqs"] == 1024
+
+
 def test_engine_context_covers_the_longest_prompt_of_every_benchmark(tmp_path, tiny_model, shared_data):
     """The context length is fixed before the first batch, from every benchmark's prompts: a longer prompt in a later
     batch must not get fewer response tokens (nor may the length depend on how problems are batched)."""
