@@ -204,7 +204,7 @@ def test_report_reaches_wandb_offline(tmp_path, monkeypatch):
     images = {path.name.rsplit("_", 2)[0] for path in (run_dir / "files/media/images/plots").glob("*.png")}
     assert "passk_Toy-Qwen3-0.8M_sft_toy_add" in images
     record = next(run_dir.glob("run-*.wandb")).read_bytes()
-    assert b"table1/Toy-Qwen3-0.8M/SFT/Avg pass@1" in record and b"demo/report" in record
+    assert b"table1/Toy-Qwen3-0.8M/SFT/Avg pass@1" in record and b"table1/report" in record
 
 
 def test_switching_a_setting_back_renders_that_settings_table_again(tmp_path):

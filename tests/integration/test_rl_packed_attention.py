@@ -18,7 +18,7 @@ LENGTHS = [5, 7, 4]
 
 
 def test_paper_rl_packs_sequences_for_sdpa():
-    keys = {override_key(o): o.split("=", 1)[1] for o in build_overrides(compose(["profile=paper"]), "base")}
+    keys = {override_key(o): o.split("=", 1)[1] for o in build_overrides(compose(["profile=paper"]))}
     assert keys["actor_rollout_ref.model.override_config.attn_implementation"] == "sdpa"
     assert "actor_rollout_ref.model.use_remove_padding" not in keys  # verl's default: on, sequences packed
 
