@@ -17,6 +17,11 @@ each step's ``timing_s/gen`` and its generated tokens ≈ (groups kept + groups 
 ``response_length/mean`` (evicted groups assumed as long as the kept ones). The compute bound is what the model's
 matmuls would allow at the machine's measured single-thread fp32 GEMM rate (the engines sample with one thread):
 FLOPs per generated token = 2 × (decoder weights + LM head) + 4 × layers × attention width × mean context.
+
+Last, the evaluation's batch settings in one run: the SFT model's Fork-Carry prompts (32 problems × n = 32) sampled
+with the settings evaluation used before (8 problems per generate call, vLLM's default 256 sequences at once) and
+with the toy profile's (32 problems per call, ``eval.max_num_seqs=1024``), their tokens/s ratio, and whether the
+sampled tokens agree.
 """
 from __future__ import annotations
 
@@ -105,18 +110,58 @@ def flops_per_token(model_dir: Path, mean_context: float) -> float:
 
 
 def gemm_flops_per_s(hidden: int, intermediate: int, rows: int = 256, seconds: float = 2.0) -> float:
-    """Single-thread fp32 GEMM rate at the model's MLP shape ([rows × hidden] @ [hidden × intermediate])."""
+    """Single-thread fp32 GEMM rate at the model's MLP shape ([rows × hidden] @ [hidden × intermediate]), per CPU
+    second of this process (so another job on the machine does not lower it)."""
     import torch
 
     torch.set_num_threads(1)
     a, b = torch.randn(rows, hidden), torch.randn(hidden, intermediate)
     for _ in range(10):
         a @ b
-    calls, started = 0, time.perf_counter()
-    while time.perf_counter() - started < seconds:
+    calls, started = 0, time.process_time()
+    while time.process_time() - started < seconds:
         a @ b
         calls += 1
-    return 2 * rows * hidden * intermediate * calls / (time.perf_counter() - started)
+    return 2 * rows * hidden * intermediate * calls / (time.process_time() - started)
+
+
+BATCH_SETTINGS = {"before: 8 problems per call, 256 sequences": (8, 256),
+                  "now: 32 problems per call, 1024 sequences": (32, 1024)}
+"""Evaluation batch settings compared by :func:`compare_batch_settings`: (problems per generate call, max_num_seqs)."""
+
+
+def compare_batch_settings(run_root: Path, problems: int = 32, n: int = 32) -> None:
+    """Samples the same prompts under each of :data:`BATCH_SETTINGS` in this process (one engine after the other) and
+    prints tokens/s, the ratio to the first, and whether the sampled texts are the same."""
+    from common.config import compose
+    from common.models import load_tokenizer
+    from common.seeding import derive_seed
+    from eval.sample import VLLMSampler, configure_vllm_cpu_environment, render_prompt
+
+    configure_vllm_cpu_environment()
+    model = str(next(run_root.glob("bench/sft/toy/*/hf")))
+    rows = read_jsonl(next(run_root.glob("bench/data/*/benchmarks/toy_fork_carry.jsonl")))[:problems]
+    tokenizer = load_tokenizer(model)
+    prompts = [tokenizer(render_prompt(tokenizer, row["prompt"]), add_special_tokens=False)["input_ids"]
+               for row in rows]
+    seeds = [derive_seed(0, f"eval/toy_fork_carry/{row['id']}") for row in rows]
+    print(f"\nevaluation batch settings ({problems} Fork-Carry problems x n = {n}, the SFT model, one engine each; "
+          "tokens per wall second, and per CPU second of this process):")
+    first, texts = None, None
+    for name, (per_call, max_num_seqs) in BATCH_SETTINGS.items():
+        cfg = compose([*OVERRIDES, f"eval.max_num_seqs={max_num_seqs}"])
+        sampler = VLLMSampler(model, cfg, max_model_len=cfg.eval.max_tokens + max(map(len, prompts)))
+        wall, cpu, sampled = time.perf_counter(), time.process_time(), []
+        for start in range(0, problems, per_call):
+            sampled += sampler.sample(prompts[start:start + per_call], seeds[start:start + per_call], n)
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+        sampler.close()
+        tokens = sum(c.num_tokens for per_problem in sampled for c in per_problem)
+        these = [c.text for per_problem in sampled for c in per_problem]
+        first = first or tokens / cpu
+        same = "" if texts is None else f"   same tokens: {these == texts}"
+        texts = texts or these
+        print(f"  {name:44} {tokens / wall:7.0f} /wall s {tokens / cpu:7.0f} /CPU s   x{tokens / cpu / first:.2f}{same}")
 
 
 def report(run_root: Path, total_s: float | None) -> None:
@@ -134,7 +179,8 @@ def report(run_root: Path, total_s: float | None) -> None:
     model_dir = next(run_root.glob("cache/base/*/hf"))
     config = AutoConfig.from_pretrained(model_dir)
     rate = gemm_flops_per_s(config.hidden_size, config.intermediate_size)
-    print(f"\nsingle-thread fp32 GEMM ({config.hidden_size} x {config.intermediate_size}): {rate / 1e9:.1f} GFLOP/s")
+    print(f"\nsingle-thread fp32 GEMM ({config.hidden_size} x {config.intermediate_size}): {rate / 1e9:.1f} GFLOP per "
+          "CPU second; sampling below is per wall second, so a loaded machine lowers its share")
     for record in sampling:
         if not record["seconds"]:
             continue
@@ -152,10 +198,12 @@ def main() -> None:
     args = parser.parse_args()
     if args.report_only:
         report(args.run_root, None)
+        compare_batch_settings(args.run_root)
         return
     with tempfile.TemporaryDirectory() as tmp:
         run_root = args.run_root or Path(tmp)
         report(run_root, run_pipeline(run_root))
+        compare_batch_settings(run_root)
 
 
 if __name__ == "__main__":
