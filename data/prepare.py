@@ -1,7 +1,8 @@
 """Stage ``data``: training rows -> deterministic SFT / RL split -> sft.parquet, rl.parquet, rl_val.parquet, benchmarks.
 
     python -m data.prepare experiment=demo profile=toy
-    python -m data.prepare experiment=table1 profile=paper data=openr1_local data.path=/data/openr1.parquet
+    python -m data.prepare experiment=table1 profile=paper data=openr1_local data.path=/data/openr1.parquet \
+        data.benchmark_dir=/data/benchmarks
 
 Needs no model (the SFT token ids are written afterwards by ``python -m data.tokenize_sft``). Outputs, in
 ``common.paths.data_run(cfg).directory``:

@@ -12,7 +12,7 @@ from. Tokens are put in three classes and H is averaged per class (in nats):
 The vocabulary is the toy tokenizer's (a few hundred entries), so the full softmax is taken at once.
 :func:`fork_profile` adds, for the forking world, each strategy's share of the samples per family; the base stage
 records it in the base manifest, and the command line measures any exported model (e.g. an SFT model's fork
-entropy, prediction 2 in docs/toy_world.md):
+entropy, prediction 2 of docs/results/2026-11-23-forking-predictions.md):
 
     python -m toy.entropy runs/forking/sft/toy/sft-<id>/hf [--problems 60] [--samples 4] [--seed 0]
     python -m toy.entropy runs/forking/sft/toy/sft-<id>/hf --fork-only [--problems 300]

@@ -34,7 +34,7 @@ arithmetic. The SFT rows come from a narrow teacher: one strategy draw per probl
 including ``small`` problems where ``column`` is the reliable choice and ``carry`` problems, which only ``round``
 solves. By default the rows keep the teacher's answers, right or wrong (an unverified distillation set);
 ``verified`` keeps only right ones, as a verifier-filtered set does, which leaves every family's rows right
-conditional on the problem (docs/toy_world.md, the first measurement). Held-out problems (md5
+conditional on the problem (docs/results/2026-11-23-forking-verified-teacher.md). Held-out problems (md5
 of the expression ≡ 0 mod 10, as in the arithmetic world) never reach a document or a row; the benchmarks
 ``toy_fork_<family>`` are drawn from them.
 """

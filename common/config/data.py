@@ -135,7 +135,8 @@ class DataConfig:
         if self.benchmark_source == "toy" and self.source != "toy":
             raise ConfigError(f"data.benchmark_source=toy needs data.source=toy; got data.source={self.source}")
         if self.benchmark_source == "local" and not self.benchmark_dir:
-            raise ConfigError("data.benchmark_dir must be set for data.benchmark_source=local")
+            raise ConfigError("data.benchmark_dir must be set for data.benchmark_source=local (data=openr1_local): "
+                              "add data.benchmark_dir=<folder of the benchmark JSONL files>")
         if not self.benchmarks:
             raise ConfigError("data.benchmarks must name at least one benchmark")
         for name, bench in self.benchmarks.items():

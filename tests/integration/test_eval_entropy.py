@@ -21,8 +21,9 @@ def test_logprobs_leave_samples_unchanged_and_match_the_tempered_model(tmp_path,
     monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "vllm_cache"))
     model = build_tiny_qwen3(tmp_path / "tiny", dtype="float32")
     cfg = compose([f"experiment.run_root={tmp_path}", "data=openr1_local", "data.path=unused.parquet",
-                   f"eval.model_path={model}", "eval.variant=tiny", f"eval.temperature={TEMPERATURE}",
-                   "eval.max_tokens=12", "model.dtype=float32", "eval.kv_cache_memory_bytes=67108864"])
+                   "data.benchmark_dir=unused", f"eval.model_path={model}", "eval.variant=tiny",
+                   f"eval.temperature={TEMPERATURE}", "eval.max_tokens=12", "model.dtype=float32",
+                   "eval.kv_cache_memory_bytes=67108864"])
     sampler = VLLMSampler(str(model), cfg, max_model_len=64)
     prompts, seeds = [[5, 6, 7, 8], [9, 10, 11]], [11, 12]
 

@@ -58,7 +58,8 @@ def reference_nll(model_dir: Path, input_ids: list[list[int]], labels: list[list
 
 def _config(root: Path, model: Path, *overrides: str) -> Config:
     return compose([f"experiment.run_root={root}", "experiment.name=t", "data=openr1_local",
-                    "data.path=unused.parquet", "model.source=hub", f"model.path={model}", "model.name=tiny",
+                    "data.path=unused.parquet", "data.benchmark_dir=unused", "model.source=hub", f"model.path={model}",
+                    "model.name=tiny",
                     "model.dtype=float32", "eval.benchmarks=[aime24]", "eval.n=1", "eval.max_tokens=4",
                     "eval.kv_cache_memory_bytes=67108864", "logging.progress=false", *overrides])
 

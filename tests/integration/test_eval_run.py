@@ -35,9 +35,9 @@ def tiny_model(tmp_path_factory) -> Path:
 
 def _config(root: Path, model: Path, *overrides: str) -> Config:
     return compose([f"experiment.run_root={root}", "data=openr1_local", "data.path=unused.parquet",
-                    f"eval.model_path={model}", "eval.variant=tiny", "eval.n=4", "eval.max_tokens=24",
-                    "eval.problems_per_batch=2", "eval.kv_cache_memory_bytes=67108864", "logging.progress=false",
-                    *overrides])
+                    "data.benchmark_dir=unused", f"eval.model_path={model}", "eval.variant=tiny", "eval.n=4",
+                    "eval.max_tokens=24", "eval.problems_per_batch=2", "eval.kv_cache_memory_bytes=67108864",
+                    "logging.progress=false", *overrides])
 
 
 def _write_benchmarks(cfg: Config, shared_data: Path, names: list[str]) -> None:

@@ -1,7 +1,8 @@
 """The forking toy world through the base and data stages at a tiny budget (``experiment=forking``).
 
 Twenty pretraining steps give a model that is still guessing, so this checks that the entropy profile is measured
-and recorded in the base manifest, not the bound (docs/toy_world.md records the full-budget figure).
+and recorded in the base manifest, not the bound (docs/results/2026-11-23-forking-base-entropy-profile.md has the
+full-budget figure).
 """
 from __future__ import annotations
 

@@ -38,3 +38,40 @@ def test_the_data_command_it_points_to_writes_the_benchmarks_it_reads():
     data_command = re.search(r"`python -m data\.prepare ([^`]+)`", text).group(1)
     evaluate = [o for o in readme_command("eval.run") if o.split("=")[0] in ("experiment", "profile")]
     assert data_dir(compose(shlex.split(data_command))) == data_dir(compose(evaluate))
+
+
+REPO = README.parent
+
+
+def readme_code() -> str:
+    """Every inline-code span and code block of the README, where its commands are."""
+    text = README.read_text(encoding="utf-8")
+    return "\n".join(re.findall(r"```[^\n]*\n(.*?)```", text, flags=re.S) + re.findall(r"`([^`\n]+)`", text))
+
+
+def test_every_make_target_the_readme_names_exists():
+    targets = set(re.findall(r"^([A-Za-z0-9_-]+):", (REPO / "Makefile").read_text(encoding="utf-8"), flags=re.M))
+    named = set(re.findall(r"\bmake ([a-z][a-z0-9-]*)", readme_code()))
+    assert {"demo", "test", "reproduce-table1", "dry-run"} <= named
+    assert named <= targets, sorted(named - targets)
+
+
+def test_every_module_and_script_the_readme_runs_exists():
+    code = readme_code()
+    modules = set(re.findall(r"python -m ([A-Za-z_][\w.]*)", code))
+    assert {"pipeline.run", "eval.run", "data.prepare", "report.run"} <= modules
+    for module in modules:
+        path = REPO / module.replace(".", "/")
+        assert path.with_suffix(".py").is_file() or (path / "__main__.py").is_file(), module
+    for script in re.findall(r"python (scripts/[\w/]+\.py)", code):
+        assert (REPO / script).is_file(), script
+
+
+def test_every_experiment_the_readme_names_has_a_config():
+    code = readme_code()
+    named = set(re.findall(r"experiment=([a-z0-9_]+)", code)) | set(re.findall(r"EXPERIMENT=([a-z0-9_]+)", code))
+    for choices in re.findall(r"experiment=<([^>]+\|[^>]+)>", code):  # <a|b|c> lists choices; <name> is a placeholder
+        named |= set(choices.replace("\\", "").split("|"))
+    assert {"demo", "table1", "table2", "forking", "toy_rl"} <= named
+    for name in named:
+        assert (REPO / "conf" / "experiment" / f"{name}.yaml").is_file(), name
