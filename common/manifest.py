@@ -22,7 +22,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -168,10 +167,12 @@ class Manifest:
 
 
 def write_json_atomic(path: str | Path, document: Any) -> Path:
-    """Writes ``document`` as JSON atomically: a reader sees the old or the new file, never half of one."""
+    """Writes ``document`` as JSON atomically: a reader sees the old or the new file, never half of one. The file's
+    mode follows the umask like any other output (``tempfile.mkstemp`` would make it 0600)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".tmp", dir=path.parent)
+    tmp = path.parent / f".{path.stem}.{uuid.uuid4().hex[:12]}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             json.dump(document, handle, indent=2, sort_keys=True, default=str)
