@@ -301,17 +301,75 @@ def check_model(cfg: "Config", stage: str) -> list[Problem]:
                                                  "to a local folder")
 
 
+def unreadable(key: str, value: str, kind: str) -> str | None:
+    """Why ``value`` (config key ``key``) is not a ``kind`` ("file" or "folder") this process can read; None if it is.
+    Local checks only (stat and access), so the answer takes microseconds."""
+    path = Path(value).expanduser()
+    if not os.path.exists(path):
+        blocker = existing_parent(path)
+        if not os.path.isdir(blocker):
+            return f"{key}={value}: {blocker} is a file, not a folder"
+        return f"{key}={value} does not exist"
+    if kind == "file" and os.path.isdir(path):
+        return f"{key}={value} is a folder, not a file"
+    if kind == "folder" and not os.path.isdir(path):
+        return f"{key}={value} is not a folder"
+    if not os.access(path, os.R_OK | (os.X_OK if kind == "folder" else 0)):
+        return f"{key}={value} is not readable by this user (permission denied)"
+    return None
+
+
+def check_run_root(cfg: "Config") -> list[Problem]:
+    """``experiment.run_root`` is a folder this process can write, or can be created: its nearest existing ancestor is
+    a writable folder. Checked before any manifest is read or lock taken (nothing is created here)."""
+    value = cfg.experiment.run_root
+    root = Path(value).expanduser().absolute()
+    existing = existing_parent(root)
+    fix = "set experiment.run_root to a folder you can write (or fix its permissions)"
+    if not os.path.isdir(existing):
+        return [Problem("paths", f"experiment.run_root={value}: {existing} is a file, not a folder", fix)]
+    if not os.access(existing, os.W_OK | os.X_OK):
+        what = "is not writable" if existing == root else f"cannot be created: {existing} is not writable"
+        return [Problem("paths", f"experiment.run_root={value} {what} by this user", fix)]
+    return []
+
+
+def require_run_root(cfg: "Config") -> None:
+    """Raises :class:`PreflightError` naming ``experiment.run_root`` when the runs cannot be written there."""
+    problems = check_run_root(cfg)
+    if problems:
+        raise PreflightError(problems)
+
+
+def check_data_paths(cfg: "Config") -> list[Problem]:
+    """The local training set, benchmark files and system prompt the data stage reads: each a readable file or folder,
+    named by its config key."""
+    data, problems, local = cfg.data, [], []
+    if data.source == "local":
+        local.append(("data.path", data.path, "file", "point data.path at the training set (parquet or jsonl)"))
+    if data.source == "acebench" and data.path:
+        local.append(("data.path", data.path, "folder", "point data.path at AceBench's data_en folder"))
+    if data.system_prompt_path:
+        local.append(("data.system_prompt_path", data.system_prompt_path, "file",
+                      "point data.system_prompt_path at a text file, or leave it empty for the rows' own system turn"))
+    if data.benchmark_source == "local":
+        folder_fix = "point data.benchmark_dir at the benchmark JSONL files"
+        local.append(("data.benchmark_dir", data.benchmark_dir, "folder", folder_fix))
+        if os.path.isdir(Path(data.benchmark_dir).expanduser()):
+            local += [(f"data.benchmarks.{name}.file", str(Path(data.benchmark_dir) / bench.file), "file",
+                       f"put {bench.file} into data.benchmark_dir, or set data.benchmarks.{name}.file")
+                      for name, bench in data.benchmarks.items()]
+    for key, value, kind, fix in local:
+        if (reason := unreadable(key, value, kind)) is not None:
+            problems.append(Problem("data", reason, fix))
+    return problems
+
+
 def check_data(cfg: "Config") -> list[Problem]:
-    """The training set and the benchmarks: local files that exist, or hub datasets cached or reachable."""
-    data, problems, hub = cfg.data, [], []
-    if data.source == "local" and not Path(data.path).expanduser().exists():
-        problems.append(Problem("data", f"data.path={data.path} does not exist",
-                                "point data.path at the training set (parquet or jsonl)"))
+    """The training set and the benchmarks: :func:`check_data_paths`, or hub datasets cached or reachable."""
+    data, problems, hub = cfg.data, check_data_paths(cfg), []
     if data.source == "hub":
         hub.append(("data.hub_id", data.hub_id, "dataset"))
-    if data.benchmark_source == "local" and not Path(data.benchmark_dir).expanduser().is_dir():
-        problems.append(Problem("data", f"data.benchmark_dir={data.benchmark_dir} is not a folder",
-                                "point data.benchmark_dir at the benchmark JSONL files"))
     if data.benchmark_source == "hub":
         hub += [(f"data.benchmarks.{name}.hub_id", bench.hub_id, "dataset") for name, bench in data.benchmarks.items()]
     fix = (f"use local files: data=openr1_local data.path=<parquet|jsonl> data.benchmark_dir=<folder>; or "
@@ -414,8 +472,10 @@ def estimate_bytes(commands: Iterable[PlannedStage]) -> dict[str, int]:
 
 
 def existing_parent(path: Path) -> Path:
+    """``path`` or its nearest ancestor that this user can see (``os.path.exists``: False when a folder on the way is
+    a file or cannot be searched)."""
     path = path.expanduser().absolute()
-    while not path.exists():
+    while not os.path.exists(path):
         path = path.parent
     return path
 

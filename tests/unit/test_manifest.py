@@ -71,7 +71,7 @@ def test_incomplete_run_is_resumed_loudly(tmp_path):
             run.manifest.details["done"] = 3
             run.checkpoint()
             raise KeyboardInterrupt
-    assert mf.read_manifest(tmp_path).status == "failed"
+    assert mf.read_manifest(tmp_path).status == "interrupted"
     with mf.stage_run(tmp_path, stage="s", variant="v", config={"a": 1}, announce=messages.append) as run:
         assert run.resumed and run.manifest.details == {"done": 3}
     assert any("RESUMING" in m for m in messages)
