@@ -16,6 +16,9 @@ Checks per stage (:data:`STAGE_CHECKS`):
 * ``attention``: ``model.attn_implementation=flash_attention_2`` needs the ``flash_attn`` package.
 * ``model``: a hub/gguf base model (or ``eval.model_path``) is a local folder, in the HF cache, or on a hub that
   answers; ``data``: the training set and benchmarks likewise (local files, HF cache, or the hub).
+* ``paths``: ``experiment.run_root`` is, or can be created as, a folder this user can write (every stage, and the
+  orchestrator before it reads a manifest); the data stage's local path keys (:func:`check_data_paths`, part of
+  ``data``) are readable files or folders, each problem named by its key.
 * ``disk``: free bytes where the run folder and the HF cache live ≥ the estimate of :func:`estimate_bytes`.
 * ``ray``: ``RAY_ADDRESS``, when set, accepts a TCP connection.
 * ``nodes`` (the orchestrator, SFT with ``profile.nnodes`` > 1): ``srun`` and the rendezvous endpoint

@@ -86,18 +86,17 @@ def stop_all() -> None:
         stop(process, owner)
 
 
-def manifest_states(command: StageCommand) -> dict[str, str]:
-    """Status of each run the command writes, by folder: its manifest's status (``no manifest``; a corrupt one: the
-    error naming it), with the recorded error."""
+def manifest_states(command: StageCommand) -> dict[str, tuple[str, str]]:
+    """(status, recorded error) of each run the command writes, by folder: ``no manifest``, or ``unreadable`` with the
+    error naming a corrupt one."""
     states = {}
     for directory in command.manifest_dirs:
         try:
             manifest = read_manifest(directory)
         except StageInputError as error:
-            states[str(directory)] = f"unreadable ({error})"
+            states[str(directory)] = ("unreadable", str(error))
             continue
-        states[str(directory)] = "no manifest" if manifest is None else \
-            manifest.status + (f" ({manifest.error})" if manifest.error else "")
+        states[str(directory)] = ("no manifest", "") if manifest is None else (manifest.status, manifest.error)
     return states
 
 
@@ -149,9 +148,10 @@ def run_command(command: StageCommand, *, echo: bool = True) -> float:
                 _running.pop(process, None)
     if returncode != 0 and not is_done(command):
         states = manifest_states(command)
-        raise StageFailed(f"{command.name} exited with status {returncode} "
-                          f"({'; '.join(f'{d}: {state}' for d, state in states.items())}); log: {log_path}",
-                          interrupted=any(state.startswith("interrupted") for state in states.values()))
+        described = "; ".join(f"{directory}: {status}" + (f" ({error})" if error else "")
+                              for directory, (status, error) in states.items())
+        raise StageFailed(f"{command.name} exited with status {returncode} ({described}); log: {log_path}",
+                          interrupted=any(status == "interrupted" for status, _ in states.values()))
     if returncode != 0:
         print(f"{command.name} exited with status {returncode} after completing its runs; their manifests are "
               "complete and current, so it counts as done", file=sys.stderr, flush=True)

@@ -4,9 +4,9 @@ Builds the experiment's stage plan (pipeline/stages.py) and runs it in order, ho
 command whose runs are all current by the run contract's rule (``common.manifest.run_state``: complete, same
 identity, inputs and outputs unchanged) is skipped without starting a process; any other command is started and
 the stage resumes or restarts by the same rule. A failed stage stops the run with its reason and leaves every other
-folder intact; Ctrl-C, SIGTERM and SIGHUP stop every running stage's process group. ``dry_run=true`` prints every
-stage, its exact command and its resolved settings, and runs nothing. Hydra multirun (``-m``) sweeps run one full
-plan per point.
+folder intact; Ctrl-C, SIGTERM and SIGHUP stop every running stage's process tree and name each interrupted stage on
+one line (``pipeline/launch.py`` supervises the processes). ``dry_run=true`` prints every stage, its exact command
+and its resolved settings, and runs nothing. Hydra multirun (``-m``) sweeps run one full plan per point.
 """
 from __future__ import annotations
 
@@ -258,7 +258,7 @@ def execute(plan: list[StageCommand], parallel: int, force: list[str] | tuple[st
         except KeyboardInterrupt:
             stop_all()
             for command in sorted(running.values(), key=lambda c: order[c.name]):
-                statuses = sorted({state.split(" (")[0] for state in manifest_states(command).values()})
+                statuses = sorted({status for status, _ in manifest_states(command).values()})
                 print(f"{label(command)}: interrupted (manifest: {', '.join(statuses)})", file=sys.stderr, flush=True)
             raise
     if failure is None and pending:

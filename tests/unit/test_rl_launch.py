@@ -16,7 +16,6 @@ import pytest
 from common.config import compose
 from common.models import end_of_turn_token
 from common.paths import RL_DISCARDED_GROUPS, RL_GROUPS_KEPT, configured_rl_run
-from common.processes import owned_processes
 from common.tracking import dapo_groups_kept, read_metrics
 from rl import train
 from rl.export import LATEST_ITERATION_FILE, latest_checkpoint_step
@@ -174,43 +173,6 @@ def test_other_verl_failures_and_start_up_timeouts_after_a_step_are_not_retried(
     assert runs.read_text() == "xx"
 
 
-def test_progress_bar_shows_each_step_with_that_steps_note(tmp_path, monkeypatch):
-    # DFT's seed-1 DAPO run showed at step 25 the note of step 24 (and none on the first step after a resume):
-    # the note was set after the bar had drawn the step.
-    fake_verl = ("import json, os, pathlib\n"
-                 "records = open(os.environ['VERL_FILE_LOGGER_PATH'], 'w')\n"
-                 "for step, score in ((1, 0.25), (2, 0.75)):\n"
-                 "    records.write(json.dumps({'step': step, 'data': {'critic/score/mean': score}}) + '\\n')\n"
-                 "    records.flush()\n"
-                 "    print(f'step:{step} - critic/score/mean:{score}', flush=True)\n"
-                 f"checkpoints = pathlib.Path({str(tmp_path / CHECKPOINT_SUBDIR)!r})\n"
-                 f"checkpoints.mkdir(); (checkpoints / {LATEST_ITERATION_FILE!r}).write_text('2')\n")
-    drawn = []
-
-    class RecordingBar:
-        n, note = 0, ""
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            return False
-
-        def set_postfix_str(self, note, refresh=True):
-            self.note = note
-
-        def update(self, steps):
-            self.n += steps
-            drawn.append((self.n, self.note))
-
-    monkeypatch.setattr(train, "build_command", lambda cfg: [sys.executable, "-c", fake_verl])
-    monkeypatch.setattr(train, "progress", lambda **kwargs: RecordingBar())
-    assert train.run_verl(compose(["rl.filter_groups=false"]), "sft", tmp_path, 0) == 2
-    notes = {1: "reward +0.25", 2: "reward +0.75"}
-    # on a loaded machine both records may be read at the first step line, and the bar then jumps to step 2
-    assert drawn and drawn[-1][0] == 2 and all(note == notes[step] for step, note in drawn), drawn
-
-
 class RecordingBar:
     """A progress bar that records what it shows: (steps, note) at each update, and every note."""
 
@@ -237,6 +199,24 @@ def _fake_verl(monkeypatch, script: str) -> RecordingBar:
     monkeypatch.setattr(train, "build_command", lambda cfg: [sys.executable, "-c", script])
     monkeypatch.setattr(train, "progress", lambda **kwargs: bar)
     return bar
+
+
+def test_progress_bar_shows_each_step_with_that_steps_note(tmp_path, monkeypatch):
+    # DFT's seed-1 DAPO run showed at step 25 the note of step 24 (and none on the first step after a resume):
+    # the note was set after the bar had drawn the step.
+    fake_verl = ("import json, os, pathlib\n"
+                 "records = open(os.environ['VERL_FILE_LOGGER_PATH'], 'w')\n"
+                 "for step, score in ((1, 0.25), (2, 0.75)):\n"
+                 "    records.write(json.dumps({'step': step, 'data': {'critic/score/mean': score}}) + '\\n')\n"
+                 "    records.flush()\n"
+                 "    print(f'step:{step} - critic/score/mean:{score}', flush=True)\n"
+                 f"checkpoints = pathlib.Path({str(tmp_path / CHECKPOINT_SUBDIR)!r})\n"
+                 f"checkpoints.mkdir(); (checkpoints / {LATEST_ITERATION_FILE!r}).write_text('2')\n")
+    bar = _fake_verl(monkeypatch, fake_verl)
+    assert train.run_verl(compose(["rl.filter_groups=false"]), "sft", tmp_path, 0) == 2
+    notes = {1: "reward +0.25", 2: "reward +0.75"}
+    # on a loaded machine both records may be read at the first step line, and the bar then jumps to step 2
+    assert bar.drawn and bar.drawn[-1][0] == 2 and all(note == notes[step] for step, note in bar.drawn), bar.drawn
 
 
 def test_dynamic_sampling_that_cannot_fill_a_step_shows_its_batches_then_stops_with_the_shares_and_the_fix(
@@ -295,6 +275,8 @@ def test_verl_that_hangs_after_its_final_checkpoint_has_finished_training(tmp_pa
     cfg = compose(["rl.total_steps=2", "rl.stall_timeout_s=1", "logging.progress=false"])
     assert train.run_verl(cfg, "sft", tmp_path, 0) == 2
     assert [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [1, 2]
+    from common.processes import owned_processes
+
     assert owned_processes(train.verl_owner(tmp_path)) == []  # the hung verl is gone
 
 
@@ -325,13 +307,15 @@ def test_what_outlives_verl_is_stopped_when_verl_exits(tmp_path, monkeypatch):
     # Issue 32.2: Ray's processes live in sessions of their own; those still running after verl exits are stopped.
     pid_file = tmp_path / "raylet.pid"
     fake_verl = ("import pathlib, subprocess, sys\n"
-                 "raylet = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'], "
+                 "raylet = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'], "
                  "start_new_session=True)\n"
                  f"pathlib.Path({str(pid_file)!r}).write_text(str(raylet.pid))\n"
                  f"checkpoints = pathlib.Path({str(tmp_path / CHECKPOINT_SUBDIR)!r})\n"
                  f"checkpoints.mkdir(); (checkpoints / {LATEST_ITERATION_FILE!r}).write_text('2')\n")
     _fake_verl(monkeypatch, fake_verl)
+    started = time.monotonic()
     assert train.run_verl(compose(["rl.total_steps=2", "logging.progress=false"]), "sft", tmp_path, 0) == 2
+    assert time.monotonic() - started < 60  # the orphan holding verl's output pipe is not waited for
     raylet = psutil.Process(int(pid_file.read_text()))
     try:
         raylet.wait(timeout=5)
