@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
+from common.errors import UserError
 from common.locks import DirectoryLock
 from common.processes import interrupted_by, interrupts_deferred
 
@@ -41,7 +42,7 @@ middle and last MiB (a safetensors header sits in the first), so checking a 16 G
 SAMPLE_BYTES = 1 << 20
 
 
-class StageInputError(RuntimeError):
+class StageInputError(UserError, RuntimeError):
     """An upstream artifact is missing, incomplete, corrupt, or changed since its manifest was written."""
 
 

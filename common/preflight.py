@@ -16,9 +16,9 @@ Checks per stage (:data:`STAGE_CHECKS`):
 * ``attention``: ``model.attn_implementation=flash_attention_2`` needs the ``flash_attn`` package.
 * ``model``: a hub/gguf base model (or ``eval.model_path``) is a local folder, in the HF cache, or on a hub that
   answers; ``data``: the training set and benchmarks likewise (local files, HF cache, or the hub).
-* ``paths``: ``experiment.run_root`` is, or can be created as, a folder this user can write (every stage, and the
-  orchestrator before it reads a manifest); the data stage's local path keys (:func:`check_data_paths`, part of
-  ``data``) are readable files or folders, each problem named by its key.
+  The data stage's local path keys (:func:`check_data_paths`) must be readable files or folders, each problem named
+  by its key; ``experiment.run_root`` is checked by every entry point first
+  (``common.config.require_writable_run_root``).
 * ``disk``: free bytes where the run folder and the HF cache live ≥ the estimate of :func:`estimate_bytes`.
 * ``ray``: ``RAY_ADDRESS``, when set, accepts a TCP connection.
 * ``nodes`` (the orchestrator, SFT with ``profile.nnodes`` > 1): ``srun`` and the rendezvous endpoint
@@ -42,6 +42,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable, Protocol
+
+from common.errors import UserError
+from common.locks import existing_parent
 
 if TYPE_CHECKING:
     from common.config import Config
@@ -87,7 +90,7 @@ class Problem:
         return f"[{self.check}] {self.message}\n      fix: {self.fix}"
 
 
-class PreflightError(RuntimeError):
+class PreflightError(UserError, RuntimeError):
     """The run cannot start here; the message lists every problem with its fix."""
 
     def __init__(self, problems: list[Problem]):
@@ -322,28 +325,6 @@ def unreadable(key: str, value: str, kind: str) -> str | None:
     return None
 
 
-def check_run_root(cfg: "Config") -> list[Problem]:
-    """``experiment.run_root`` is a folder this process can write, or can be created: its nearest existing ancestor is
-    a writable folder. Checked before any manifest is read or lock taken (nothing is created here)."""
-    value = cfg.experiment.run_root
-    root = Path(value).expanduser().absolute()
-    existing = existing_parent(root)
-    fix = "set experiment.run_root to a folder you can write (or fix its permissions)"
-    if not os.path.isdir(existing):
-        return [Problem("paths", f"experiment.run_root={value}: {existing} is a file, not a folder", fix)]
-    if not os.access(existing, os.W_OK | os.X_OK):
-        what = "is not writable" if existing == root else f"cannot be created: {existing} is not writable"
-        return [Problem("paths", f"experiment.run_root={value} {what} by this user", fix)]
-    return []
-
-
-def require_run_root(cfg: "Config") -> None:
-    """Raises :class:`PreflightError` naming ``experiment.run_root`` when the runs cannot be written there."""
-    problems = check_run_root(cfg)
-    if problems:
-        raise PreflightError(problems)
-
-
 def check_data_paths(cfg: "Config") -> list[Problem]:
     """The local training set, benchmark files and system prompt the data stage reads: each a readable file or folder,
     named by its config key."""
@@ -472,15 +453,6 @@ def estimate_bytes(commands: Iterable[PlannedStage]) -> dict[str, int]:
             cached.add(path)
             totals["hf_cache"] += params * HUB_BYTES_PER_PARAM
     return totals
-
-
-def existing_parent(path: Path) -> Path:
-    """``path`` or its nearest ancestor that this user can see (``os.path.exists``: False when a folder on the way is
-    a file or cannot be searched)."""
-    path = path.expanduser().absolute()
-    while not os.path.exists(path):
-        path = path.parent
-    return path
 
 
 def check_disk(run_root: str, needed: dict[str, int]) -> list[Problem]:

@@ -21,12 +21,13 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from common.config import CONF_DIR, USER_ERRORS, Config, ConfigError, to_config
+from common.config import CONF_DIR, Config, ConfigError, require_writable_run_root, to_config
+from common.errors import UserError
 from pipeline.launch import StageFailed, force_restart, is_done, manifest_states, run_command, stop_all
 from common.locks import DirectoryLock
 from common.manifest import StageInputError, invalidate, read_manifest
 from common.paths import experiment_dir
-from common.preflight import PreflightError, require_plan, require_run_root
+from common.preflight import PreflightError, require_plan
 from common.processes import interrupted_by, termination_signals_interrupt
 from pipeline.stages import StageCommand, build_plan
 
@@ -79,10 +80,7 @@ def describe(command: StageCommand) -> str:
 def run(cfg: Config, overrides: list[str]) -> list[StageCommand]:
     """Runs (or, with ``cfg.dry_run``, prints) the experiment's plan; returns the plan."""
     if not cfg.dry_run:
-        try:
-            require_run_root(cfg)  # before any manifest is read or lock taken there
-        except PreflightError as error:
-            raise SystemExit(str(error)) from None
+        require_writable_run_root(cfg)  # before any manifest is read or lock taken there
     plan = build_plan(cfg, overrides)
     header = (f"experiment={cfg.experiment.name} profile={cfg.profile.name} models={cfg.profile.models} "
               f"methods={cfg.experiment.methods}: {len(plan)} stage commands")
@@ -272,7 +270,7 @@ def main(dict_cfg: DictConfig) -> None:
         cfg = to_config(dict_cfg)
         run(cfg, stage_overrides(list(HydraConfig.get().overrides.task), cfg.experiment.methods,
                                  per_seed=bool(cfg.experiment.seeds)))
-    except USER_ERRORS as error:
+    except UserError as error:
         raise SystemExit(f"error: {error}") from None
 
 

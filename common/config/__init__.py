@@ -33,10 +33,9 @@ from common.config.eval import EvalConfig
 from common.config.rl import RLConfig
 from common.config.sft import SFT_METHOD_SCHEMAS, SFTConfig
 from common.config.toy import ToyConfig
-from common.locks import LockHeld
-from common.manifest import StageInputError
+from common.errors import UserError
+from common.locks import unwritable
 from common.numerics import pin_this_process
-from common.preflight import PreflightError, require_run_root
 from common.processes import die_with_agent, termination_signals_interrupt
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
@@ -58,6 +57,7 @@ __all__ = [
     "check_range",
     "compose",
     "override_value",
+    "require_writable_run_root",
     "stage_main",
     "to_config",
 ]
@@ -167,9 +167,13 @@ def unknown_keys(obj: Any, prefix: str = "") -> Iterator[str]:
             yield from unknown_keys(value, f"{prefix}{key}.")
 
 
-USER_ERRORS = (ConfigError, PreflightError, LockHeld, StageInputError)
-"""Errors whose message says what to change (a config key, a file and row, the holder of a lock): an entry point
-prints the message alone, without a traceback."""
+def require_writable_run_root(cfg: Config) -> None:
+    """Raises :class:`ConfigError` naming ``experiment.run_root`` and the fix when this user cannot create or write it
+    (checked before any manifest is read or lock taken there)."""
+    reason = unwritable(cfg.experiment.run_root)
+    if reason is not None:
+        raise ConfigError(f"experiment.run_root={cfg.experiment.run_root}: {reason}; fix: set experiment.run_root to "
+                          "a folder you can write (or fix its permissions)")
 
 
 def stage_main(run: Callable[[Config], Any]) -> Callable[[], None]:
@@ -177,7 +181,7 @@ def stage_main(run: Callable[[Config], Any]) -> Callable[[], None]:
     computes with the kernels ``profile.cpu_isa`` names (:func:`common.numerics.pin_this_process`), checks that
     ``experiment.run_root`` can be written, then ``run(to_config(cfg))``, with SIGTERM and SIGHUP acting as Ctrl-C
     (:func:`termination_signals_interrupt`) and a worker of torchrun's agent ending with it
-    (:func:`die_with_agent`). A :data:`USER_ERRORS` error ends it with its message alone.
+    (:func:`die_with_agent`). A :class:`common.errors.UserError` ends it with its message alone.
     Use as ``main = stage_main(run)`` in the stage module."""
 
     @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base=None)
@@ -187,9 +191,9 @@ def stage_main(run: Callable[[Config], Any]) -> Callable[[], None]:
             try:
                 config = to_config(cfg)
                 pin_this_process(config.profile.device, config.profile.cpu_isa)
-                require_run_root(config)
+                require_writable_run_root(config)
                 run(config)
-            except USER_ERRORS as error:
+            except UserError as error:
                 raise SystemExit(f"error: {error}") from None
 
     return main

@@ -21,7 +21,7 @@ from test_rl_train import _complete, build_start_model, write_rl_parquet
 pytestmark = [pytest.mark.vllm, pytest.mark.verl, pytest.mark.e2e]
 
 REPO = Path(__file__).resolve().parents[2]
-BASE = ["rl.init=sft", "rl.train_batch_size=4", "rl.ppo_mini_batch_size=2", "rl.rollout_n=4",
+BASE = ["sft/method=sft", "rl.init=sft", "rl.train_batch_size=4", "rl.ppo_mini_batch_size=2", "rl.rollout_n=4",
         "rl.max_prompt_length=64", "rl.max_response_length=16", "rl.overlong_buffer_len=4",
         "rl.micro_batch_size_per_gpu=8", "rl.test_freq=0", "rl.val_before_train=false",
         "rl.max_inflight_gen_batches=2", "logging.progress=false"]
@@ -30,12 +30,13 @@ BASE = ["rl.init=sft", "rl.train_batch_size=4", "rl.ppo_mini_batch_size=2", "rl.
 def _prepared(root: Path, overrides: list[str], never_right: bool = False):
     """A config whose SFT export (the tiny model answering 1 or 2) and RL data exist under ``root``."""
     from common.config import compose
-    from common.paths import data_dir, hf_export_dir, sft_dir
+    from common.paths import data_dir, hf_export_dir, sft_run
 
     overrides = [f"experiment.run_root={root}", *BASE, *overrides]
     cfg = compose(overrides)
-    build_start_model(hf_export_dir(sft_dir(cfg, "sft")))
-    _complete(sft_dir(cfg, "sft"), "sft")
+    sft = sft_run(cfg)
+    build_start_model(hf_export_dir(sft.directory))
+    _complete(sft.directory, "sft", sft.config)
     write_rl_parquet(data_dir(cfg) / "rl.parquet", 32, "train")
     write_rl_parquet(data_dir(cfg) / "rl_val.parquet", 4, "val", seed=1)
     if never_right:  # gold answers the model never gives: every group is all wrong
@@ -79,7 +80,7 @@ def test_dynamic_sampling_that_finds_no_mixed_group_stops_after_the_bound(tmp_pa
     batches = re.search(r"\((\d+) generation batches of rl.train_batch_size=4, rl.max_gen_batches=2\)", message)
     assert batches and int(batches.group(1)) >= 2, message  # several batches may finish between two polls
     assert "0% all right, 100% all wrong" in message and "rl.filter_groups=false" in message
-    stage = rl_dir(cfg, "sft")
+    stage = rl_dir(cfg)
     assert read_manifest(stage).status == "failed"
     assert "[dapo] step 1: generation batch 1:" in (stage / "verl.log").read_text()
     assert _marked(stage) == []  # verl's Ray cluster is gone with it
@@ -104,7 +105,7 @@ def test_kill_9_of_a_ray_process_mid_dapo_fails_the_stage_and_the_rerun_resumes(
     from rl.train import run
 
     cfg, overrides = _prepared(tmp_path, ["rl.total_steps=3", "rl.save_freq=1", "rl.stall_timeout_s=120"])
-    stage = rl_dir(cfg, "sft")
+    stage = rl_dir(cfg)
     process = _start_stage(overrides)
     try:
         _wait(_checkpointed(stage, 1), 900, "no checkpoint of step 1")

@@ -95,10 +95,10 @@ def test_a_step_with_enough_mixed_groups_within_the_bound_is_verls_batch(monkeyp
 
 def test_verl_composes_the_bounded_sampler_with_our_options():
     cfg = compose(["profile=toy", "rl.max_gen_batches=7"])
-    sampler = validate_with_verl(build_overrides(cfg, "sft")).trainer.v1.sampler
+    sampler = validate_with_verl(build_overrides(cfg)).trainer.v1.sampler
     assert sampler.custom_sampler.name == DAPO_SAMPLER[1]
     assert dict(sampler.sampler_kwargs) == {"metric": "acc", "train_batch_size": cfg.rl.train_batch_size,
                                             "max_inflight_gen_batches": cfg.rl.max_inflight_gen_batches,
                                             "max_gen_batches": 7, "right_value": 1.0, "wrong_value": 0.0}
-    off = validate_with_verl(build_overrides(compose(["profile=toy", "rl.filter_groups=false"]), "sft"))
+    off = validate_with_verl(build_overrides(compose(["profile=toy", "rl.filter_groups=false"])))
     assert off.trainer.v1.sampler.custom_sampler.path is None  # verl's own buffer without group filtering

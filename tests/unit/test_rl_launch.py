@@ -236,7 +236,7 @@ def test_dynamic_sampling_that_cannot_fill_a_step_shows_its_batches_then_stops_w
                  "raise SystemExit(1)\n")
     bar = _fake_verl(monkeypatch, fake_verl)
     with pytest.raises(train.RLError) as stopped:
-        train.run_verl(compose(["rl.train_batch_size=8"]), "sft", tmp_path, 0)
+        train.run_verl(compose(["rl.train_batch_size=8", "rl.ppo_mini_batch_size=8"]), "sft", tmp_path, 0)
     assert str(stopped.value) == why  # the reason alone, not verl's traceback
     assert bar.notes == ["step 1: generation batch 1, 0/8 groups kept", "step 1: generation batch 2, 0/8 groups kept"]
 
