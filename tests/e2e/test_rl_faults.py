@@ -16,7 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from test_rl_train import _complete, build_start_model, write_rl_parquet
+from test_rl_train import prepare_inputs
 
 pytestmark = [pytest.mark.vllm, pytest.mark.verl, pytest.mark.e2e]
 
@@ -28,25 +28,13 @@ BASE = ["sft/method=sft", "rl.init=sft", "rl.train_batch_size=4", "rl.ppo_mini_b
 
 
 def _prepared(root: Path, overrides: list[str], never_right: bool = False):
-    """A config whose SFT export (the tiny model answering 1 or 2) and RL data exist under ``root``."""
+    """A config whose SFT export (the tiny model answering 1 or 2) and RL data exist under ``root``; ``never_right``:
+    every gold answer is one the model never gives, so every group is all wrong."""
     from common.config import compose
-    from common.paths import data_dir, hf_export_dir, sft_run
 
     overrides = [f"experiment.run_root={root}", *BASE, *overrides]
     cfg = compose(overrides)
-    sft = sft_run(cfg)
-    build_start_model(hf_export_dir(sft.directory))
-    _complete(sft.directory, "sft", sft.config)
-    write_rl_parquet(data_dir(cfg) / "rl.parquet", 32, "train")
-    write_rl_parquet(data_dir(cfg) / "rl_val.parquet", 4, "val", seed=1)
-    if never_right:  # gold answers the model never gives: every group is all wrong
-        import pandas as pd
-
-        for name in ("rl.parquet", "rl_val.parquet"):
-            frame = pd.read_parquet(data_dir(cfg) / name)
-            frame["reward_model"] = [{"style": "rule", "ground_truth": "7"}] * len(frame)
-            frame.to_parquet(data_dir(cfg) / name)
-    _complete(data_dir(cfg), "data")
+    prepare_inputs(cfg, ground_truth="7" if never_right else None)
     return cfg, overrides
 
 
