@@ -7,7 +7,7 @@ with :func:`stop_tree`.
 
 Three mechanisms keep a tree from outliving its owner:
 
-* **Parent-death signal.** :func:`start_in_new_session` sets ``PR_SET_PDEATHSIG`` (SIGTERM) on the child, so a
+* **Parent-death signal.** :func:`start_in_new_session` gives the child ``PR_SET_PDEATHSIG`` (SIGTERM), so a
   stage dies with the orchestrator and verl with the RL stage even when that owner is killed with SIGKILL (the OOM
   killer, a scheduler's final kill); a torchrun worker sets it for its agent (:func:`die_with_agent`). Ray's local
   cluster does the same for its driver (``fate_share``).
@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import ctypes.util
 import hashlib
 import os
 import signal
@@ -31,6 +30,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Iterator
 
 OWNERS_ENV = "EKSFT_OWNERS"
@@ -39,7 +39,8 @@ it or one of its ancestors."""
 PARENT_DEATH_SIGNAL = signal.SIGTERM
 """What a child gets when its parent dies: a stage treats it as Ctrl-C (records 'interrupted', stops its children)."""
 _PR_SET_PDEATHSIG = 1
-_libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True) if sys.platform.startswith("linux") else None
+_libc = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
+_DIE_WITH_PARENT = Path(__file__).resolve().with_name("_die_with_parent.py")
 
 
 # --------------------------------------------------------------------------------------------- ownership
@@ -113,13 +114,6 @@ def set_parent_death_signal(sig: int = PARENT_DEATH_SIGNAL) -> bool:
     return _libc is not None and _libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
 
 
-def _die_with(parent: int) -> None:
-    """In a freshly forked child of ``parent``: the parent-death signal, and that signal now if ``parent`` already
-    died between the fork and here (the kernel sends it only for a death after the call)."""
-    if set_parent_death_signal() and os.getppid() != parent:
-        os.kill(os.getpid(), PARENT_DEATH_SIGNAL)
-
-
 def die_with_agent() -> None:
     """A worker started by torchrun's agent (``TORCHELASTIC_RUN_ID`` set) ends with the agent: the agent starts it in
     a session of its own, so without this a killed agent (``kill -9``, the OOM killer) leaves it training and writing
@@ -133,15 +127,17 @@ def start_in_new_session(argv: list[str], env: dict[str, str], cwd: str | os.Pat
                          owner: str | None = None) -> subprocess.Popen:
     """Starts ``argv`` (in ``cwd``, default ours) as the leader of a new session and process group, its stdout and
     stderr merged into one text pipe (undecodable bytes replaced), so that :func:`stop_tree` reaches every process it
-    starts. The child gets :data:`PARENT_DEATH_SIGNAL` when we die; with ``owner`` (an :func:`owner_token`) it and
-    every process it starts carry that mark (:func:`owned_processes`).
+    starts. The child gets :data:`PARENT_DEATH_SIGNAL` when we die (through ``_die_with_parent.py``, which sets it and
+    execs ``argv``: same PID, same group); with ``owner`` (an :func:`owner_token`) it and every process it starts
+    carry that mark (:func:`owned_processes`).
 
     Call it from a thread that lives as long as the child (the parent-death signal follows the starting thread): the
     main thread, or a pool thread."""
-    parent = os.getpid()
+    if sys.platform.startswith("linux"):
+        argv = [sys.executable, "-S", str(_DIE_WITH_PARENT), str(os.getpid()), str(int(PARENT_DEATH_SIGNAL)), *argv]
     return subprocess.Popen(argv, env=owned_environment(env, owner) if owner else env, cwd=cwd,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
-                            start_new_session=True, preexec_fn=lambda: _die_with(parent))
+                            start_new_session=True)
 
 
 def _group_alive(group: int) -> bool:
