@@ -36,13 +36,16 @@ def read_benchmark(path: Path) -> list[dict[str, Any]]:
     if not path.is_file():
         raise StageInputError(f"benchmark file {path} does not exist; run the data stage first")
     rows, seen = [], set()
-    with open(path, encoding="utf-8") as handle:
-        for line_number, line in enumerate(handle, 1):
-            if not line.strip():
+    with open(path, "rb") as handle:
+        for line_number, raw in enumerate(handle, 1):
+            if not raw.strip():
                 continue
             where = f"{path}:{line_number}"
             try:
-                row = json.loads(line)
+                row = json.loads(raw.decode("utf-8"))
+            except UnicodeDecodeError as exc:
+                raise StageInputError(f"{where}: not valid UTF-8 (byte {exc.start}: "
+                                      f"{raw[max(0, exc.start - 20):exc.end + 20]!r}); re-run the data stage") from exc
             except json.JSONDecodeError as exc:
                 raise StageInputError(f"{where}: not valid JSON ({exc})") from exc
             for key in ("id", "answer"):

@@ -16,9 +16,33 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from common.errors import UserError
 
-class LockHeld(RuntimeError):
+
+class LockHeld(UserError, RuntimeError):
     """Another live process writes this folder."""
+
+
+def existing_parent(path: str | Path) -> Path:
+    """``path`` or its nearest ancestor that this user can see (``os.path.exists``: False when a folder on the way is
+    a file or cannot be searched)."""
+    path = Path(path).expanduser().absolute()
+    while not os.path.exists(path):
+        path = path.parent
+    return path
+
+
+def unwritable(folder: str | Path) -> str | None:
+    """Why this user cannot create or write ``folder`` (a folder on the way is a file; the nearest existing folder is
+    not writable); None if it can. Nothing is created."""
+    folder = Path(folder).expanduser().absolute()
+    existing = existing_parent(folder)
+    if not os.path.isdir(existing):
+        return f"{existing} is a file, not a folder"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return ("it is not writable" if existing == folder else f"it cannot be created: {existing} is not writable") \
+            + " by this user"
+    return None
 
 
 class DirectoryLock:

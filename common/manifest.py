@@ -1,6 +1,6 @@
 """The run contract: ``manifest.json``, output integrity, and the one rule that decides skip / resume / restart.
 
-A manifest records stage, status (running | complete | failed | invalidated), the stage's computation config and
+A manifest records stage, status (running | complete | failed | interrupted | invalidated), the stage's computation config and
 its hash, the identity of every input, seeds, package versions, git commit, outputs (with sizes and content
 fingerprints), headline metrics and start/end times. It is written atomically (temp file + fsync + ``os.replace``).
 
@@ -22,13 +22,14 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
+from common.errors import UserError
 from common.locks import DirectoryLock
+from common.processes import interrupted_by, interrupts_deferred
 
 SCHEMA_VERSION = 2
 MANIFEST_NAME = "manifest.json"
@@ -41,7 +42,7 @@ middle and last MiB (a safetensors header sits in the first), so checking a 16 G
 SAMPLE_BYTES = 1 << 20
 
 
-class StageInputError(RuntimeError):
+class StageInputError(UserError, RuntimeError):
     """An upstream artifact is missing, incomplete, corrupt, or changed since its manifest was written."""
 
 
@@ -140,6 +141,8 @@ class Manifest:
     stage: str
     variant: str
     status: str = "running"
+    """running (its writer holds the folder's lock), complete, failed (an error), interrupted (a signal: SIGINT,
+    SIGTERM, SIGHUP) or invalidated (``force``)."""
     config_hash: str = ""
     config: dict[str, Any] = field(default_factory=dict)
     inputs: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -168,21 +171,24 @@ class Manifest:
 
 
 def write_json_atomic(path: str | Path, document: Any) -> Path:
-    """Writes ``document`` as JSON atomically: a reader sees the old or the new file, never half of one."""
+    """Writes ``document`` as JSON atomically: a reader sees the old or the new file, never half of one. The file's
+    mode follows the umask like any other output (``tempfile.mkstemp`` would make it 0600)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(document, handle, indent=2, sort_keys=True, default=str)
-            handle.write("\n")
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+    with interrupts_deferred():  # a signal during the write interrupts after the rename, never between
+        tmp = path.parent / f".{path.stem}.{uuid.uuid4().hex[:12]}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                json.dump(document, handle, indent=2, sort_keys=True, default=str)
+                handle.write("\n")
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
     return path
 
 
@@ -389,16 +395,17 @@ def stage_run(directory: str | Path, *, stage: str, variant: str, config: dict[s
         if resumed:
             manifest.run_id, manifest.started_at = previous.run_id, previous.started_at
             manifest.details = dict(previous.details)
-        write_manifest(directory, manifest)
-        run = StageRun(directory, manifest, resumed)
         try:
-            yield run
+            write_manifest(directory, manifest)
+            yield StageRun(directory, manifest, resumed)
             for relative, record in manifest.outputs.items():
                 if record["verify"]:
                     record.update(fingerprint_path(directory / relative))
         except BaseException as exc:
-            manifest.status = "failed"
-            manifest.error = f"{type(exc).__name__}: {exc}"[:2000]
+            signalled = isinstance(exc, KeyboardInterrupt)
+            manifest.status = "interrupted" if signalled else "failed"
+            manifest.error = (f"interrupted by {interrupted_by() or 'Ctrl-C'}; re-run the same command to resume"
+                              if signalled else f"{type(exc).__name__}: {exc}"[:2000])
             manifest.ended_at = _now()
             write_manifest(directory, manifest)
             raise

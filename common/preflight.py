@@ -16,6 +16,9 @@ Checks per stage (:data:`STAGE_CHECKS`):
 * ``attention``: ``model.attn_implementation=flash_attention_2`` needs the ``flash_attn`` package.
 * ``model``: a hub/gguf base model (or ``eval.model_path``) is a local folder, in the HF cache, or on a hub that
   answers; ``data``: the training set and benchmarks likewise (local files, HF cache, or the hub).
+  The data stage's local path keys (:func:`check_data_paths`) must be readable files or folders, each problem named
+  by its key; ``experiment.run_root`` is checked by every entry point first
+  (``common.config.require_writable_run_root``).
 * ``disk``: free bytes where the run folder and the HF cache live ≥ the estimate of :func:`estimate_bytes`.
 * ``ray``: ``RAY_ADDRESS``, when set, accepts a TCP connection.
 * ``nodes`` (the orchestrator, SFT with ``profile.nnodes`` > 1): ``srun`` and the rendezvous endpoint
@@ -39,6 +42,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable, Protocol
+
+from common.errors import UserError
+from common.locks import existing_parent
 
 if TYPE_CHECKING:
     from common.config import Config
@@ -84,7 +90,7 @@ class Problem:
         return f"[{self.check}] {self.message}\n      fix: {self.fix}"
 
 
-class PreflightError(RuntimeError):
+class PreflightError(UserError, RuntimeError):
     """The run cannot start here; the message lists every problem with its fix."""
 
     def __init__(self, problems: list[Problem]):
@@ -301,17 +307,53 @@ def check_model(cfg: "Config", stage: str) -> list[Problem]:
                                                  "to a local folder")
 
 
+def unreadable(key: str, value: str, kind: str) -> str | None:
+    """Why ``value`` (config key ``key``) is not a ``kind`` ("file" or "folder") this process can read; None if it is.
+    Local checks only (stat and access), so the answer takes microseconds."""
+    path = Path(value).expanduser()
+    if not os.path.exists(path):
+        blocker = existing_parent(path)
+        if not os.path.isdir(blocker):
+            return f"{key}={value}: {blocker} is a file, not a folder"
+        return f"{key}={value} does not exist"
+    if kind == "file" and os.path.isdir(path):
+        return f"{key}={value} is a folder, not a file"
+    if kind == "folder" and not os.path.isdir(path):
+        return f"{key}={value} is not a folder"
+    if not os.access(path, os.R_OK | (os.X_OK if kind == "folder" else 0)):
+        return f"{key}={value} is not readable by this user (permission denied)"
+    return None
+
+
+def check_data_paths(cfg: "Config") -> list[Problem]:
+    """The local training set, benchmark files and system prompt the data stage reads: each a readable file or folder,
+    named by its config key."""
+    data, problems, local = cfg.data, [], []
+    if data.source == "local":
+        local.append(("data.path", data.path, "file", "point data.path at the training set (parquet or jsonl)"))
+    if data.source == "acebench" and data.path:
+        local.append(("data.path", data.path, "folder", "point data.path at AceBench's data_en folder"))
+    if data.system_prompt_path:
+        local.append(("data.system_prompt_path", data.system_prompt_path, "file",
+                      "point data.system_prompt_path at a text file, or leave it empty for the rows' own system turn"))
+    if data.benchmark_source == "local":
+        folder_fix = "point data.benchmark_dir at the benchmark JSONL files"
+        local.append(("data.benchmark_dir", data.benchmark_dir, "folder", folder_fix))
+        if os.path.isdir(Path(data.benchmark_dir).expanduser()):
+            local += [(f"data.benchmarks.{name}.file", str(Path(data.benchmark_dir) / bench.file), "file",
+                       f"put {bench.file} into data.benchmark_dir, or set data.benchmarks.{name}.file")
+                      for name, bench in data.benchmarks.items()]
+    for key, value, kind, fix in local:
+        if (reason := unreadable(key, value, kind)) is not None:
+            problems.append(Problem("data", reason, fix))
+    return problems
+
+
 def check_data(cfg: "Config") -> list[Problem]:
-    """The training set and the benchmarks: local files that exist, or hub datasets cached or reachable."""
-    data, problems, hub = cfg.data, [], []
-    if data.source == "local" and not Path(data.path).expanduser().exists():
-        problems.append(Problem("data", f"data.path={data.path} does not exist",
-                                "point data.path at the training set (parquet or jsonl)"))
+    """The training set and the benchmarks: :func:`check_data_paths`, or hub datasets cached or reachable."""
+    data, problems, hub = cfg.data, check_data_paths(cfg), []
     if data.source == "hub":
         hub.append(("data.hub_id", data.hub_id, "dataset"))
-    if data.benchmark_source == "local" and not Path(data.benchmark_dir).expanduser().is_dir():
-        problems.append(Problem("data", f"data.benchmark_dir={data.benchmark_dir} is not a folder",
-                                "point data.benchmark_dir at the benchmark JSONL files"))
     if data.benchmark_source == "hub":
         hub += [(f"data.benchmarks.{name}.hub_id", bench.hub_id, "dataset") for name, bench in data.benchmarks.items()]
     fix = (f"use local files: data=openr1_local data.path=<parquet|jsonl> data.benchmark_dir=<folder>; or "
@@ -411,13 +453,6 @@ def estimate_bytes(commands: Iterable[PlannedStage]) -> dict[str, int]:
             cached.add(path)
             totals["hf_cache"] += params * HUB_BYTES_PER_PARAM
     return totals
-
-
-def existing_parent(path: Path) -> Path:
-    path = path.expanduser().absolute()
-    while not path.exists():
-        path = path.parent
-    return path
 
 
 def check_disk(run_root: str, needed: dict[str, int]) -> list[Problem]:

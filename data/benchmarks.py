@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from common.config.data import BenchmarkSource, DataConfig
+from data.loading import scan_jsonl
 
 _INTEGER = re.compile(r"^[+-]?\d+(\.0+)?$")
 
@@ -66,6 +67,10 @@ def load_benchmark(name: str, source: BenchmarkSource, cfg: DataConfig) -> tuple
         if not path.is_file():
             raise BenchmarkError(f"data.benchmarks.{name}: {path} does not exist "
                                  f"(data.benchmark_dir={cfg.benchmark_dir}, file={source.file})")
+        not_utf8 = scan_jsonl(path)  # load_dataset stops at a bad byte without naming the file or the row
+        if not_utf8:
+            raise BenchmarkError(f"{next(iter(not_utf8.values()))}; fix: save {path} as UTF-8 (e.g. iconv -f latin1 "
+                                 "-t utf-8); a benchmark is only evaluated whole, so no row is skipped")
         dataset = load_dataset("json", data_files=str(path), split="train")
         where, provenance = str(path), {"kind": "local", "path": str(path)}
     else:

@@ -31,6 +31,7 @@ from data.split import ids_digest, split_rows
 from data.tool_use import write_tool_split
 from common.benchmarks import write_benchmark
 from common.config import Config, stage_main
+from common.preflight import PreflightError, check_data_paths
 from common.config.data import TOOL_SOURCES
 from common.manifest import Manifest, read_manifest, sha256_path, sha256_text, stage_run
 from common.paths import HELDOUT_ROWS_FILE, RL_TRAIN_FILE, RL_VAL_FILE, SFT_ROWS_FILE, benchmark_file, data_run
@@ -88,6 +89,9 @@ def write_benchmarks(cfg: Config, out_dir: Path, system: str | None) -> dict:
 
 
 def run(cfg: Config) -> Manifest:
+    problems = check_data_paths(cfg)  # each local file and folder by its config key, before anything is read
+    if problems:
+        raise PreflightError(problems)
     spec = data_run(cfg)
     out_dir = spec.directory
     with stage_run(out_dir, stage="data", variant=spec.variant, config=spec.config, inputs=spec.inputs,

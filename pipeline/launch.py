@@ -4,6 +4,13 @@ A command is done when every run it writes is current by the same rule the stage
 (:func:`common.manifest.is_current`: complete, same config, inputs unchanged, outputs intact); then the orchestrator
 skips it without starting a process. A successful command leaves ``launch.json`` beside its manifest (argv, wall time),
 written atomically, as a record of how it was run.
+
+Supervision (``common/processes.py``): the command runs in a session of its own, gets SIGTERM if the orchestrator
+dies, and it and everything it starts carry the command's owner mark. When its launcher exits (torchrun's agent
+killed with ``kill -9``, a stage crashing), whatever still carries the mark is stopped rather than waited for, and
+before a command starts, what an earlier launch left (an orchestrator killed with SIGKILL) is stopped too, so no stray
+process writes its run folders. The verdict follows the manifests: a command whose runs are all complete and current
+has succeeded, whatever its exit status; any other has failed or was interrupted, as its manifests say.
 """
 from __future__ import annotations
 
@@ -13,21 +20,28 @@ import subprocess
 import sys
 import threading
 import time
+from typing import IO
 
-from common.manifest import invalidate, is_current, read_manifest, write_json_atomic
-from common.processes import start_in_new_session, stop_tree
+from common.manifest import StageInputError, invalidate, is_current, read_manifest, write_json_atomic
+from common.processes import owner_token, start_in_new_session, stop_owned, stop_tree
 from pipeline.stages import StageCommand
 from common.numerics import pinned_kernels_env
 from common.tracking import bound_openmp_spin
 
 LAUNCH_RECORD = "launch.json"
 STOP_GRACE_S = 30.0
-_running: set[subprocess.Popen] = set()
+_running: dict[subprocess.Popen, str] = {}
+"""Running stage commands and their owner marks."""
 _running_lock = threading.Lock()
 
 
 class StageFailed(RuntimeError):
-    """A stage command exited non-zero or left an incomplete manifest."""
+    """A stage command exited non-zero or left an incomplete manifest; ``interrupted`` when a manifest says a signal
+    stopped it."""
+
+    def __init__(self, message: str, interrupted: bool = False):
+        super().__init__(message)
+        self.interrupted = interrupted
 
 
 def is_done(command: StageCommand) -> bool:
@@ -53,17 +67,54 @@ def stage_environment(device: str, cpu_isa: str) -> dict[str, str]:
     return env
 
 
-def stop(process: subprocess.Popen) -> None:
-    """Interrupts a stage's whole process tree (SIGINT, so it can record its state), then kills it after 30 s."""
-    stop_tree(process, STOP_GRACE_S, first_signal=signal.SIGINT)
+def command_owner(command: StageCommand) -> str:
+    """The owner mark of every process the command starts (its record folder, unique in the plan)."""
+    return owner_token(str(command.record_dir.resolve()))
+
+
+def stop(process: subprocess.Popen, owner: str | None = None) -> None:
+    """Interrupts a stage's whole process tree and everything carrying its mark (SIGINT, so it can record its state),
+    then kills it after 30 s."""
+    stop_tree(process, STOP_GRACE_S, first_signal=signal.SIGINT, owner=owner)
 
 
 def stop_all() -> None:
     """Stops every stage command still running (the orchestrator's Ctrl-C with commands in flight)."""
     with _running_lock:
-        processes = list(_running)
-    for process in processes:
-        stop(process)
+        processes = list(_running.items())
+    for process, owner in processes:
+        stop(process, owner)
+
+
+def manifest_states(command: StageCommand) -> dict[str, tuple[str, str]]:
+    """(status, recorded error) of each run the command writes, by folder: ``no manifest``, or ``unreadable`` with the
+    error naming a corrupt one."""
+    states = {}
+    for directory in command.manifest_dirs:
+        try:
+            manifest = read_manifest(directory)
+        except StageInputError as error:
+            states[str(directory)] = ("unreadable", str(error))
+            continue
+        states[str(directory)] = ("no manifest", "") if manifest is None else (manifest.status, manifest.error)
+    return states
+
+
+def _copy_output(stream: IO[str], log: IO[str], echo: bool) -> None:
+    for line in stream:
+        if echo:
+            sys.stdout.write(line)
+        log.write(line)
+        log.flush()  # the orchestrator's status line reads the log while the command runs
+
+
+def _stop_leftovers(owner: str, why: str, log: IO[str], name: str) -> None:
+    """Stops the processes carrying ``owner`` that outlived their launcher, and says so in the log and on stderr."""
+    stopped = stop_owned(owner, STOP_GRACE_S, signal.SIGINT)
+    if stopped:
+        note = f"[launch] {name}: stopped {len(stopped)} process(es) {why} (PIDs {', '.join(map(str, stopped))})"
+        log.write(note + "\n")
+        print(note, file=sys.stderr, flush=True)
 
 
 def run_command(command: StageCommand, *, echo: bool = True) -> float:
@@ -71,34 +122,39 @@ def run_command(command: StageCommand, *, echo: bool = True) -> float:
     its wall time in seconds."""
     command.record_dir.mkdir(parents=True, exist_ok=True)
     log_path = command.record_dir / "launch.log"
+    owner = command_owner(command)
     started = time.time()
     argv = [os.path.expandvars(arg) for arg in command.argv]
     with open(log_path, "a", encoding="utf-8") as log:
+        _stop_leftovers(owner, "left running by an earlier launch of this command", log, command.name)
         log.write(f"\n$ {' '.join(argv)}\n")
         log.flush()
         profile = command.config.profile
-        process = start_in_new_session(argv, stage_environment(profile.device, profile.cpu_isa))
+        process = start_in_new_session(argv, stage_environment(profile.device, profile.cpu_isa), owner=owner)
         with _running_lock:
-            _running.add(process)
+            _running[process] = owner
+        reader = threading.Thread(target=_copy_output, args=(process.stdout, log, echo), daemon=True)
+        reader.start()
         try:
-            assert process.stdout is not None
-            for line in process.stdout:
-                if echo:
-                    sys.stdout.write(line)
-                log.write(line)
-                log.flush()  # the orchestrator's status line reads the log while the command runs
             returncode = process.wait()
+            # what outlived the launcher (a torchrun worker after its agent was killed) is stopped, not waited for
+            _stop_leftovers(owner, f"that outlived its launcher (exit status {returncode})", log, command.name)
+            reader.join(timeout=STOP_GRACE_S)
         except KeyboardInterrupt:
-            stop(process)
+            stop(process, owner)
             raise
         finally:
             with _running_lock:
-                _running.discard(process)
+                _running.pop(process, None)
+    if returncode != 0 and not is_done(command):
+        states = manifest_states(command)
+        described = "; ".join(f"{directory}: {status}" + (f" ({error})" if error else "")
+                              for directory, (status, error) in states.items())
+        raise StageFailed(f"{command.name} exited with status {returncode} ({described}); log: {log_path}",
+                          interrupted=any(status == "interrupted" for status, _ in states.values()))
     if returncode != 0:
-        reasons = [f"{d}: {m.error}" for d in command.manifest_dirs
-                   if (m := read_manifest(d)) is not None and m.error]
-        raise StageFailed(f"{command.name} exited with status {returncode}"
-                          + (f" ({'; '.join(reasons)})" if reasons else "") + f"; log: {log_path}")
+        print(f"{command.name} exited with status {returncode} after completing its runs; their manifests are "
+              "complete and current, so it counts as done", file=sys.stderr, flush=True)
     incomplete = [str(d) for d in command.manifest_dirs if not ((m := read_manifest(d)) and m.complete)]
     if incomplete:
         raise StageFailed(f"{command.name} exited 0 but left no complete manifest in {incomplete}; log: {log_path}")

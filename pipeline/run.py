@@ -4,9 +4,9 @@ Builds the experiment's stage plan (pipeline/stages.py) and runs it in order, ho
 command whose runs are all current by the run contract's rule (``common.manifest.run_state``: complete, same
 identity, inputs and outputs unchanged) is skipped without starting a process; any other command is started and
 the stage resumes or restarts by the same rule. A failed stage stops the run with its reason and leaves every other
-folder intact; Ctrl-C, SIGTERM and SIGHUP stop every running stage's process group. ``dry_run=true`` prints every
-stage, its exact command and its resolved settings, and runs nothing. Hydra multirun (``-m``) sweeps run one full
-plan per point.
+folder intact; Ctrl-C, SIGTERM and SIGHUP stop every running stage's process tree and name each interrupted stage on
+one line (``pipeline/launch.py`` supervises the processes). ``dry_run=true`` prints every stage, its exact command
+and its resolved settings, and runs nothing. Hydra multirun (``-m``) sweeps run one full plan per point.
 """
 from __future__ import annotations
 
@@ -21,13 +21,14 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from common.config import CONF_DIR, Config, ConfigError, to_config
-from pipeline.launch import StageFailed, force_restart, is_done, run_command, stop_all
+from common.config import CONF_DIR, Config, ConfigError, require_writable_run_root, to_config
+from common.errors import UserError
+from pipeline.launch import StageFailed, force_restart, is_done, manifest_states, run_command, stop_all
 from common.locks import DirectoryLock
 from common.manifest import StageInputError, invalidate, read_manifest
 from common.paths import experiment_dir
 from common.preflight import PreflightError, require_plan
-from common.processes import termination_signals_interrupt
+from common.processes import interrupted_by, termination_signals_interrupt
 from pipeline.stages import StageCommand, build_plan
 
 STATUS_EVERY_S = 60
@@ -78,6 +79,8 @@ def describe(command: StageCommand) -> str:
 
 def run(cfg: Config, overrides: list[str]) -> list[StageCommand]:
     """Runs (or, with ``cfg.dry_run``, prints) the experiment's plan; returns the plan."""
+    if not cfg.dry_run:
+        require_writable_run_root(cfg)  # before any manifest is read or lock taken there
     plan = build_plan(cfg, overrides)
     header = (f"experiment={cfg.experiment.name} profile={cfg.profile.name} models={cfg.profile.models} "
               f"methods={cfg.experiment.methods}: {len(plan)} stage commands")
@@ -89,8 +92,8 @@ def run(cfg: Config, overrides: list[str]) -> list[StageCommand]:
             print(f"{index:3d}. ({state}) {describe(command)}")
         print("dry run: nothing was started")
         return plan
-    pending = [command for command in plan if cfg.force or not is_done(command)]
     try:
+        pending = [command for command in plan if cfg.force or not is_done(command)]
         require_plan(cfg, pending)
     except PreflightError as error:
         raise SystemExit(str(error)) from None
@@ -98,15 +101,28 @@ def run(cfg: Config, overrides: list[str]) -> list[StageCommand]:
         print(f"preflight: ok for the {len(pending)} pending stage commands")
         return plan
     started = time.time()
-    with DirectoryLock(experiment_dir(cfg), f"orchestrator of experiment {cfg.experiment.name}"), \
-            termination_signals_interrupt():
-        warn_about_old_layout(experiment_dir(cfg))
-        failure = execute(plan, cfg.experiment.parallel, force=cfg.force)
+    run_plan(plan, experiment_dir(cfg), f"orchestrator of experiment {cfg.experiment.name}",
+             cfg.experiment.parallel, force=cfg.force)
+    print(f"experiment {cfg.experiment.name} complete in {time.time() - started:.0f} s")
+    return plan
+
+
+def run_plan(plan: list[StageCommand], lock_dir: Path, what: str, parallel: int,
+             force: list[str] | tuple[str, ...] = ()) -> None:
+    """Runs the plan holding ``lock_dir``'s lock, with SIGINT, SIGTERM and SIGHUP stopping every running stage.
+    Exits 1 naming the first failure, or 130 after a signal (each interrupted stage named on one line by
+    :func:`execute`, no traceback)."""
+    with DirectoryLock(lock_dir, what), termination_signals_interrupt():
+        try:
+            warn_about_old_layout(lock_dir)
+            failure = execute(plan, parallel, force=force)
+        except KeyboardInterrupt:
+            print(f"interrupted by {interrupted_by() or 'Ctrl-C'}: every running stage was stopped and recorded its "
+                  "state; run the same command again to resume", file=sys.stderr, flush=True)
+            raise SystemExit(130) from None
     if failure is not None:
         print(f"FAILED: {failure}", file=sys.stderr)
         raise SystemExit(1) from failure
-    print(f"experiment {cfg.experiment.name} complete in {time.time() - started:.0f} s")
-    return plan
 
 
 def retire_cpu_chosen_bf16_bases(plan: list[StageCommand], *, dry_run: bool) -> None:
@@ -230,7 +246,8 @@ def execute(plan: list[StageCommand], parallel: int, force: list[str] | tuple[st
                     try:
                         seconds = future.result()
                     except StageFailed as error:
-                        print(f"{label(command)}: FAILED", file=sys.stderr, flush=True)
+                        print(f"{label(command)}: {'interrupted' if error.interrupted else 'FAILED'}",
+                              file=sys.stderr, flush=True)
                         failure = failure or error
                         continue
                     succeeded.add(command.name)
@@ -238,6 +255,9 @@ def execute(plan: list[StageCommand], parallel: int, force: list[str] | tuple[st
                 start_ready()
         except KeyboardInterrupt:
             stop_all()
+            for command in sorted(running.values(), key=lambda c: order[c.name]):
+                statuses = sorted({status for status, _ in manifest_states(command).values()})
+                print(f"{label(command)}: interrupted (manifest: {', '.join(statuses)})", file=sys.stderr, flush=True)
             raise
     if failure is None and pending:
         raise RuntimeError(f"commands whose needs never finished: {[c.name for c in pending]}")
@@ -246,9 +266,12 @@ def execute(plan: list[StageCommand], parallel: int, force: list[str] | tuple[st
 
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base=None)
 def main(dict_cfg: DictConfig) -> None:
-    cfg = to_config(dict_cfg)
-    run(cfg, stage_overrides(list(HydraConfig.get().overrides.task), cfg.experiment.methods,
-                             per_seed=bool(cfg.experiment.seeds)))
+    try:
+        cfg = to_config(dict_cfg)
+        run(cfg, stage_overrides(list(HydraConfig.get().overrides.task), cfg.experiment.methods,
+                                 per_seed=bool(cfg.experiment.seeds)))
+    except UserError as error:
+        raise SystemExit(f"error: {error}") from None
 
 
 if __name__ == "__main__":

@@ -7,8 +7,13 @@ of ``rl/verl_args.py`` as a subprocess (its log teed to ``verl.log``, its per-st
 checkpoint in ``checkpoints/``; a finished training run goes straight to the merge.
 
 Ray: a local cluster started by verl, or the cluster at ``RAY_ADDRESS`` (GPU profile; docs/rl.md has the
-multi-node recipe). On failure, Ctrl-C, SIGTERM or SIGHUP the verl process group and every process it started are
-killed. A verl whose Ray node timed out during start-up is started again (:func:`run_verl_retrying_ray_start`).
+multi-node recipe). verl and every process it starts carry this run's owner mark (:func:`verl_owner`) and get
+SIGTERM when this stage dies; on failure, Ctrl-C, SIGTERM or SIGHUP they are all stopped, what outlives verl is
+stopped after it exits, and a rerun first stops what an earlier attempt left. A verl whose Ray node timed out during
+start-up is started again (:func:`run_verl_retrying_ray_start`). Dynamic sampling is bounded by
+``rl.max_gen_batches`` (``rl/dapo_sampler.py``; its generation batches show on the progress bar). A verl that stops
+or hangs after saving the checkpoint of the last step has finished training; the step records it logged are
+recovered from its own files (:func:`recover_verl_metrics`).
 """
 from __future__ import annotations
 
@@ -36,12 +41,14 @@ from common.paths import (
     rl_start,
     trained_method,
 )
-from common.processes import start_in_new_session, stop_tree
+from common.processes import owner_token, start_in_new_session, stop_owned, stop_tree
 from common.seeding import derive_seed
 from common.tracking import MetricsLogger, dapo_groups_kept, progress, read_metrics
 from rl.export import check_hf_export, latest_checkpoint_step, merge_actor
 from rl.verl_args import (
     CHECKPOINT_SUBDIR,
+    DAPO_PROGRESS_PREFIX,
+    DAPO_STOPPED_PREFIX,
     build_command,
     data_files,
     init_model_path,
@@ -57,9 +64,14 @@ PHASE_TIMINGS = {"generation": "timing_s/gen", "reward": "timing_s/reward", "old
                  "checkpoint": "timing_s/save_checkpoint", "validation": "timing_s/testing", "step": "timing_s/step"}
 """Phase -> verl timing key. ``timing_s/step`` includes checkpointing but not validation (V1 trainer)."""
 REQUIRED_COLUMNS = ("data_source", "prompt", "reward_model")
-STEP_LINE = re.compile(r"(?:^|\s)step:\d+ - ")
+STEP_LINE = re.compile(r"(?:^|\s)step:(\d+) - ")
 """verl's console logger line of a finished step (Ray prefixes it with the actor name)."""
 KILL_GRACE_S = 10.0
+FINISH_GRACE_S = 180.0
+"""Seconds verl may take to exit after logging its last step with that step's checkpoint saved; then it is stopped
+and the run counts as trained (verl 0.9.1 was seen printing nothing after its final checkpoint until stopped)."""
+DAPO_PROGRESS = re.compile(re.escape(DAPO_PROGRESS_PREFIX) + r"step (\d+): generation batch (\d+): (\d+)/(\d+) mixed")
+"""The dynamic-sampling line after each generation batch (``rl/dapo_sampler.py``)."""
 RAY_START_FAILURE = "The current node timed out during startup"
 """ray.init's error when its raylet has not registered within Ray's fixed 30 s (ray/_private/node.py)."""
 RAY_START_ATTEMPTS = 3
@@ -146,9 +158,9 @@ def preflight(cfg: Config, variant: str) -> dict[str, Any]:
 class StallWatchdog:
     """Calls ``on_stall`` once when verl shows no progress for ``timeout_s`` seconds (0: never).
 
-    Progress is any output line until the first finished step, and a finished step after that: start-up (Ray,
-    workers, the vLLM server) takes minutes on a loaded machine but prints as it goes, while a run waiting on a dead
-    Ray actor or a hung collective logs no step even if Ray keeps printing."""
+    Progress is any output line until the first finished step, and after it a finished step or a finished generation
+    batch of dynamic sampling: start-up (Ray, workers, the vLLM server) takes minutes on a loaded machine but prints
+    as it goes, while a run waiting on a dead Ray actor or a hung collective logs neither even if Ray keeps printing."""
 
     def __init__(self, timeout_s: float, on_stall: Callable[[], None], poll_s: float = 5.0):
         self.timeout_s, self.on_stall, self.poll_s = timeout_s, on_stall, poll_s
@@ -159,9 +171,9 @@ class StallWatchdog:
         if timeout_s > 0:
             threading.Thread(target=self._watch, daemon=True).start()
 
-    def saw_line(self, is_step: bool) -> None:
+    def saw_line(self, is_step: bool, is_progress: bool = False) -> None:
         self.stepping = self.stepping or is_step
-        if is_step or not self.stepping:
+        if is_step or is_progress or not self.stepping:
             self._last = time.monotonic()
 
     def stop(self) -> None:
@@ -180,11 +192,12 @@ class _MetricsCopier:
 
     def __init__(self, source: Path, logger: MetricsLogger):
         self.source, self.logger, self.offset, self.last_step, self.last_record = source, logger, 0, 0, {}
+        self._lock = threading.Lock()  # polled by the console reader and, at the end, by run_verl
 
     def poll(self) -> None:
         if not self.source.exists():
             return
-        with open(self.source, "rb") as handle:
+        with self._lock, open(self.source, "rb") as handle:
             handle.seek(self.offset)
             for line in handle:
                 if not line.endswith(b"\n"):
@@ -195,8 +208,48 @@ class _MetricsCopier:
                 self.logger.log(self.last_step, record["data"])
 
 
+class _VerlConsole:
+    """Follows verl's console output: tees it to ``verl.log``, shows each step and each generation batch of dynamic
+    sampling on the progress bar, tells the stall watchdog about progress, starts the finish timer once the last
+    step is logged with its checkpoint saved, and remembers why verl stopped (dynamic sampling, Ray's start-up)."""
+
+    def __init__(self, cfg: Config, log, bar, copier: _MetricsCopier, watchdog: StallWatchdog,
+                 finish: threading.Timer, checkpoints: Path):
+        self.cfg, self.log, self.bar, self.copier, self.watchdog = cfg, log, bar, copier, watchdog
+        self.finish, self.checkpoints = finish, checkpoints
+        self.ray_did_not_start = False
+        self.sampling_stopped = ""
+
+    def follow(self, stream) -> None:
+        for line in stream:
+            self.line(line)
+
+    def line(self, line: str) -> None:
+        total = self.cfg.rl.total_steps
+        self.log.write(line)
+        step = STEP_LINE.search(line)
+        sampling = DAPO_PROGRESS.search(line)
+        if step:
+            self.log.flush()
+            self.copier.poll()
+            # the note first: the update draws the bar, so a note set after it shows with the next step
+            self.bar.set_postfix_str(step_postfix(self.copier.last_record, self.cfg), refresh=False)
+            self.bar.update(max(0, self.copier.last_step - self.bar.n))
+            if int(step.group(1)) >= total and not self.finish.is_alive() and \
+                    latest_checkpoint_step(self.checkpoints) >= total:
+                self.finish.start()  # all that is left is verl's shutdown
+        elif sampling:
+            at_step, batch, kept, needed = sampling.groups()
+            self.bar.set_postfix_str(f"step {at_step}: generation batch {batch}, {kept}/{needed} groups kept")
+        if DAPO_STOPPED_PREFIX in line:
+            self.sampling_stopped = line.split(DAPO_STOPPED_PREFIX, 1)[1].strip()
+        self.watchdog.saw_line(step is not None, is_progress=sampling is not None)
+        self.ray_did_not_start = self.ray_did_not_start or (RAY_START_FAILURE in line and not self.watchdog.stepping)
+
+
 def run_verl(cfg: Config, variant: str, stage: Path, already_done: int) -> int:
-    """Runs main_ppo to ``rl.total_steps`` (resuming); returns the newest checkpointed step. Raises on failure."""
+    """Runs main_ppo to ``rl.total_steps`` (resuming); returns the newest checkpointed step. Raises on failure, unless
+    verl had saved the checkpoint of the last step (then training is done, whatever came after)."""
     command = build_command(cfg)
     env = {**os.environ, **verl_env(cfg)}
     if cfg.profile.device == "cpu":
@@ -208,6 +261,8 @@ def run_verl(cfg: Config, variant: str, stage: Path, already_done: int) -> int:
     attempt = len(list(metrics_dir.glob("attempt_*.jsonl")))
     env["VERL_FILE_LOGGER_PATH"] = str((metrics_dir / f"attempt_{attempt}.jsonl").resolve())
     log_path = stage / VERL_LOG
+    checkpoints = stage / CHECKPOINT_SUBDIR
+    owner = verl_owner(stage)
     with open(log_path, "a", encoding="utf-8") as log, \
             MetricsLogger(stage / TRAINING_METRICS_FILE, wandb_mode="disabled") as metrics, \
             progress(total=cfg.rl.total_steps, initial=already_done, desc=f"rl/{variant}", unit="step",
@@ -215,40 +270,78 @@ def run_verl(cfg: Config, variant: str, stage: Path, already_done: int) -> int:
         log.write(f"\n# attempt {attempt} at {time.strftime('%Y-%m-%d %H:%M:%S')}\n$ {' '.join(command)}\n")
         log.flush()
         copier = _MetricsCopier(Path(env["VERL_FILE_LOGGER_PATH"]), metrics)
+
+        def stop_verl() -> None:
+            stop_tree(process, KILL_GRACE_S, owner=owner)
+
+        def stop_after_the_last_step() -> None:
+            finished.set()
+            stop_verl()
+
         # Everything that can take time comes before the start, so a signal after it lands inside the try
-        # (the watchdog reads `process` only when it fires, seconds later).
-        watchdog = StallWatchdog(cfg.rl.stall_timeout_s, lambda: stop_tree(process, KILL_GRACE_S))
-        ray_did_not_start = False
-        process = start_in_new_session(command, env)
+        # (the watchdog and the finish timer read `process` only when they fire, seconds later).
+        watchdog = StallWatchdog(cfg.rl.stall_timeout_s, stop_verl)
+        finished = threading.Event()
+        finish = threading.Timer(FINISH_GRACE_S, stop_after_the_last_step)
+        finish.daemon = True
+        console = _VerlConsole(cfg, log, bar, copier, watchdog, finish, checkpoints)
+        process = start_in_new_session(command, env, owner=owner)
         try:
-            for line in process.stdout:
-                log.write(line)
-                is_step = STEP_LINE.search(line) is not None
-                if is_step:
-                    log.flush()
-                    copier.poll()
-                    # the note first: the update draws the bar, so a note set after it shows with the next step
-                    bar.set_postfix_str(step_postfix(copier.last_record, cfg), refresh=False)
-                    bar.update(max(0, copier.last_step - bar.n))
-                watchdog.saw_line(is_step)
-                ray_did_not_start = ray_did_not_start or (RAY_START_FAILURE in line and not watchdog.stepping)
+            reader = threading.Thread(target=console.follow, args=(process.stdout,), daemon=True)
+            reader.start()
             returncode = process.wait()
+            stop_owned(owner, KILL_GRACE_S)  # what outlived verl (a local Ray cluster's processes) is not waited for
+            reader.join(timeout=KILL_GRACE_S)
         except BaseException:
-            stop_tree(process, KILL_GRACE_S)
+            stop_tree(process, KILL_GRACE_S, owner=owner)
             raise
         finally:
             watchdog.stop()
+            finish.cancel()
             copier.poll()
-        if returncode != 0:
-            stop_tree(process, KILL_GRACE_S)
+        done = latest_checkpoint_step(checkpoints)
+        if returncode != 0 and done >= cfg.rl.total_steps:
+            how = (f"did not exit within {FINISH_GRACE_S:.0f} s of logging that step" if finished.is_set()
+                   else f"then showed no progress for {cfg.rl.stall_timeout_s:.0f} s" if watchdog.fired
+                   else f"then exited with {returncode}")
+            print(f"[rl/{variant}] verl saved the checkpoint of its last step ({done}) and {how}; it was stopped and "
+                  "training counts as done", file=sys.stderr, flush=True)
+        elif returncode != 0:
+            if console.sampling_stopped:
+                raise RLError(console.sampling_stopped)
             tail = log_path.read_text(encoding="utf-8", errors="replace").splitlines()[-15:]
             reason = (f"verl showed no progress for {cfg.rl.stall_timeout_s:.0f} s (rl.stall_timeout_s: no output line "
-                      "during start-up, no new step after it) and was stopped; a Ray actor may have died (e.g. killed "
-                      "for memory)" if watchdog.fired
-                      else f"verl exited with {returncode}")
-            failure = RayStartFailed if ray_did_not_start else RLError
+                      "during start-up, no new step or generation batch after it) and was stopped; a Ray actor may "
+                      "have died (e.g. killed for memory)" if watchdog.fired else f"verl exited with {returncode}")
+            failure = RayStartFailed if console.ray_did_not_start else RLError
             raise failure(f"{reason}; last lines of {log_path}:\n" + "\n".join(tail))
-    return latest_checkpoint_step(stage / CHECKPOINT_SUBDIR)
+    return done
+
+
+def verl_owner(stage: Path) -> str:
+    """The owner mark of verl and the Ray cluster it starts for the run in ``stage`` (``common.processes``)."""
+    return owner_token(f"rl:{stage.resolve()}")
+
+
+def recover_verl_metrics(stage: Path) -> list[int]:
+    """Appends to ``metrics.jsonl`` the step records that verl's own logs (``verl_metrics/attempt_*.jsonl``, the newest
+    attempt's record of a step winning) hold and it lacks: verl logged them, but the copy was cut (the RL stage
+    stopped or killed right after); returns their steps."""
+    logged = {record["step"] for record in read_metrics(stage / TRAINING_METRICS_FILE)}
+    found: dict[int, dict[str, Any]] = {}
+    attempts = sorted((stage / VERL_METRICS_SUBDIR).glob("attempt_*.jsonl"), key=lambda p: int(p.stem.split("_")[1]))
+    for path in attempts:
+        with open(path, "rb") as handle:
+            for line in handle:
+                if line.endswith(b"\n"):  # a line cut by a kill is not a record
+                    record = json.loads(line)
+                    found[int(record["step"])] = record["data"]
+    missing = sorted(set(found) - logged)
+    if missing:
+        with MetricsLogger(stage / TRAINING_METRICS_FILE, wandb_mode="disabled") as metrics:
+            for step in missing:
+                metrics.log(step, found[step])
+    return missing
 
 
 def step_postfix(record: dict[str, Any], cfg: Config) -> str:
@@ -319,6 +412,10 @@ def run(cfg: Config) -> Manifest:
                    seeds=seeds) as current:
         if current is None:
             return read_manifest(stage)
+        strays = stop_owned(verl_owner(stage), KILL_GRACE_S)
+        if strays:
+            print(f"[rl/{spec.variant}] stopped {len(strays)} process(es) an earlier attempt of this run left running "
+                  f"(verl and its Ray cluster; PIDs {', '.join(map(str, strays))})", flush=True)
         checkpoint_dir = stage / CHECKPOINT_SUBDIR
         done = latest_checkpoint_step(checkpoint_dir)
         current.manifest.details.update({"init": variant, "init_model": str(model_path), **facts,
@@ -335,6 +432,11 @@ def run(cfg: Config) -> Manifest:
         merge_actor(checkpoint_dir, done, hf_dir, {**os.environ, **verl_env(cfg)}, stage / VERL_LOG)
         export = check_hf_export(hf_dir)
         current.manifest.details["export"] = export
+        recovered = recover_verl_metrics(stage)
+        if recovered:
+            print(f"[rl/{spec.variant}] recovered the metrics of steps {recovered} from verl's own logs "
+                  f"({VERL_METRICS_SUBDIR}/)", flush=True)
+            current.manifest.details["metrics_recovered_steps"] = recovered
         current.manifest.metrics = summarize_metrics(read_metrics(stage / TRAINING_METRICS_FILE),
                                                      cfg.rl.kept_groups_per_step)
         current.manifest.metrics["final_step"] = done

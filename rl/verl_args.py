@@ -34,6 +34,12 @@ from common.tracking import CPU_OPENMP_ENV
 MAIN_PPO_MODULE = "verl.trainer.main_ppo"
 REWARD_FILE = Path(__file__).resolve().with_name("reward.py")
 REWARD_FUNCTION = "compute_score"
+DAPO_SAMPLER = (Path(__file__).resolve().with_name("dapo_sampler.py"), "BoundedDapoReplayBuffer")
+"""verl's replay buffer with group filtering, bounded by ``rl.max_gen_batches`` (``rl/dapo_sampler.py``)."""
+DAPO_PROGRESS_PREFIX = "[dapo] "
+"""Start of the sampler's line after each generation batch (``rl.train`` shows it on the progress bar)."""
+DAPO_STOPPED_PREFIX = "[dapo] stopped: "
+"""Start of the sampler's line saying why it stopped after ``rl.max_gen_batches`` generation batches."""
 CHECKPOINT_SUBDIR = "checkpoints"
 VAL_GENERATIONS_SUBDIR = "val_generations"
 HYDRA_SUBDIR = "verl_hydra"
@@ -112,7 +118,8 @@ def _dapo_keys(cfg: Config) -> dict[str, Any]:
         "actor_rollout_ref.actor.use_kl_loss": False,
         "actor_rollout_ref.actor.kl_loss_coef": 0.0,
         "actor_rollout_ref.actor.entropy_coeff": 0,
-        # dynamic sampling (the V1 trainer ignores max_num_gen_batches; max_inflight_gen_batches bounds refills)
+        # dynamic sampling (the V1 trainer ignores max_num_gen_batches; max_inflight_gen_batches bounds refills, our
+        # replay buffer the generation batches of a step: _dapo_sampler_keys)
         "algorithm.filter_groups.enable": rl.filter_groups,
         "algorithm.filter_groups.metric": rl.filter_groups_metric,
         "algorithm.filter_groups.max_inflight_gen_batches": rl.max_inflight_gen_batches,
@@ -192,7 +199,22 @@ def _dapo_keys(cfg: Config) -> dict[str, Any]:
     if not rl.use_dynamic_bsz:
         keys["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"] = rl.micro_batch_size_per_gpu
         keys["actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu"] = rl.micro_batch_size_per_gpu
+    if rl.filter_groups:
+        keys.update(_dapo_sampler_keys(cfg))
     return keys
+
+
+def _dapo_sampler_keys(cfg: Config) -> dict[str, Any]:
+    """verl's replay buffer replaced by ``rl/dapo_sampler.py`` (the same sampling, counted and bounded), with what
+    verl hands its built-in buffer and the filter metric's values of a right and a wrong rollout."""
+    rl = cfg.rl
+    right, wrong = (1.0, 0.0) if rl.filter_groups_metric == "acc" else reward_scores(cfg)
+    options = {"metric": rl.filter_groups_metric, "train_batch_size": rl.train_batch_size,
+               "max_inflight_gen_batches": rl.max_inflight_gen_batches, "max_gen_batches": rl.max_gen_batches,
+               "right_value": right, "wrong_value": wrong}
+    return {"trainer.v1.sampler.custom_sampler.path": str(DAPO_SAMPLER[0]),
+            "trainer.v1.sampler.custom_sampler.name": DAPO_SAMPLER[1],
+            **{f"+trainer.v1.sampler.sampler_kwargs.{key}": value for key, value in options.items()}}
 
 
 def _cpu_keys(cfg: Config) -> dict[str, Any]:

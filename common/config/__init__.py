@@ -33,8 +33,10 @@ from common.config.eval import EvalConfig
 from common.config.rl import RLConfig
 from common.config.sft import SFT_METHOD_SCHEMAS, SFTConfig
 from common.config.toy import ToyConfig
+from common.errors import UserError
+from common.locks import unwritable
 from common.numerics import pin_this_process
-from common.processes import termination_signals_interrupt
+from common.processes import die_with_agent, termination_signals_interrupt
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 
@@ -55,6 +57,7 @@ __all__ = [
     "check_range",
     "compose",
     "override_value",
+    "require_writable_run_root",
     "stage_main",
     "to_config",
 ]
@@ -164,18 +167,34 @@ def unknown_keys(obj: Any, prefix: str = "") -> Iterator[str]:
             yield from unknown_keys(value, f"{prefix}{key}.")
 
 
+def require_writable_run_root(cfg: Config) -> None:
+    """Raises :class:`ConfigError` naming ``experiment.run_root`` and the fix when this user cannot create or write it
+    (checked before any manifest is read or lock taken there)."""
+    reason = unwritable(cfg.experiment.run_root)
+    if reason is not None:
+        raise ConfigError(f"experiment.run_root={cfg.experiment.run_root}: {reason}; fix: set experiment.run_root to "
+                          "a folder you can write (or fix its permissions)")
+
+
 def stage_main(run: Callable[[Config], Any]) -> Callable[[], None]:
     """A stage's command-line entry point: Hydra composes ``conf/config.yaml`` with the arguments, the process
-    computes with the kernels ``profile.cpu_isa`` names (:func:`common.numerics.pin_this_process`), then
-    ``run(to_config(cfg))``, with SIGTERM and SIGHUP acting as Ctrl-C (:func:`termination_signals_interrupt`).
+    computes with the kernels ``profile.cpu_isa`` names (:func:`common.numerics.pin_this_process`), checks that
+    ``experiment.run_root`` can be written, then ``run(to_config(cfg))``, with SIGTERM and SIGHUP acting as Ctrl-C
+    (:func:`termination_signals_interrupt`) and a worker of torchrun's agent ending with it
+    (:func:`die_with_agent`). A :class:`common.errors.UserError` ends it with its message alone.
     Use as ``main = stage_main(run)`` in the stage module."""
 
     @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base=None)
     def main(cfg: DictConfig) -> None:
-        config = to_config(cfg)
-        pin_this_process(config.profile.device, config.profile.cpu_isa)
+        die_with_agent()
         with termination_signals_interrupt():
-            run(config)
+            try:
+                config = to_config(cfg)
+                pin_this_process(config.profile.device, config.profile.cpu_isa)
+                require_writable_run_root(config)
+                run(config)
+            except UserError as error:
+                raise SystemExit(f"error: {error}") from None
 
     return main
 

@@ -66,6 +66,10 @@ class RLConfig(SamplingConfig):
     """Per-rollout value the filter compares: acc (verified correct, from rl/reward.py) or reward (shaped score)."""
     max_inflight_gen_batches: int = 3
     """Prompt batches (in train_batch_size units) generated concurrently while refilling filtered groups."""
+    max_gen_batches: int = field(default=100, metadata=SUPERVISION)
+    """With ``filter_groups``: stop the run, naming the shares of all-right and all-wrong groups, when a step has
+    judged this many generation batches (``train_batch_size`` prompt groups each) without ``train_batch_size`` mixed
+    groups; 0: never. A step needs about 1 / (share of mixed groups) of them."""
     overlong_buffer: bool = True
     """Overlong reward shaping: penalty min(-(|o| - (L_max - L_buf)) / L_buf · factor, 0)."""
     overlong_buffer_len: int = 4096
@@ -138,6 +142,7 @@ class RLConfig(SamplingConfig):
         if self.filter_groups and self.rollout_n < 2:
             raise ConfigError("rl.filter_groups needs rl.rollout_n >= 2 (a group of one is always uniform)")
         check_range("rl.max_inflight_gen_batches", self.max_inflight_gen_batches, 1)
+        check_range("rl.max_gen_batches", self.max_gen_batches, 0)
         if self.overlong_buffer:
             check_range("rl.overlong_buffer_len", self.overlong_buffer_len, 1, self.max_response_length)
         check_range("rl.overlong_penalty_factor", self.overlong_penalty_factor, 0.0)

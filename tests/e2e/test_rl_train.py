@@ -52,16 +52,28 @@ def build_start_model(folder: Path, *, steps: int = 60, seed: int = 0) -> Path:
     return folder
 
 
-def write_rl_parquet(path: Path, num_rows: int, split: str, seed: int = 0) -> None:
-    """Rows in the data stage's verl RL format."""
+def write_rl_parquet(path: Path, num_rows: int, split: str, seed: int = 0, ground_truth: str | None = None) -> None:
+    """Rows in the data stage's verl RL format (gold answers drawn from ``ANSWERS``, or all ``ground_truth``)."""
     import pandas as pd
 
     rng = random.Random(seed)
     rows = [{"data_source": "toy", "prompt": PROMPT, "ability": "math",
-             "reward_model": {"style": "rule", "ground_truth": rng.choice(ANSWERS)},
+             "reward_model": {"style": "rule", "ground_truth": ground_truth or rng.choice(ANSWERS)},
              "extra_info": {"index": index, "split": split}} for index in range(num_rows)]
     path.parent.mkdir(parents=True, exist_ok=True)
     pd.DataFrame(rows).to_parquet(path)
+
+
+def prepare_inputs(cfg, ground_truth: str | None = None) -> None:
+    """The SFT export RL starts from (:func:`build_start_model`) and the RL data, with complete manifests."""
+    from common.paths import data_dir, hf_export_dir, sft_run
+
+    sft = sft_run(cfg)
+    build_start_model(hf_export_dir(sft.directory))
+    _complete(sft.directory, "sft", sft.config)
+    write_rl_parquet(data_dir(cfg) / "rl.parquet", 32, "train", ground_truth=ground_truth)
+    write_rl_parquet(data_dir(cfg) / "rl_val.parquet", 4, "val", seed=1, ground_truth=ground_truth)
+    _complete(data_dir(cfg), "data")
 
 
 def _complete(directory: Path, stage: str, config: dict | None = None) -> None:
@@ -71,7 +83,6 @@ def _complete(directory: Path, stage: str, config: dict | None = None) -> None:
 @pytest.fixture(scope="module")
 def rl_run(tmp_path_factory):
     from common.config import compose
-    from common.paths import data_dir, hf_export_dir, sft_run
     from rl.train import run
 
     root = tmp_path_factory.mktemp("rl")
@@ -81,12 +92,7 @@ def rl_run(tmp_path_factory):
                  "rl.overlong_buffer_len=4", "rl.micro_batch_size_per_gpu=8", "rl.save_freq=2", "rl.test_freq=0",
                  "rl.val_before_train=false", "rl.max_inflight_gen_batches=2", "logging.progress=false"]
     cfg = compose(overrides)
-    sft = sft_run(cfg)
-    build_start_model(hf_export_dir(sft.directory))
-    _complete(sft.directory, "sft", sft.config)
-    write_rl_parquet(data_dir(cfg) / "rl.parquet", 32, "train")
-    write_rl_parquet(data_dir(cfg) / "rl_val.parquet", 4, "val", seed=1)
-    _complete(data_dir(cfg), "data")
+    prepare_inputs(cfg)
     return cfg, run(cfg)
 
 

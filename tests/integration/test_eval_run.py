@@ -180,12 +180,12 @@ def test_vllm_sampling_metrics_resume_and_seeds(tmp_path, tiny_model, shared_dat
     seed_of = {derive_seed(cfg.seed, f"eval/{b}/{pid}"): pid for b in ids for pid in ids[b]}
     aime_dir = eval_dir(cfg, "aime24")
 
-    # Ctrl-C during the second batch: the first batch's two problems are on disk, the manifest says failed.
+    # Ctrl-C during the second batch: the first batch's two problems are on disk, the manifest says interrupted.
     interrupted = RecordingFactory(interrupt_on_call=2)
     with pytest.raises(KeyboardInterrupt):
         run(cfg, interrupted)
     interrupted.sampler.close()
-    assert read_manifest(aime_dir).status == "failed"
+    assert read_manifest(aime_dir).status == "interrupted"
     first_lines = (aime_dir / SAMPLES_FILE).read_text().splitlines()
     assert len(first_lines) == 2 * 4
     # A crash mid-write: problem 2 lost its last sample and a torn line follows.

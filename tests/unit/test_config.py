@@ -89,3 +89,23 @@ def test_unknown_method_lists_the_options():
 def test_toy_model_needs_toy_profile():
     with pytest.raises(ConfigError, match="model=toy"):
         compose(["profile=paper", "model=toy"])
+
+
+def test_a_run_root_under_a_file_or_not_writable_is_refused_naming_the_key_and_the_fix(tmp_path, monkeypatch):
+    # Issue 32.4: such a run root gave a ~20-line traceback from DirectoryLock.__enter__ that never named the key.
+    from common import locks
+    from common.config import require_writable_run_root
+
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(ConfigError) as refused:
+        require_writable_run_root(compose([f"experiment.run_root={tmp_path}/afile/runs"]))
+    assert str(refused.value) == (f"experiment.run_root={tmp_path}/afile/runs: {tmp_path}/afile is a file, not a "
+                                  "folder; fix: set experiment.run_root to a folder you can write (or fix its "
+                                  "permissions)")
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    real_access = locks.os.access
+    monkeypatch.setattr(locks.os, "access", lambda path, mode: real_access(path, mode) and str(path) != str(locked))
+    with pytest.raises(ConfigError, match=f"it cannot be created: {locked} is not writable by this user; fix"):
+        require_writable_run_root(compose([f"experiment.run_root={locked}/runs"]))
+    require_writable_run_root(compose([f"experiment.run_root={tmp_path}/new/runs"]))  # creatable: fine

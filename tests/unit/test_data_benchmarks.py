@@ -1,9 +1,15 @@
 """Benchmark answers normalised to the form the scorer compares (loading the real files: tests/integration/test_data_benchmarks_local.py)."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from data.benchmarks import normalise_answer
+from common.benchmarks import read_benchmark, write_benchmark
+from common.config import compose
+from common.config.data import BenchmarkSource
+from common.manifest import StageInputError
+from data.benchmarks import BenchmarkError, load_benchmark, normalise_answer
 
 
 @pytest.mark.parametrize("raw, expected", [
@@ -12,3 +18,32 @@ from data.benchmarks import normalise_answer
 ])
 def test_answer_normalisation(raw, expected):
     assert normalise_answer(raw) == expected
+
+
+def _benchmark_with_a_bad_byte(path, bad_line: int = 3):
+    lines = [json.dumps({"id": f"p{i}", "problem": f"What is {i} + 1?", "answer": str(i + 1)}).encode()
+             for i in range(1, 5)]
+    lines[bad_line - 1] = lines[bad_line - 1].replace(b"What", b"Wh\xe9t")  # latin-1 'é': not UTF-8
+    path.write_bytes(b"\n".join(lines) + b"\n")
+
+
+def test_a_local_benchmark_that_is_not_utf8_is_named_with_its_row_and_byte(tmp_path):
+    # Issue 32.4: a benchmark JSONL with a non-UTF-8 byte raised UnicodeDecodeError inside `datasets`, naming neither
+    # the file nor the row (a training file with the same byte was named, row and byte).
+    _benchmark_with_a_bad_byte(tmp_path / "aime24.jsonl")
+    cfg = compose(["data=openr1_local", "data.path=unused.parquet", f"data.benchmark_dir={tmp_path}"]).data
+    with pytest.raises(BenchmarkError) as error:
+        load_benchmark("aime24", BenchmarkSource(file="aime24.jsonl"), cfg)
+    message = str(error.value)
+    assert message.startswith(f"{tmp_path / 'aime24.jsonl'}: row 2: field 'problem' is not valid UTF-8 (line 3, byte ")
+    assert "\\xe9" in message and "fix:" in message
+
+
+def test_a_benchmark_handoff_file_that_is_not_utf8_is_named_with_its_line(tmp_path):
+    path = tmp_path / "benchmarks" / "aime24.jsonl"
+    write_benchmark(path, [{"id": "a", "problem": "What?", "answer": "1", "answer_raw": "1"},
+                           {"id": "b", "problem": "What?", "answer": "2", "answer_raw": "2"}], None)
+    lines = path.read_bytes().splitlines(keepends=True)
+    path.write_bytes(lines[0] + lines[1].replace(b"What?", b"Wh\xe9t?"))
+    with pytest.raises(StageInputError, match=rf"^{path}:2: not valid UTF-8 \(byte "):
+        read_benchmark(path)

@@ -71,7 +71,7 @@ def test_incomplete_run_is_resumed_loudly(tmp_path):
             run.manifest.details["done"] = 3
             run.checkpoint()
             raise KeyboardInterrupt
-    assert mf.read_manifest(tmp_path).status == "failed"
+    assert mf.read_manifest(tmp_path).status == "interrupted"
     with mf.stage_run(tmp_path, stage="s", variant="v", config={"a": 1}, announce=messages.append) as run:
         assert run.resumed and run.manifest.details == {"done": 3}
     assert any("RESUMING" in m for m in messages)
@@ -205,3 +205,19 @@ def test_second_writer_fails_fast_naming_the_holder(tmp_path):
     with mf.stage_run(tmp_path, stage="s", variant="v", config={}, announce=messages.append) as run:
         assert run is not None and run.resumed
     assert any(f"PID {holder.pid}" in m and "taking over" in m for m in messages)
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027, 0o002])
+def test_manifests_and_launch_records_honour_the_umask(tmp_path, umask):
+    # Issue 32.5: manifest.json and launch.json were created 0600 (mkstemp ignores the umask) while every other output
+    # was 0644, so on a shared run root other users could not read the manifests.
+    previous = os.umask(umask)
+    try:
+        mf.write_manifest(tmp_path, mf.Manifest(stage="s", variant="v"))
+        mf.write_json_atomic(tmp_path / "launch.json", {"argv": []})
+        (tmp_path / "other.txt").write_text("x")
+    finally:
+        os.umask(previous)
+    expected = 0o666 & ~umask
+    assert {name: os.stat(tmp_path / name).st_mode & 0o777 for name in ("manifest.json", "launch.json", "other.txt")} \
+        == dict.fromkeys(("manifest.json", "launch.json", "other.txt"), expected)

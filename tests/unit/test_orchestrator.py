@@ -186,7 +186,7 @@ def test_sigterm_stops_every_child_process_group(tmp_path, sigint):
                 if stat.read().split()[2] == "Z":
                     raise ProcessLookupError
             time.sleep(0.1)
-    assert read_manifest(tmp_path / "sleeper").status == "failed"
+    assert read_manifest(tmp_path / "sleeper").status == "interrupted"
 
 
 def test_a_second_orchestrator_on_the_same_experiment_fails_fast(tmp_path):
@@ -296,3 +296,28 @@ def test_slurm_env_exports_the_first_node_and_a_port_per_job(tmp_path):
     assert kept.stdout.strip() == "gpu07:29400"
     outside = subprocess.run(["bash", "-c", script], env={"PATH": os.environ["PATH"]}, capture_output=True, text=True)
     assert outside.returncode != 0 and "inside a Slurm job" in outside.stderr
+
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.mark.parametrize("entry", ["pipeline.run", "data.prepare"])
+def test_an_unusable_run_root_is_one_line_naming_the_key_and_the_fix(tmp_path, entry):
+    # Issue 32.4: a run root whose parent is a file (or that is not writable) gave a ~20-line traceback ending in
+    # NotADirectoryError / PermissionError from DirectoryLock.__enter__, never naming experiment.run_root.
+    (tmp_path / "afile").write_text("")
+    result = subprocess.run([sys.executable, "-m", entry, "experiment=demo", "experiment.stages=[data]",
+                             f"experiment.run_root={tmp_path}/afile/runs"], capture_output=True, text=True,
+                            timeout=120, cwd=REPO)
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    assert f"experiment.run_root={tmp_path}/afile/runs: {tmp_path}/afile is a file, not a folder" in result.stderr
+    assert "fix: set experiment.run_root to a folder you can write" in result.stderr
+
+
+def test_a_data_path_key_that_does_not_exist_is_named_before_the_data_stage_reads_anything(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "data.prepare", "experiment=demo", f"experiment.run_root={tmp_path}",
+                             f"data.system_prompt_path={tmp_path}/prompt.txt"], capture_output=True, text=True,
+                            timeout=120, cwd=REPO)
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    assert f"data.system_prompt_path={tmp_path}/prompt.txt does not exist" in result.stderr
+    assert not any(tmp_path.glob("*/data/*/manifest.json"))  # nothing was started

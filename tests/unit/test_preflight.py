@@ -182,7 +182,7 @@ def test_local_data_files_must_exist(tmp_path):
                                           f"data.benchmark_dir={tmp_path}/benchmarks"))
     assert [p.check for p in problems] == ["data", "data"]
     assert f"data.path={tmp_path}/rows.parquet does not exist" in problems[0].message
-    assert "is not a folder" in problems[1].message
+    assert f"data.benchmark_dir={tmp_path}/benchmarks does not exist" in problems[1].message
 
 
 def test_which_stage_loads_the_base_model():
@@ -384,3 +384,15 @@ def test_multi_node_sft_needs_a_slurm_job_and_the_rendezvous_endpoint(tmp_path, 
     assert "profile.nnodes=1" in only(preflight.check_nodes(cfg), "nodes").fix
     monkeypatch.setenv("SLURM_JOB_NUM_NODES", "2")
     assert preflight.check_nodes(cfg) == [] and preflight.check_nodes(compose(["profile=toy"])) == []
+
+
+def test_local_path_keys_of_the_data_stage_are_checked_by_kind(tmp_path):
+    (tmp_path / "rows.parquet").mkdir()
+    (tmp_path / "benchmarks").mkdir()
+    problems = preflight.check_data_paths(paper("data=openr1_local", f"data.path={tmp_path}/rows.parquet",
+                                                f"data.benchmark_dir={tmp_path}/benchmarks",
+                                                f"data.system_prompt_path={tmp_path}/rows.parquet/x/prompt.txt"))
+    assert [p.message for p in problems][:3] == [
+        f"data.path={tmp_path}/rows.parquet is a folder, not a file",
+        f"data.system_prompt_path={tmp_path}/rows.parquet/x/prompt.txt does not exist",
+        f"data.benchmarks.aime24.file={tmp_path}/benchmarks/aime24.jsonl does not exist"]

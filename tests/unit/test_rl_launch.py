@@ -2,6 +2,7 @@
 stopping verl on SIGTERM, starting it again when Ray's node times out during start-up."""
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -15,7 +16,7 @@ import pytest
 from common.config import compose
 from common.models import end_of_turn_token
 from common.paths import RL_DISCARDED_GROUPS, RL_GROUPS_KEPT, configured_rl_run
-from common.tracking import dapo_groups_kept
+from common.tracking import dapo_groups_kept, read_metrics
 from rl import train
 from rl.export import LATEST_ITERATION_FILE, latest_checkpoint_step
 from rl.verl_args import CHECKPOINT_SUBDIR
@@ -172,6 +173,34 @@ def test_other_verl_failures_and_start_up_timeouts_after_a_step_are_not_retried(
     assert runs.read_text() == "xx"
 
 
+class RecordingBar:
+    """A progress bar that records what it shows: (steps, note) at each update, and every note."""
+
+    def __init__(self):
+        self.n, self.note, self.drawn, self.notes = 0, "", [], []
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def set_postfix_str(self, note, refresh=True):
+        self.note = note
+        self.notes.append(note)
+
+    def update(self, steps):
+        self.n += steps
+        self.drawn.append((self.n, self.note))
+
+
+def _fake_verl(monkeypatch, script: str) -> RecordingBar:
+    bar = RecordingBar()
+    monkeypatch.setattr(train, "build_command", lambda cfg: [sys.executable, "-c", script])
+    monkeypatch.setattr(train, "progress", lambda **kwargs: bar)
+    return bar
+
+
 def test_progress_bar_shows_each_step_with_that_steps_note(tmp_path, monkeypatch):
     # DFT's seed-1 DAPO run showed at step 25 the note of step 24 (and none on the first step after a resume):
     # the note was set after the bar had drawn the step.
@@ -183,27 +212,125 @@ def test_progress_bar_shows_each_step_with_that_steps_note(tmp_path, monkeypatch
                  "    print(f'step:{step} - critic/score/mean:{score}', flush=True)\n"
                  f"checkpoints = pathlib.Path({str(tmp_path / CHECKPOINT_SUBDIR)!r})\n"
                  f"checkpoints.mkdir(); (checkpoints / {LATEST_ITERATION_FILE!r}).write_text('2')\n")
-    drawn = []
-
-    class RecordingBar:
-        n, note = 0, ""
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            return False
-
-        def set_postfix_str(self, note, refresh=True):
-            self.note = note
-
-        def update(self, steps):
-            self.n += steps
-            drawn.append((self.n, self.note))
-
-    monkeypatch.setattr(train, "build_command", lambda cfg: [sys.executable, "-c", fake_verl])
-    monkeypatch.setattr(train, "progress", lambda **kwargs: RecordingBar())
+    bar = _fake_verl(monkeypatch, fake_verl)
     assert train.run_verl(compose(["rl.filter_groups=false"]), "sft", tmp_path, 0) == 2
     notes = {1: "reward +0.25", 2: "reward +0.75"}
     # on a loaded machine both records may be read at the first step line, and the bar then jumps to step 2
-    assert drawn and drawn[-1][0] == 2 and all(note == notes[step] for step, note in drawn), drawn
+    assert bar.drawn and bar.drawn[-1][0] == 2 and all(note == notes[step] for step, note in bar.drawn), bar.drawn
+
+
+def test_dynamic_sampling_that_cannot_fill_a_step_shows_its_batches_then_stops_with_the_shares_and_the_fix(
+        tmp_path, monkeypatch):
+    # Issue 32.6: a weak start model never reached step 1: the log showed repeated warnings, the bar nothing, and the
+    # stall watchdog counted any output line as progress, so nothing stopped the run or said why.
+    from rl.verl_args import DAPO_PROGRESS_PREFIX, DAPO_STOPPED_PREFIX
+
+    why = ("DAPO's dynamic sampling judged 16 prompt groups at step 1 (2 generation batches of rl.train_batch_size=8, "
+           "rl.max_gen_batches=2) and kept 0 of the 8 mixed groups a step needs: 0% all right, 100% all wrong. ...")
+    fake_verl = (f"print('(TaskRunner pid=1) {DAPO_PROGRESS_PREFIX}step 1: generation batch 1: 0/8 mixed groups kept "
+                 "(0% all right, 100% all wrong)', flush=True)\n"
+                 f"print('(TaskRunner pid=1) {DAPO_PROGRESS_PREFIX}step 1: generation batch 2: 0/8 mixed groups kept "
+                 "(0% all right, 100% all wrong)', flush=True)\n"
+                 f"print({'(TaskRunner pid=1) ' + DAPO_STOPPED_PREFIX + why!r}, flush=True)\n"
+                 "print('Traceback (most recent call last): ...', flush=True)\n"
+                 "raise SystemExit(1)\n")
+    bar = _fake_verl(monkeypatch, fake_verl)
+    with pytest.raises(train.RLError) as stopped:
+        train.run_verl(compose(["rl.train_batch_size=8", "rl.ppo_mini_batch_size=8"]), "sft", tmp_path, 0)
+    assert str(stopped.value) == why  # the reason alone, not verl's traceback
+    assert bar.notes == ["step 1: generation batch 1, 0/8 groups kept", "step 1: generation batch 2, 0/8 groups kept"]
+
+
+def test_generation_batches_are_progress_for_the_stall_watchdog_after_the_first_step():
+    stalled = threading.Event()
+    watchdog = train.StallWatchdog(0.3, stalled.set, poll_s=0.05)
+    watchdog.saw_line(is_step=True)
+    for _ in range(8):  # a long step of dynamic sampling: generation batches every 0.1 s keep it quiet
+        time.sleep(0.1)
+        watchdog.saw_line(is_step=False, is_progress=True)
+    assert not stalled.is_set()
+    assert stalled.wait(2.0) and watchdog.fired
+
+
+def _finished_verl(tmp_path: Path, print_last_step: bool) -> str:
+    """A fake verl that logs steps 1 and 2 to its file logger, saves the checkpoint of step 2, then hangs (printing
+    the line of step 2 first, or nothing)."""
+    return ("import json, os, pathlib, time\n"
+            "records = open(os.environ['VERL_FILE_LOGGER_PATH'], 'w')\n"
+            "def log(step):\n"
+            "    records.write(json.dumps({'step': step, 'data': {'critic/score/mean': step / 4}}) + '\\n')\n"
+            "    records.flush()\n"
+            "log(1); print('step:1 - critic/score/mean:0.25', flush=True)\n"
+            f"checkpoints = pathlib.Path({str(tmp_path / CHECKPOINT_SUBDIR)!r})\n"
+            f"checkpoints.mkdir(); (checkpoints / {LATEST_ITERATION_FILE!r}).write_text('2')\n"
+            "log(2)\n"
+            + ("print('step:2 - critic/score/mean:0.5', flush=True)\n" if print_last_step else "")
+            + "time.sleep(600)\n")
+
+
+def test_verl_that_hangs_after_its_final_checkpoint_has_finished_training(tmp_path, monkeypatch):
+    # Issue 32.7: verl saved its final checkpoint, then printed nothing until the stall watchdog stopped it; the stage
+    # failed, and the rerun resumed but lost the last step's metrics.
+    _fake_verl(monkeypatch, _finished_verl(tmp_path, print_last_step=False))
+    cfg = compose(["rl.total_steps=2", "rl.stall_timeout_s=1", "logging.progress=false"])
+    assert train.run_verl(cfg, "sft", tmp_path, 0) == 2
+    assert [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [1, 2]
+    from common.processes import owned_processes
+
+    assert owned_processes(train.verl_owner(tmp_path)) == []  # the hung verl is gone
+
+
+def test_verl_that_logged_its_last_step_and_does_not_exit_is_stopped_after_a_grace(tmp_path, monkeypatch):
+    _fake_verl(monkeypatch, _finished_verl(tmp_path, print_last_step=True))
+    monkeypatch.setattr(train, "FINISH_GRACE_S", 0.5)
+    cfg = compose(["rl.total_steps=2", "rl.stall_timeout_s=60", "logging.progress=false"])
+    started = time.monotonic()
+    assert train.run_verl(cfg, "sft", tmp_path, 0) == 2
+    assert time.monotonic() - started < 30  # not the stall timeout
+
+
+def test_step_records_verl_logged_but_the_stage_did_not_copy_are_recovered_from_verls_files(tmp_path):
+    metrics_dir = tmp_path / train.VERL_METRICS_SUBDIR
+    metrics_dir.mkdir()
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 1, "critic/score/mean": 0.1}) + "\n")
+    (metrics_dir / "attempt_0.jsonl").write_text(json.dumps({"step": 1, "data": {"critic/score/mean": 0.1}}) + "\n")
+    (metrics_dir / "attempt_1.jsonl").write_text(
+        "".join(json.dumps({"step": s, "data": {"critic/score/mean": s / 10}}) + "\n" for s in (1, 2, 3))
+        + '{"step": 4, "data": {"crit')  # cut by a kill: not a record
+    assert train.recover_verl_metrics(tmp_path) == [2, 3]
+    assert [(r["step"], r["critic/score/mean"]) for r in read_metrics(tmp_path / "metrics.jsonl")] == [
+        (1, 0.1), (2, 0.2), (3, 0.3)]
+    assert train.recover_verl_metrics(tmp_path) == []
+
+
+def test_what_outlives_verl_is_stopped_when_verl_exits(tmp_path, monkeypatch):
+    # Issue 32.2: Ray's processes live in sessions of their own; those still running after verl exits are stopped.
+    pid_file = tmp_path / "raylet.pid"
+    fake_verl = ("import pathlib, subprocess, sys\n"
+                 "raylet = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'], "
+                 "start_new_session=True)\n"
+                 f"pathlib.Path({str(pid_file)!r}).write_text(str(raylet.pid))\n"
+                 f"checkpoints = pathlib.Path({str(tmp_path / CHECKPOINT_SUBDIR)!r})\n"
+                 f"checkpoints.mkdir(); (checkpoints / {LATEST_ITERATION_FILE!r}).write_text('2')\n")
+    _fake_verl(monkeypatch, fake_verl)
+    started = time.monotonic()
+    assert train.run_verl(compose(["rl.total_steps=2", "logging.progress=false"]), "sft", tmp_path, 0) == 2
+    assert time.monotonic() - started < 60  # the orphan holding verl's output pipe is not waited for
+    raylet = psutil.Process(int(pid_file.read_text()))
+    try:
+        raylet.wait(timeout=5)
+    except psutil.TimeoutExpired:
+        raylet.kill()
+        pytest.fail("a process verl started outlived it")
+
+
+def test_a_pathological_answer_is_judged_wrong_within_the_reward_time_limit():
+    # Issue 32.7 probe: a reward worker that hangs on a pathological answer. rl/reward.py judges with
+    # eval.scoring.verify, whose deadline ends a judge that overruns: the rollout scores wrong within the limit.
+    from eval.scoring import TIMEOUT_S
+    from rl.reward import compute_score
+
+    started = time.monotonic()
+    assert compute_score("toy", "so \\boxed{9^{9^{9^{9}}}}", "5") == {"score": -1.0, "acc": 0.0}
+    assert compute_score("toy", "\\boxed{" + "(" * 3000 + "1" + ")" * 3000 + "}", "1")["acc"] == 0.0
+    assert time.monotonic() - started < 2 * (TIMEOUT_S + 1.5)
