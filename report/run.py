@@ -57,6 +57,7 @@ from report.tables import (
     ResultTable,
     Row,
     attach_paper_values,
+    comparison_text,
     delta_label,
     fill_estimates,
     load_paper_tables,
@@ -66,7 +67,6 @@ from report.tables import (
     primary_note,
     rl_gains,
     signed_estimate,
-    test_text,
     to_csv,
     to_latex,
     to_markdown,
@@ -416,7 +416,7 @@ def rl_gain_section(collected: dict, kept: dict[tuple[int, str], dict[int, float
                 versus, key = gain.versus_reference, (title, gain.label, metric)
                 cells += [signed_estimate(gain.gain, gain.seed_interval),
                           MISSING if versus is None else signed_estimate(versus, gain.versus_seed)
-                          + test_text(primary, key)]
+                          + comparison_text(primary, key)]
                 metrics[f"{title}/{gain.label}/{metric}"] = {
                     "gain": gain.gain.mean, "low": gain.gain.low, "high": gain.gain.high,
                     "versus_reference": None if versus is None else versus.mean,

@@ -430,15 +430,15 @@ def p_value_text(p_value: float | None) -> str:
     return "n/a" if p_value is None else "<0.001" if p_value < 0.001 else f"{p_value:.3f}"
 
 
-def test_text(primary: dict, cell) -> str:
+def comparison_text(primary: dict, cell) -> str:
     """What a Δ cell says of its test: `` p(Holm) 0.031`` for a primary comparison, `` expl.`` for any other."""
     return f" p(Holm) {p_value_text(primary[cell])}" if cell in primary else f" {EXPLORATORY}"
 
 
 def delta_text(row: Row, cell: tuple[str, str]) -> str:
     """A ``Δ vs`` cell: the paired difference, its bootstrap and seed-level intervals, and its test
-    (:func:`test_text`)."""
-    return signed_estimate(row.delta[cell], row.delta_seed.get(cell)) + test_text(row.primary, cell)
+    (:func:`comparison_text`)."""
+    return signed_estimate(row.delta[cell], row.delta_seed.get(cell)) + comparison_text(row.primary, cell)
 
 
 def delta_label(table: ResultTable) -> str:
@@ -448,7 +448,7 @@ def delta_label(table: ResultTable) -> str:
 def to_markdown(table: ResultTable) -> str:
     """GitHub Markdown: mean [95% bootstrap interval] ⟨seed-level t-interval⟩; bold best, ``<u>`` second, ``n.s.``
     where the bootstrap intervals overlap; the paper's value in parentheses; a ``Δ vs SFT`` line under each row with
-    a paired difference, its test (:func:`test_text`)."""
+    a paired difference, its test (:func:`comparison_text`)."""
     marks = _marks(table)
     header = [table.row_header] + [f"{column} {metric}" for column, metric in table.cells]
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] + [":---:"] * len(table.cells)) + "|"]
