@@ -21,10 +21,22 @@ share, each replicate evaluates both rows on the *same* drawn indices and takes 
 difficulty of the problems (and a seed's shared data order) cancels.
 
 The draws depend only on the shape (S, P_1, …) and the fixed seed, so a report is reproducible bit for bit.
+
+Seed level (:func:`seed_t_interval`, :func:`seed_t_test`). With S seeds the draws above hold at most
+C(2S − 1, S) distinct seed resamples (10 for S = 3), and the bootstrap variance of a mean of S per-seed values is
+(S − 1)/S of the usual estimate s²/S (2/3 for S = 3), so the interval above understates the seed-to-seed spread.
+The seed-level interval is Student's t over the S per-seed means (each the mean over benchmarks of the seed's mean
+over problems; for a paired difference, the per-seed differences): ``mean ± t_{0.975, S−1} · sd / √S`` with the
+sample sd (ddof = 1). It is exact when the per-seed means are normal (each averages problems × samples) and is
+conditional on the problem set: it says how far another seed's training run may land on these problems.
+:func:`seed_t_test` is the matching two-sided t-test of mean 0 (the Δ tables' p-values); :func:`holm` adjusts a
+family of them. :func:`cluster_spearman` resamples whole clusters (arms) for a rank correlation over pseudo-replicated
+points (several seeds per arm).
 """
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -175,3 +187,131 @@ def _average_ranks(values: np.ndarray) -> np.ndarray:
         tied = values == value
         ranks[tied] = ranks[tied].mean()
     return ranks
+
+
+# --------------------------------------------------------------------------------------- seed level
+def per_seed_means(groups: Sequence[np.ndarray]) -> np.ndarray:
+    """[S]: each seed's mean over benchmarks of its mean over problems (``groups[g][s, p]`` as in :func:`estimate`)."""
+    return np.mean([np.asarray(g, dtype=float).mean(axis=1) for g in groups], axis=0)
+
+
+def student_t_tail(t: float, df: int) -> float:
+    """Two-sided tail ``P(|T_df| ≥ |t|) = I_{df/(df + t²)}(df/2, 1/2)``, Student's t with ``df`` degrees of freedom
+    (the regularised incomplete beta function, ``mpmath.betainc``)."""
+    import mpmath
+
+    if df < 1:
+        raise ValueError(f"Student's t needs df >= 1; got {df}")
+    if math.isinf(t):
+        return 0.0
+    return float(mpmath.betainc(df / 2, 0.5, 0, df / (df + t * t), regularized=True))
+
+
+@functools.lru_cache(maxsize=64)
+def student_t_quantile(probability: float, df: int) -> float:
+    """The q with ``P(T_df ≤ q) = probability`` for ``probability`` in [0.5, 1): the root of
+    ``student_t_tail(q, df) = 2 (1 − probability)`` by bisection (the tail falls monotonically in q)."""
+    if not 0.5 <= probability < 1:
+        raise ValueError(f"student_t_quantile needs 0.5 <= probability < 1; got {probability}")
+    tail = 2 * (1 - probability)
+    low, high = 0.0, 1.0
+    while student_t_tail(high, df) > tail:
+        low, high = high, 2 * high
+    for _ in range(200):
+        middle = (low + high) / 2
+        if middle in (low, high):
+            break
+        low, high = (middle, high) if student_t_tail(middle, df) > tail else (low, middle)
+    return (low + high) / 2
+
+
+def seed_t_interval(per_seed: Sequence[float], confidence: float = CONFIDENCE) -> Estimate | None:
+    """Mean of the per-seed values with Student's t interval ``mean ± t_{(1+confidence)/2, S−1} · sd / √S`` (sample
+    sd, ddof = 1); None with fewer than 2 seeds."""
+    values = np.asarray(per_seed, dtype=float)
+    if len(values) < 2:
+        return None
+    mean = float(values.mean())
+    half = student_t_quantile((1 + confidence) / 2, len(values) - 1) * float(values.std(ddof=1)) / math.sqrt(len(values))
+    return Estimate(mean, mean - half, mean + half)
+
+
+def seed_t_test(per_seed: Sequence[float]) -> float | None:
+    """Two-sided p of the one-sample t-test of mean 0 over the per-seed values (for a paired difference: the
+    per-seed differences), ``t = mean / (sd / √S)`` with S − 1 degrees of freedom; None with fewer than 2 seeds.
+    Equal values give p = 1 when they are 0 and p = 0 otherwise."""
+    values = np.asarray(per_seed, dtype=float)
+    if len(values) < 2:
+        return None
+    mean, sd = float(values.mean()), float(values.std(ddof=1))
+    if sd == 0:
+        return 1.0 if mean == 0 else 0.0
+    return student_t_tail(mean / (sd / math.sqrt(len(values))), len(values) - 1)
+
+
+def holm(p_values: Sequence[float]) -> list[float]:
+    """Holm's step-down adjusted p-values, in the input order: with the m p-values sorted ascending,
+    ``p̃_(i) = max_{j ≤ i} min(1, (m − j + 1) · p_(j))``. Rejecting where ``p̃ ≤ α`` controls the family-wise error
+    rate at α for any dependence between the tests."""
+    order = sorted(range(len(p_values)), key=lambda i: p_values[i])
+    adjusted, running = [0.0] * len(p_values), 0.0
+    for rank, index in enumerate(order):
+        running = max(running, min(1.0, (len(p_values) - rank) * p_values[index]))
+        adjusted[index] = running
+    return adjusted
+
+
+# ---------------------------------------------------------------------------- clustered correlation
+@dataclass(frozen=True)
+class ClusteredCorrelation:
+    """A rank correlation over points that come in clusters, with the interval of the cluster bootstrap."""
+
+    estimate: Estimate
+    """Spearman's ρ over every point; the interval's ends are nan when no replicate had a defined ρ."""
+    clusters: int
+    undefined: int
+    """Replicates left out because a side was constant in them (ρ undefined)."""
+
+
+def cluster_spearman(x: Sequence[float], y: Sequence[float], clusters: Sequence, replicates: int = REPLICATES,
+                     seed: int = BOOTSTRAP_SEED, confidence: float = CONFIDENCE) -> ClusteredCorrelation:
+    """:func:`spearman` of ``x`` and ``y`` with a percentile interval that resamples clusters, not points.
+
+    ``clusters[i]`` names point i's cluster (an arm, whose seeds are its points). Replicate b draws K of the K clusters
+    with replacement (``numpy.random.default_rng(seed).integers(0, K, size=(B, K))``, clusters in order of first
+    appearance) and takes Spearman's ρ over every point of every drawn cluster, a cluster drawn twice counting twice:
+    :func:`spearman` of the expanded sample, computed from each point's multiplicity (:func:`weighted_spearman`).
+    """
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    names = list(dict.fromkeys(clusters))
+    rho = spearman(x, y)
+    if math.isnan(rho):  # fewer than 3 points or a constant side: nothing to resample
+        return ClusteredCorrelation(Estimate(rho, math.nan, math.nan), len(names), 0)
+    member = np.array([names.index(c) for c in clusters])
+    rng = np.random.default_rng(seed)
+    drawn = rng.integers(0, len(names), size=(replicates, len(names)))
+    counts = (drawn[:, :, None] == np.arange(len(names))).sum(axis=1)  # [B, K]: how often each cluster was drawn
+    rhos = weighted_spearman(x, y, counts[:, member].astype(float))
+    valid = rhos[~np.isnan(rhos)]
+    low, high = percentile_interval(valid, confidence) if len(valid) else (math.nan, math.nan)
+    return ClusteredCorrelation(Estimate(rho, low, high), len(names), int(np.isnan(rhos).sum()))
+
+
+def weighted_spearman(x: np.ndarray, y: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """[B] Spearman's ρ of the samples in which point i occurs ``weights[b, i]`` times (0 = left out): average ranks
+    ``Σ_j w_j [v_j < v_i] + (Σ_j w_j [v_j = v_i] + 1)/2``, then Pearson's r of the ranks with weights w; nan where a
+    side is constant."""
+    def ranks(values: np.ndarray) -> np.ndarray:
+        below = (values[None, :] < values[:, None]).astype(float)  # [i, j]: v_j < v_i
+        tied = (values[None, :] == values[:, None]).astype(float)
+        return np.einsum("bj,ij->bi", weights, below) + (np.einsum("bj,ij->bi", weights, tied) + 1) / 2
+
+    total = weights.sum(axis=1, keepdims=True)
+    rx, ry = ranks(x), ranks(y)
+    rx = rx - (weights * rx).sum(axis=1, keepdims=True) / total
+    ry = ry - (weights * ry).sum(axis=1, keepdims=True) / total
+    covariance, var_x, var_y = ((weights * a * b).sum(axis=1) for a, b in ((rx, ry), (rx, rx), (ry, ry)))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        rho = covariance / np.sqrt(var_x * var_y)
+    constant = (var_x <= 1e-12 * total[:, 0] ** 3) | (var_y <= 1e-12 * total[:, 0] ** 3)
+    return np.where(constant, np.nan, rho)

@@ -8,10 +8,13 @@ every sample with :func:`eval.scoring.verdict` (the judgement of ``verify``), an
 hands down):
 
 * ``samples.jsonl``: one line per sample, appended and flushed problem by problem. A crash or Ctrl-C loses no
-  finished problem; a re-run keeps the finished problems and samples only the missing ones.
+  finished problem; a re-run keeps the finished problems and samples only the missing ones. A sample that the
+  scorer's time limit scored 0 with no verdict (``time_limited``) is judged once more with the longer
+  ``eval.rejudge_timeout_s`` once sampling is done (:func:`rejudge_time_limited`; ``rejudged`` in its record), so
+  a re-run re-judges only what no run has re-judged yet.
 * ``metrics.json``: avg@n, pass@k for k = 1, 2, 4, …, n, per-problem correct counts, truncation and no-answer
-  rates, the number of samples the scorer's time limit scored 0 (``time_limited_samples``), and the protocol (n,
-  temperature, top_p, max_tokens, seed, backend and its version).
+  rates, the number of samples re-judged (``rejudged_samples``) and of those still without a verdict
+  (``time_limited_samples``), and the protocol (n, temperature, top_p, max_tokens, seed, backend and its version).
 * ``manifest.json`` (``common.manifest.stage_run``): config, input hashes, engine settings, headline metrics.
 
 In phase ``sft`` with a held-out SFT slice (``data.num_heldout_rows``), the same engine also scores that slice: the
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 import sys
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any, Callable
 
 from eval.bfcl.evaluate import run_bfcl
@@ -43,7 +47,15 @@ from eval.sample import (
     response_prefix,
 )
 from eval.scoring import CORRECT, MAX_WORKERS, TIME_LIMITED, TIMEOUT_S, extract_answer, verdict
-from eval.stage import add_benchmark, backend_record, benchmark_names, log_to_wandb, resolve_model, sample_problems
+from eval.stage import (
+    add_benchmark,
+    backend_record,
+    benchmark_names,
+    log_to_wandb,
+    resolve_model,
+    sample_problems,
+    write_samples,
+)
 from common.benchmarks import read_benchmark
 from common.config import Config, ConfigError, stage_main
 from common.manifest import Manifest, read_manifest, stage_run, write_json_atomic
@@ -81,6 +93,36 @@ def score_problem(row: dict[str, Any], completions: list, prefix: str, seed: int
              "answer": extract_answer(text), "correct": int(judged == CORRECT),
              "time_limited": judged == TIME_LIMITED}
             for index, (c, text, judged) in enumerate(zip(completions, scored_texts, verdicts))]
+
+
+def rejudge_time_limited(finished: dict[str, list[dict[str, Any]]], answers: dict[str, tuple[str, str]],
+                         timeout_s: float, pool: ThreadPoolExecutor, samples_path: Path) -> int:
+    """Judges once more, with the longer limit ``timeout_s``, every record of ``finished`` (problem id → its
+    records) that the scorer's time limit scored 0 (``time_limited``) and no run re-judged yet; ``answers``: problem
+    id → (gold answer, response prefix). Each such record gets the new verdict (``correct``, ``time_limited``) and
+    ``rejudged: true``; ``samples_path`` is rewritten (atomically) after each problem that changed, so an interrupted
+    pass loses no verdict it wrote. Returns how many records it re-judged."""
+    count = 0
+    for problem_id, records in finished.items():
+        todo = [record for record in records if record.get("time_limited") and not record.get("rejudged")]
+        if not todo:
+            continue
+        gold, prefix = answers[problem_id]
+        verdicts = list(pool.map(lambda text: verdict(prefix + text, gold, timeout_s=timeout_s),
+                                 [record["text"] for record in todo]))
+        for record, judged in zip(todo, verdicts):
+            record.update(correct=int(judged == CORRECT), time_limited=judged == TIME_LIMITED, rejudged=True)
+        write_samples(samples_path, finished)
+        count += len(todo)
+    return count
+
+
+def check_rejudge_timeout(cfg: Config) -> None:
+    """``eval.rejudge_timeout_s`` is 0 (off) or longer than the scorer's first limit."""
+    if 0 < cfg.eval.rejudge_timeout_s <= TIMEOUT_S:
+        raise ConfigError(f"eval.rejudge_timeout_s={cfg.eval.rejudge_timeout_s:g} is not longer than the scorer's "
+                          f"first time limit ({TIMEOUT_S:g} s, eval.scoring.TIMEOUT_S); set it above that, or 0 to "
+                          "never re-judge")
 
 
 # ------------------------------------------------------------------------------------------------- stage
@@ -133,32 +175,44 @@ def evaluate_benchmark(cfg: Config, benchmark: str, engine: _Engine, model_detai
             problem_id=lambda problem: problem[0]["id"], prompt_ids=lambda problem: engine.prompt_ids(problem[1]),
             score=lambda problem, completions, seed: score_problem(problem[0], completions,
                                                                    response_prefix(problem[1]), seed, pool))
+        rejudged = 0
+        if cfg.eval.rejudge_timeout_s:
+            rejudged = rejudge_time_limited(finished, {row["id"]: (row["answer"], response_prefix(prompt))
+                                                       for row, prompt in zip(rows, prompts)},
+                                            cfg.eval.rejudge_timeout_s, pool, out_dir / SAMPLES_FILE)
         records_by_problem = [finished[row["id"]] for row in rows]
         metrics = summarize(records_by_problem, n)
-        if metrics["time_limited_samples"]:
+        if metrics["time_limited_samples"] or rejudged:
             print(f"[eval/{benchmark}] {metrics['time_limited_samples']} samples scored 0 with no verdict within the "
                   f"scorer's time limit ({TIMEOUT_S:.0f} s, eval.scoring.TIMEOUT_S; math-verify's own timeout "
-                  "included); a loaded machine makes them more frequent (time_limited in samples.jsonl)",
+                  f"included), {rejudged} re-judged now with eval.rejudge_timeout_s={cfg.eval.rejudge_timeout_s:g}; "
+                  "a loaded machine makes them more frequent (time_limited, rejudged in samples.jsonl)",
                   file=sys.stderr, flush=True)
         backend = backend_record(engine, run.manifest)
         metrics_doc = {"benchmark": benchmark, "phase": cfg.eval.phase, "variant": cfg.eval.variant,
-                       "model": cfg.model.name, "model_path": engine.model_path, **metrics, "protocol": {
+                       "model": cfg.model.name, "model_path": engine.model_path, **metrics,
+                       "rejudge_timeout_s": cfg.eval.rejudge_timeout_s, "protocol": {
                            **protocol, "backend_version": backend.get("version", "")}}
         write_json_atomic(out_dir / EVAL_METRICS_FILE, metrics_doc)
         run.add_output(SAMPLES_FILE, "one line per sample: problem_id, sample_index, seed, text, num_tokens, "
-                                     "neg_logprob_sum, finish_reason, answer (extracted), correct (0/1), time_limited")
+                                     "neg_logprob_sum, finish_reason, answer (extracted), correct (0/1), time_limited, "
+                                     "rejudged (where judged again with the longer limit)")
         run.add_output(EVAL_METRICS_FILE, "avg@n, pass@k, per-problem correct counts, protocol")
         run.manifest.metrics = {key: value for key, value in metrics.items() if key != "correct_counts"}
         run.manifest.details["backend"] = backend
         run.manifest.details["protocol"] = metrics_doc["protocol"]
         run.manifest.details["sampling"] = sampling
         run.manifest.details["seed_rule"] = "derive_seed(seed, 'eval/<benchmark>/<problem id>') per problem"
+        run.manifest.details["rejudge"] = {"timeout_s": cfg.eval.rejudge_timeout_s, "rejudged_now": rejudged,
+                                           "rejudged": metrics["rejudged_samples"],
+                                           "still_time_limited": metrics["time_limited_samples"]}
         return run.manifest
 
 
 def summarize(records_by_problem: list[list[dict[str, Any]]], n: int) -> dict[str, Any]:
-    """avg@n, pass@k (k = 1, 2, 4, …, n), correct counts per problem, truncation and no-answer rates, mean response
-    tokens and the mean sampled-token entropy (None for samples without ``neg_logprob_sum``)."""
+    """avg@n, pass@k (k = 1, 2, 4, …, n), correct counts per problem, truncation and no-answer rates, the samples
+    re-judged and those still without a verdict, mean response tokens and the mean sampled-token entropy (None for
+    samples without ``neg_logprob_sum``)."""
     counts = [sum(r["correct"] for r in records) for records in records_by_problem]
     samples = [r for records in records_by_problem for r in records]
     return {"num_problems": len(counts), "n": n, **benchmark_metrics(counts, n),
@@ -166,6 +220,7 @@ def summarize(records_by_problem: list[list[dict[str, Any]]], n: int) -> dict[st
             "truncated_rate": sum(r["finish_reason"] == "length" for r in samples) / len(samples),
             "no_answer_rate": sum(r["answer"] is None for r in samples) / len(samples),
             "time_limited_samples": sum(r.get("time_limited", False) for r in samples),
+            "rejudged_samples": sum(r.get("rejudged", False) for r in samples),
             "mean_response_tokens": sum(r["num_tokens"] for r in samples) / len(samples),
             MEAN_TOKEN_ENTROPY: mean_token_entropy([r.get("neg_logprob_sum") for r in samples],
                                                    [r["num_tokens"] for r in samples])}
@@ -178,6 +233,7 @@ def run(cfg: Config, sampler_factory: Callable[..., Sampler] = make_sampler) -> 
     benchmark to its headline numbers and whose status is complete when every benchmark is.
     """
     require_stage(cfg, f"eval_{cfg.eval.phase}")  # common/preflight.py: GPUs, a CUDA vLLM, the model path
+    check_rejudge_timeout(cfg)
     if cfg.eval.backend == "vllm" and cfg.profile.device == "cpu":
         configure_vllm_cpu_environment()  # before the tokenizer below imports torch
     if cfg.data.benchmark_source == "bfcl":  # the tool-use family, scored by BFCL's checker (docs/tool_use.md)

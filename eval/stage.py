@@ -78,14 +78,15 @@ def read_finished(path: Path, n: int) -> dict[str, list[dict[str, Any]]]:
     finished = {pid: sorted(records, key=lambda r: r["sample_index"]) for pid, records in by_problem.items()
                 if sorted(r["sample_index"] for r in records) == list(range(n))}
     if sum(len(r) for r in finished.values()) != len(lines):
-        _write_atomic(path, "".join(json.dumps(r, ensure_ascii=False) + "\n"
-                                    for records in finished.values() for r in records))
+        write_samples(path, finished)
     return finished
 
 
-def _write_atomic(path: Path, text: str) -> None:
+def write_samples(path: Path, by_problem: dict[str, list[dict[str, Any]]]) -> None:
+    """Replaces ``path`` with the records of ``by_problem`` (in its order), atomically (temp file + ``os.replace``)."""
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
+    tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for records in by_problem.values()
+                           for r in records), encoding="utf-8")
     os.replace(tmp, path)
 
 

@@ -7,14 +7,16 @@ others, are its inputs (:func:`common.paths.report_run`). It writes into ``repor
 
 * ``table1.{md,csv,tex}`` (phase sft) and ``table2.{md,csv,tex}`` (phase rl) in the paper's layout
   (:mod:`report.tables`): each cell the mean over seeds and problems with its 95% bootstrap interval
-  (:mod:`eval.intervals`), a paired ``Δ vs SFT`` line per row, marks only where intervals separate, the paper's own
-  numbers in parentheses where the cell exists in the paper, each seed's value in the CSV;
+  (:mod:`eval.intervals`) and its seed-level t-interval, a paired ``Δ vs SFT`` line per row (Holm-adjusted p for
+  the primary comparisons of ``eval.primary_endpoints``, the rest exploratory), marks only where intervals
+  separate, the paper's own numbers in parentheses where the cell exists in the paper, each seed's value in the
+  CSV; under each table the count of samples left without a verdict by the scorer's time limit;
 * ``plots/passk_<model>_<phase>_<benchmark>.png``: pass@k curves with 95% bands, one line per method
   (:mod:`report.plots`);
 * ``plots/curves_<model>_{sft,rl}.png``: training curves of the SFT and RL runs (:mod:`report.analyses.curves`), the
-  RL gain of each arm with its interval and minus SFT's (:func:`report.tables.rl_gains`), and the RL-headroom table
+  RL gain of each arm with its intervals and minus SFT's (:func:`report.tables.rl_gains`), and the RL-headroom table
   (Spearman ρ of pre-RL pass@1 / pass@n / mean sample entropy / held-out NLL with the RL gain, across arms and
-  seeds);
+  seeds, with an interval that resamples arms);
 * the analyses of ``eval.analysis.run`` (:mod:`report.analyses`, :mod:`report.sweep`), each skipped with a note in
   ``report.md`` when its inputs are missing: ``drift_<model>_<phase>.{json,csv}`` and ``plots/drift_*.png``
   (parameter drift of every SFT / RL export vs the base model), ``iou_<model>.{md,json}`` and ``plots/iou_*.png``
@@ -43,25 +45,32 @@ from report.analyses.drift import compare_checkpoints, fraction_above, plot_drif
 from report.analyses.iou import iou_markdown, iou_series, plot_iou, read_metrics_log
 from report.analyses.curves import SFT_PANELS, logged_panels, plot_curves, read_runs, rl_panels
 from report.bfcl import run as bfcl_report
-from eval.intervals import per_problem_values, spearman
+from eval.intervals import ClusteredCorrelation, cluster_spearman, per_problem_values
 from eval.metrics import MEAN_TOKEN_ENTROPY, mixed_group_rate
 from report.plots import plot_heatmap, plot_pass_at_k
 from report.sweep import Sweep, find_sweeps, format_values, plot_sweep
 from report.tables import (
     AVERAGE,
     MISSING,
+    REFERENCE_VARIANT,
     Block,
     ResultTable,
     Row,
     attach_paper_values,
+    comparison_text,
     delta_label,
     fill_estimates,
     load_paper_tables,
+    mark_primary,
+    primary_gains,
+    primary_gains_note,
+    primary_note,
     rl_gains,
     signed_estimate,
     to_csv,
     to_latex,
     to_markdown,
+    unjudged_note,
 )
 from common.config import Config, stage_main
 from common.config.sft import SFTMethod
@@ -79,6 +88,7 @@ from common.paths import (
     eval_run,
     heldout_nll_run,
     hf_export_dir,
+    method_labels,
     model_configs,
     report_arms,
     report_benchmarks,
@@ -100,6 +110,11 @@ TABLE_NOTE = ("Each cell: mean over seeds and problems [95% bootstrap interval: 
               "difference (same seeds, same problems, same resamples) in points; pairing removes the problems' shared "
               "difficulty, so a Δ interval can exclude 0 where the two cells' intervals overlap.")
 """The per-step log of an SFT run (``sft/trainer.py``) and of an RL run (``rl/train.py``)."""
+INTERVALS_LEGEND = ("[ ]: 95% bootstrap interval over seeds and problems (with few seeds it understates the "
+                    "seed-to-seed spread); ⟨ ⟩: seed-level 95% t-interval over the per-seed means (df = seeds − 1; "
+                    "docs/evaluation.md, \"Intervals with few seeds\"); p(Holm): a primary comparison's Holm-adjusted "
+                    "p; expl.: exploratory, no test.")
+"""The one-line legend under every table with both intervals."""
 
 
 def row_label(cfg: Config, variant: str) -> str:
@@ -186,23 +201,20 @@ def _seeds_text(seeds: list[int]) -> str:
     return f"seed {seeds[0]}" if len(seeds) == 1 else f"seeds {', '.join(map(str, seeds))}"
 
 
+def primary_arms(cfg: Config) -> set[str]:
+    """The variants whose ``Δ vs SFT`` are primary comparisons: the labels of ``eval.primary_arms`` among
+    ``experiment.methods``, or (empty) of every method but SFT."""
+    labels = dict(zip(cfg.experiment.methods, method_labels(cfg)))
+    chosen = cfg.eval.primary_arms or list(labels)
+    return {labels[name] for name in chosen if name in labels} - {REFERENCE_VARIANT}
+
+
 def missing_seeds(cfg: Config, table: ResultTable) -> list[str]:
     """``model / method / benchmark: seeds …`` for every evaluation some but not all seeds have."""
     expected = set(cfg.run_seeds())
     return [f"{block.title} / {row.label} / {column}: seed {', '.join(map(str, sorted(expected - set(by_seed))))}"
             for block in table.blocks for row in block.rows for column, by_seed in row.evaluations.items()
             if expected - set(by_seed)]
-
-
-def time_limited_evaluations(files: dict[str, Path]) -> list[str]:
-    """``key: limited of total`` for every evaluation whose scorer's time limit scored samples 0 with no verdict
-    (``time_limited_samples`` in its metrics file; a file written before that field counts none)."""
-    found = []
-    for key, path in files.items():
-        doc = json.loads(path.read_text(encoding="utf-8"))
-        if doc.get("time_limited_samples"):
-            found.append(f"{key}: {doc['time_limited_samples']} of {doc['n'] * len(doc['correct_counts'])}")
-    return found
 
 
 # ------------------------------------------------------------------------------------------------ analyses
@@ -373,18 +385,24 @@ def curves_section(cfg: Config, model: ModelRuns, labels: list[str], out_dir: Pa
     return lines
 
 
-def rl_gain_section(collected: dict, kept: dict[tuple[int, str], dict[int, float]]) -> tuple[list[str], dict]:
+def rl_gain_section(collected: dict, kept: dict[tuple[int, str], dict[int, float]], endpoints: list[str],
+                    arms: set[str]) -> tuple[list[str], dict]:
     """Per RL arm: Table 2 − Table 1 of the same arm in each Table 2 metric's Avg column, paired on seeds and
-    problems, and that gain minus SFT's (:func:`report.tables.rl_gains`); beside them the share of the prompt groups
-    DAPO kept in the arm's RL runs (``kept``: (model index, variant) → seed → share, :func:`groups_kept_per_seed`)."""
+    problems, and that gain minus SFT's (:func:`report.tables.rl_gains`), each with its seed-level t-interval; the
+    ``Δ vs SFT`` of ``arms`` in ``endpoints`` (``eval.primary_endpoints.rl_gain``) are primary comparisons with
+    Holm-adjusted p-values (:func:`report.tables.primary_gains`), the others exploratory; beside them the share of
+    the prompt groups DAPO kept in the arm's RL runs (``kept``: (model index, variant) → seed → share,
+    :func:`groups_kept_per_seed`)."""
     if "sft" not in collected or "rl" not in collected:
         return ["Skipped: needs both Table 1 (before RL) and Table 2 (after RL) evaluations.", ""], {}
     before, after = collected["sft"][0], collected["rl"][0]
     by_metric = {metric: rl_gains(before, after, metric) for metric in after.metrics}
+    primary = primary_gains(by_metric, endpoints, arms)
     first = after.metrics[0]
     lines = [f"Table 2 − Table 1 of the same arm, Avg column, in points: mean [95% interval] over the seeds and "
              f"problems both evaluated, paired (same resamples); <sub>{delta_label(after)}</sub>: that gain minus "
-             f"{after.reference}'s gain, paired on the seeds all four evaluations share.", "",
+             f"{after.reference}'s gain, paired on the seeds all four evaluations share.", "", INTERVALS_LEGEND, "",
+             primary_gains_note(primary, endpoints), "",
              "| model | arm | seeds | " + " | ".join(f"RL gain in Avg {metric} | {delta_label(after)}"
                                                       for metric in after.metrics)
              + f" | {first} gain per seed | groups DAPO kept |",
@@ -395,11 +413,17 @@ def rl_gain_section(collected: dict, kept: dict[tuple[int, str], dict[int, float
         for arm in zip(*(gains for _, gains in blocks)):  # one arm: its Gain under each metric
             cells = []
             for metric, gain in zip(after.metrics, arm):
-                versus = gain.versus_reference
-                cells += [signed_estimate(gain.gain), MISSING if versus is None else signed_estimate(versus)]
+                versus, key = gain.versus_reference, (title, gain.label, metric)
+                cells += [signed_estimate(gain.gain, gain.seed_interval),
+                          MISSING if versus is None else signed_estimate(versus, gain.versus_seed)
+                          + comparison_text(primary, key)]
                 metrics[f"{title}/{gain.label}/{metric}"] = {
                     "gain": gain.gain.mean, "low": gain.gain.low, "high": gain.gain.high,
-                    "versus_reference": None if versus is None else versus.mean}
+                    "versus_reference": None if versus is None else versus.mean,
+                    **({"seed_t": [gain.seed_interval.low, gain.seed_interval.high]} if gain.seed_interval else {}),
+                    **({"versus_seed_t": [gain.versus_seed.low, gain.versus_seed.high], "versus_p_t": gain.versus_p}
+                       if gain.versus_seed else {}),
+                    **({"versus_p_holm": primary[key]} if key in primary else {})}
             per_seed = ", ".join(f"{seed}: {value:+.1f}" for seed, value in arm[0].per_seed.items())
             shares = list(kept.get((m, arm[0].variant), {}).values())
             share = f"{100 * sum(shares) / len(shares):.1f}%" if shares else MISSING
@@ -489,8 +513,9 @@ def headroom_section(collected: dict, heldout: dict[tuple[int, str], dict[int, f
     rho, rows = {}, []
     for field, name in HEADROOM_DIAGNOSTICS.items():
         having = [p for p in points if getattr(p, field) is not None]
-        rho[field] = spearman([getattr(p, field) for p in having], [p.gain for p in having])
-        value = "n/a (fewer than 3 points, or a constant side)" if math.isnan(rho[field]) else f"{rho[field]:+.2f}"
+        rho[field] = cluster_spearman([getattr(p, field) for p in having], [p.gain for p in having],
+                                      [(p.model, p.arm) for p in having])
+        value = rho_text(rho[field])
         if field in NOT_COMPUTED:
             value = f"{value} ({len(having)} of {len(points)} pairs)" if having else NOT_COMPUTED[field]
         rows.append(f"| {name} | {value} |")
@@ -498,9 +523,15 @@ def headroom_section(collected: dict, heldout: dict[tuple[int, str], dict[int, f
     def show(value: float | None, digits: int) -> str:
         return "n/a" if value is None else f"{value:.{digits}f}"
 
-    lines = [f"{len(points)} (arm, seed) pairs, every RL arm (Base included). RL gain = Table 2 Avg pass@1 − Table 1 "
-             "Avg pass@1 of the same arm and seed (points); Spearman's ρ of each pre-RL diagnostic with it:", "",
-             "| pre-RL diagnostic | Spearman ρ with the RL gain |", "|---|:---:|", *rows, "",
+    arms = len({(p.model, p.arm) for p in points})
+    lines = [f"{len(points)} (arm, seed) pairs of {arms} arms, every RL arm (Base included). RL gain = Table 2 Avg "
+             "pass@1 − Table 1 Avg pass@1 of the same arm and seed (points); Spearman's ρ of each pre-RL diagnostic "
+             "with it over the pairs, and its 95% interval from a bootstrap over arms: each of 2000 resamples (fixed "
+             "seed) draws the arms with replacement, every drawn arm with all its seeds, so the seeds of one arm "
+             "(one recipe) count as one unit, not as independent points (`eval.intervals.cluster_spearman`). With "
+             "few arms the interval is coarse and, like any percentile bootstrap over K units, somewhat narrow.", "",
+             "| pre-RL diagnostic | Spearman ρ with the RL gain [95% interval, arms resampled] |", "|---|:---:|",
+             *rows, "",
              f"Mixed groups: the expected share of groups of G = {group_size} samples of a problem that get both "
              "verdicts, the groups DAPO's dynamic sampling keeps (unbiased from the pre-RL samples, "
              "`eval.metrics.mixed_group_rate`; mean over problems, then benchmarks). It reads the evaluation's "
@@ -511,8 +542,22 @@ def headroom_section(collected: dict, heldout: dict[tuple[int, str], dict[int, f
              *(f"| {p.model} | {p.arm} | {p.seed} | {p.pass1:.1f} | {p.pass_n:.1f} ({p.n}) | "
                f"{show(p.mixed_groups, 3)} | {show(p.entropy, 3)} | {show(p.heldout_nll, 3)} | {p.gain:+.1f} |"
                for p in points), ""]
-    return lines, {"points": len(points), **{f"spearman_{field}": None if math.isnan(value) else value
-                                              for field, value in rho.items()}}
+    return lines, {"points": len(points), "arms": arms,
+                   **{f"spearman_{field}": None if math.isnan(value.estimate.mean) else value.estimate.mean
+                      for field, value in rho.items()},
+                   **{f"spearman_{field} 95% arms": [value.estimate.low, value.estimate.high]
+                      for field, value in rho.items() if not math.isnan(value.estimate.low)}}
+
+
+def rho_text(rho: ClusteredCorrelation) -> str:
+    """``+0.42 [−0.10, +0.80]`` (the interval over arm resamples; those with a constant side are left out and
+    counted), or why there is no ρ."""
+    if math.isnan(rho.estimate.mean):
+        return "n/a (fewer than 3 points, or a constant side)"
+    if math.isnan(rho.estimate.low):
+        return f"{rho.estimate.mean:+.2f} [n/a: every arm resample has a constant side]"
+    text = f"{rho.estimate.mean:+.2f} [{rho.estimate.low:+.2f}, {rho.estimate.high:+.2f}]"
+    return text + (f" ({rho.undefined} of the resamples had a constant side and are left out)" if rho.undefined else "")
 
 
 def heldout_nll_per_seed(models: list[ModelRuns], labels: list[str]) -> dict[tuple[int, str], dict[int, float]]:
@@ -648,6 +693,9 @@ def run(cfg: Config) -> Manifest:
     if not collected:
         raise StageInputError(f"no eval metrics found for experiment '{cfg.experiment.name}' "
                               f"(models {cfg.profile.models}, variants {labels}); run the eval stages first")
+    endpoints = {phase: list(cfg.eval.primary_endpoints.get(phase, [])) for phase in (*PHASES, "rl_gain")}
+    absent = {phase: mark_primary(table, endpoints[phase], primary_arms(cfg))
+              for phase, (table, _, _) in collected.items()}
     sweeps = sweep_tables(cfg, models) if "sweep" in analyses else []
     spec = report_run(cfg)
     with stage_run(out_dir, stage="report", variant="", config=spec.config, inputs=spec.inputs,
@@ -661,7 +709,9 @@ def run(cfg: Config) -> Manifest:
                 (out_dir / f"{name}.{suffix}").write_text(render(table), encoding="utf-8")
                 run_.add_output(f"{name}.{suffix}", f"{stage} ({suffix})")
             lines += [f"## {stage}", "", f"{table.caption}.", "", to_markdown(table),
-                      TABLE_NOTE.format(delta=delta_label(table))]
+                      TABLE_NOTE.format(delta=delta_label(table)), "", INTERVALS_LEGEND, "",
+                      primary_note(table, f"eval.primary_endpoints.{phase}", endpoints[phase], absent[phase]), "",
+                      unjudged_note(table), ""]
             lines.append("Numbers in parentheses are the paper's for the same cell." if table.has_paper_values else
                          "The paper has no numbers for these models and benchmarks, so only ours are shown.")
             lines += ["", f"Files: [{name}.md]({name}.md), [{name}.csv]({name}.csv) (with each seed's value), "
@@ -673,11 +723,6 @@ def run(cfg: Config) -> Manifest:
             partial = missing_seeds(cfg, table)
             if partial:
                 lines += [f"Seeds missing (cells use the seeds present): {'; '.join(partial)}", ""]
-            limited = time_limited_evaluations(files)
-            if limited:
-                lines += ["Samples scored 0 because the scorer's time limit passed before a verdict (counted as wrong "
-                          "above; a loaded machine makes them more frequent, and `python -m pipeline.run "
-                          "force=[<eval command>]` on a quiet one scores them again): " + "; ".join(limited), ""]
             lines += ["### pass@k curves", ""]
             for (title, bench), by_method in curves.items():
                 relative = f"plots/passk_{_slug(title)}_{phase}_{bench}.png"
@@ -709,7 +754,8 @@ def run(cfg: Config) -> Manifest:
         lines += ["## Training curves", ""]
         for model in models:
             lines += curves_section(cfg, model, labels, out_dir, run_)
-        more, analysis_metrics["rl_gain"] = rl_gain_section(collected, groups_kept_per_seed(models, rows["rl"]))
+        more, analysis_metrics["rl_gain"] = rl_gain_section(collected, groups_kept_per_seed(models, rows["rl"]),
+                                                            endpoints["rl_gain"], primary_arms(cfg))
         lines += ["## RL gain per arm", "", *more]
         more, analysis_metrics["headroom"] = headroom_section(collected, heldout_nll_per_seed(models, rows["rl"]),
                                                              cfg.rl.rollout_n)
@@ -767,8 +813,9 @@ def _numbers(values: dict[str, Any], prefix: str = "") -> dict[str, float]:
 
 
 def average_metrics(row: Row) -> dict[str, float | list[float] | None]:
-    """The row's Avg cells for the manifest: ``Avg pass@1`` (mean), ``Avg pass@1 95%`` ([low, high]) and
-    ``Avg pass@1 Δ vs reference`` ([mean, low, high]) where they exist."""
+    """The row's Avg cells for the manifest: ``Avg pass@1`` (mean), ``Avg pass@1 95%`` ([low, high]),
+    ``Avg pass@1 Δ vs reference`` ([mean, low, high]), the seed-level t-intervals of both (``… seed t 95%``) and,
+    for a primary comparison, its Holm-adjusted p (``Avg pass@1 Δ vs reference p(Holm)``), where they exist."""
     metrics: dict[str, float | list[float] | None] = {}
     for (column, metric), value in row.ours.items():
         if column != AVERAGE:
@@ -780,6 +827,12 @@ def average_metrics(row: Row) -> dict[str, float | list[float] | None]:
         if (column, metric) in row.delta:
             delta = row.delta[(column, metric)]
             metrics[f"{column} {metric} Δ vs reference"] = [delta.mean, delta.low, delta.high]
+        for name, found in ((f"{column} {metric} seed t 95%", row.seed_intervals.get((column, metric))),
+                            (f"{column} {metric} Δ vs reference seed t 95%", row.delta_seed.get((column, metric)))):
+            if found is not None:
+                metrics[name] = [found.low, found.high]
+        if (column, metric) in row.primary:
+            metrics[f"{column} {metric} Δ vs reference p(Holm)"] = row.primary[(column, metric)]
     return metrics
 
 

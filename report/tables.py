@@ -5,14 +5,18 @@ columns per benchmark pass@1 (= avg@n) and pass@k (k = ``eval.table_k``, or the 
 less; the unbiased estimator from each problem's correct count), then their mean over benchmarks ("Avg").
 
 Every cell is the mean over seeds and problems with its 95% bootstrap interval (:mod:`eval.intervals`), in percent
-with one decimal: ``62.5 [50.0, 75.0]``. Under each row of a block that has a reference row (SFT: variant ``sft``)
-a ``Δ vs SFT`` line gives the paired difference to it with its interval (same seeds, same problems, same resampled
-indices). Marks, per block and column: the best value is bold and the second best underlined only where the
-intervals separate (the best's interval lies above every other row's; the second's above every row below it);
-where they do not, the cell says "n.s." instead. The paper's own marks (no intervals) follow :func:`rank_marks`.
-Where the paper has a number for the same model, row, benchmark and metric (``report/paper_tables.json``), it is
-shown in parentheses next to ours. The CSV is long: one line per (model, method, column, metric) with the mean,
-interval, paired difference, the paper's value and one column per seed.
+with one decimal, and with two or more seeds the seed-level 95% t-interval over the per-seed means beside it:
+``62.5 [50.0, 75.0] ⟨41.0, 84.0⟩``. Under each row of a block that has a reference row (SFT: variant ``sft``)
+a ``Δ vs SFT`` line gives the paired difference to it with both intervals (same seeds, same problems, same resampled
+indices; the t-interval over the per-seed differences). A Δ cell of a primary comparison (:func:`mark_primary`: the
+declared arms × endpoints) carries its Holm-adjusted p-value over the table's primary comparisons (the paired t-test
+over the per-seed differences); every other Δ cell is marked exploratory. Marks, per block and column: the best
+value is bold and the second best underlined only where the bootstrap intervals separate (the best's interval lies
+above every other row's; the second's above every row below it); where they do not, the cell says "n.s." instead.
+The paper's own marks (no intervals) follow :func:`rank_marks`. Where the paper has a number for the same model,
+row, benchmark and metric (``report/paper_tables.json``), it is shown in parentheses next to ours. The CSV is long:
+one line per (model, method, column, metric) with the mean, intervals, paired difference, its test, the paper's
+value and one column per seed.
 """
 from __future__ import annotations
 
@@ -25,7 +29,17 @@ from typing import Sequence
 
 import numpy as np
 
-from eval.intervals import Estimate, common_problems, estimate, paired_difference, value_matrix
+from eval.intervals import (
+    Estimate,
+    common_problems,
+    estimate,
+    holm,
+    paired_difference,
+    per_seed_means,
+    seed_t_interval,
+    seed_t_test,
+    value_matrix,
+)
 
 PAPER_TABLES = Path(__file__).with_name("paper_tables.json")
 AVERAGE = "Avg"
@@ -37,6 +51,8 @@ PAPER_ROWS = {"base": "Base", "sft": "SFT", "dft": "DFT", "iwsft": "IW-SFT", "ps
 from the official code, and both of our EKSFT arms (paper equations, official code) are shown against it."""
 REFERENCE_VARIANT = "sft"
 """The variant every other row's paired difference is taken against."""
+EXPLORATORY = "expl."
+"""Marks a Δ cell outside the declared primary comparisons (no test; read as exploratory)."""
 
 
 @dataclass
@@ -58,6 +74,14 @@ class Row:
     """Paired difference to the block's reference row, in percent (empty for the reference row itself)."""
     per_seed: dict[tuple[str, str], dict[int, float]] = field(default_factory=dict)
     """Each seed's own mean over problems, in percent."""
+    seed_intervals: dict[tuple[str, str], Estimate] = field(default_factory=dict)
+    """The seed-level 95% t-interval over ``per_seed`` (:func:`eval.intervals.seed_t_interval`; two or more seeds)."""
+    delta_seed: dict[tuple[str, str], Estimate] = field(default_factory=dict)
+    """The seed-level 95% t-interval of the paired difference, over the per-seed differences (two or more seeds)."""
+    delta_p: dict[tuple[str, str], float] = field(default_factory=dict)
+    """Two-sided p of the paired t-test of Δ = 0 over the per-seed differences (two or more seeds), unadjusted."""
+    primary: dict[tuple[str, str], float | None] = field(default_factory=dict)
+    """The Δ cells of declared primary comparisons (:func:`mark_primary`) → Holm-adjusted p (None without a p)."""
 
 
 @dataclass
@@ -82,6 +106,8 @@ class ResultTable:
     blocks: list[Block]
     reference: str = "SFT"
     """Title of the reference row in the ``Δ vs …`` lines."""
+    primary_family: int = 0
+    """How many primary comparisons with a p-value the Holm adjustment ran over (:func:`mark_primary`)."""
 
     @property
     def cells(self) -> list[tuple[str, str]]:
@@ -133,12 +159,51 @@ def fill_estimates(table: ResultTable, reference_variant: str = REFERENCE_VARIAN
                 seeds, (groups,) = found
                 cell = estimate(groups).scaled(100)
                 row.ours[(column, metric)], row.intervals[(column, metric)] = cell.mean, cell
-                row.per_seed[(column, metric)] = {seed: 100 * float(np.mean([g[i].mean() for g in groups]))
-                                                  for i, seed in enumerate(seeds)}
+                means = 100 * per_seed_means(groups)
+                row.per_seed[(column, metric)] = {seed: float(value) for seed, value in zip(seeds, means)}
+                if (seed_level := seed_t_interval(means)) is not None:
+                    row.seed_intervals[(column, metric)] = seed_level
                 if reference is not None and row is not reference:
                     paired = _groups([row, reference], columns, k)
                     if paired is not None:
                         row.delta[(column, metric)] = paired_difference(*paired[1]).scaled(100)
+                        _seed_level_delta(row, (column, metric), *paired[1])
+
+
+def _seed_level_delta(row: Row, cell: tuple[str, str], groups: Sequence[np.ndarray],
+                      reference: Sequence[np.ndarray]) -> None:
+    """The seed-level t-interval and t-test p of ``row``'s paired difference in ``cell`` (two or more seeds)."""
+    differences = 100 * (per_seed_means(groups) - per_seed_means(reference))
+    if (seed_level := seed_t_interval(differences)) is not None:
+        row.delta_seed[cell], row.delta_p[cell] = seed_level, seed_t_test(differences)
+
+
+def endpoint_cell(endpoint: str) -> tuple[str, str]:
+    """``"Avg pass@1"`` → ``("Avg", "pass@1")``: a declared endpoint (``eval.primary_endpoints``) as a table cell."""
+    column, _, metric = endpoint.rpartition(" ")
+    return column, metric
+
+
+def holm_family(p_values: dict) -> dict:
+    """Holm-adjusted p (:func:`eval.intervals.holm`) of every key with a p-value; None for keys without one."""
+    tested = [key for key, value in p_values.items() if value is not None]
+    adjusted = dict(zip(tested, holm([p_values[key] for key in tested])))
+    return {key: adjusted.get(key) for key in p_values}
+
+
+def mark_primary(table: ResultTable, endpoints: Sequence[str], arms: set[str]) -> list[str]:
+    """Marks the primary comparisons of ``table``: the ``Δ vs`` cells of the rows whose variant is in ``arms`` in the
+    ``endpoints`` (``"Avg pass@1"``: column and metric), over every block; sets ``Row.primary`` to their
+    Holm-adjusted p over that family (the cells with a t-test p) and ``table.primary_family`` to its size. Returns
+    the endpoints this table has no cell for."""
+    cells = [endpoint_cell(endpoint) for endpoint in endpoints]
+    found = {(b, r, cell): row.delta_p.get(cell)
+             for b, block in enumerate(table.blocks) for r, row in enumerate(block.rows)
+             if row.variant in arms for cell in cells if cell in row.delta}
+    for (b, r, cell), adjusted in holm_family(found).items():
+        table.blocks[b].rows[r].primary[cell] = adjusted
+    table.primary_family = sum(value is not None for value in found.values())
+    return [endpoint for endpoint, cell in zip(endpoints, cells) if cell not in table.cells]
 
 
 @dataclass(frozen=True)
@@ -153,6 +218,12 @@ class Gain:
     """``gain`` − the reference arm's gain, paired on the seeds and problems all four evaluations share (a
     difference in differences); None for the reference itself or when it has no gain."""
     per_seed: dict[int, float]
+    seed_interval: Estimate | None = None
+    """The seed-level 95% t-interval of ``gain`` over ``per_seed`` (two or more seeds)."""
+    versus_seed: Estimate | None = None
+    """The seed-level 95% t-interval of ``versus_reference`` over the per-seed differences in differences."""
+    versus_p: float | None = None
+    """Two-sided p of the t-test of ``versus_reference`` = 0 over those per-seed values, unadjusted."""
 
 
 def rl_gains(before: ResultTable, after: ResultTable, metric: str,
@@ -174,18 +245,97 @@ def rl_gains(before: ResultTable, after: ResultTable, metric: str,
                 continue
             seeds, (after_groups, before_groups) = found
             differences = [a - b for a, b in zip(after_groups, before_groups)]
-            versus = None
+            per_seed = 100 * per_seed_means(differences)
+            versus = versus_seed = versus_p = None
             if reference is not None and row_after is not reference[0]:
                 shared = _groups([row_after, row_before, *reference], columns, k)
                 if shared is not None:
                     mine_after, mine_before, theirs_after, theirs_before = shared[1]
-                    versus = paired_difference([a - b for a, b in zip(mine_after, mine_before)],
-                                               [a - b for a, b in zip(theirs_after, theirs_before)]).scaled(100)
+                    mine = [a - b for a, b in zip(mine_after, mine_before)]
+                    theirs = [a - b for a, b in zip(theirs_after, theirs_before)]
+                    versus = paired_difference(mine, theirs).scaled(100)
+                    in_differences = 100 * (per_seed_means(mine) - per_seed_means(theirs))
+                    versus_seed, versus_p = seed_t_interval(in_differences), seed_t_test(in_differences)
             gains.append(Gain(row_after.label, row_after.variant, estimate(differences).scaled(100), versus,
-                              {seed: 100 * float(np.mean([d[i].mean() for d in differences]))
-                               for i, seed in enumerate(seeds)}))
+                              {seed: float(value) for seed, value in zip(seeds, per_seed)},
+                              seed_t_interval(per_seed), versus_seed, versus_p))
         result.append((block_after.title, gains))
     return result
+
+
+def primary_gains(by_metric: dict[str, Sequence[tuple[str, Sequence[Gain]]]], endpoints: Sequence[str],
+                  arms: set[str]) -> dict[tuple[str, str, str], float | None]:
+    """The RL gains' primary comparisons, (block title, row label, metric) → Holm-adjusted p (None without a
+    p-value): the ``Δ vs SFT`` of every arm whose variant is in ``arms``, in each metric whose ``Avg <metric>`` is
+    among ``endpoints`` (``by_metric``: metric → :func:`rl_gains`), adjusted together (:func:`holm_family` of their
+    ``versus_p``)."""
+    return holm_family({(title, gain.label, metric): gain.versus_p for metric, blocks in by_metric.items()
+                        if f"{AVERAGE} {metric}" in endpoints for title, block in blocks for gain in block
+                        if gain.variant in arms and gain.versus_reference is not None})
+
+
+def primary_gains_note(primary: dict[tuple[str, str, str], float | None], endpoints: Sequence[str]) -> str:
+    """The line above the RL gain table that says which of its ``Δ vs SFT`` cells are primary (:func:`primary_gains`)
+    and which came out at p(Holm) ≤ 0.05."""
+    if not endpoints:
+        return ("No primary endpoint is declared for the RL gain (`eval.primary_endpoints.rl_gain`): every Δ is "
+                "exploratory.")
+    tested = sum(value is not None for value in primary.values())
+    below = [f"{title} / {label} Avg {metric} (p(Holm) {p_value_text(adjusted)})"
+             for (title, label, metric), adjusted in primary.items() if adjusted is not None and adjusted <= 0.05]
+    return (f"Primary comparisons (`eval.primary_endpoints.rl_gain`: {', '.join(endpoints)}; the primary arms' Δ "
+            f"cells, marked p(Holm)): {len(primary)}, of which {tested} with a p-value (two or more seeds), "
+            "Holm-adjusted over those; p from the t-test over the per-seed differences in differences (df = seeds − "
+            f"1). Every other Δ cell is exploratory ({EXPLORATORY}). p(Holm) ≤ 0.05: "
+            f"{'; '.join(below) if below else 'none'}.")
+
+
+def primary_note(table: ResultTable, key: str, endpoints: Sequence[str], absent: Sequence[str]) -> str:
+    """The line under a table that says which Δ cells are primary, how they were adjusted and which came out below
+    0.05; ``key`` names the config entry (``eval.primary_endpoints.sft``)."""
+    if not endpoints:
+        return f"No primary endpoint is declared for this table (`{key}`): every Δ cell is exploratory."
+    found = [(block.title, row.label, cell, row.delta[cell].mean, adjusted) for block in table.blocks
+             for row in block.rows for cell, adjusted in row.primary.items()]
+    text = (f"Primary comparisons (`{key}`: {', '.join(endpoints)}; the primary arms' Δ cells, marked p(Holm)): "
+            f"{len(found)}, of which {table.primary_family} with a p-value (two or more seeds), Holm-adjusted over "
+            "those; p from the paired t-test over the per-seed differences (df = seeds − 1). Every other Δ cell is "
+            f"exploratory ({EXPLORATORY}).")
+    below = [f"{title} / {label} {' '.join(cell)} {_signed(mean)} (p(Holm) {p_value_text(adjusted)})"
+             for title, label, cell, mean, adjusted in found if adjusted is not None and adjusted <= 0.05]
+    text += f" p(Holm) ≤ 0.05: {'; '.join(below) if below else 'none'}."
+    if absent:
+        text += f" Declared endpoints this table has no cell for: {', '.join(absent)}."
+    return text
+
+
+def unjudged_note(table: ResultTable) -> str:
+    """The line under a table that counts the samples left without a verdict: scored 0 because the scorer's time
+    limit passed, also when judged once more with a longer limit (``time_limited_samples`` after re-judging,
+    ``rejudged_samples`` in each ``metrics.json``; an evaluation written before re-judging existed has no
+    ``rejudged_samples`` and was never re-judged)."""
+    total = unjudged = rejudged = 0
+    listed, never = [], []
+    for block in table.blocks:
+        for row in block.rows:
+            for column, by_seed in row.evaluations.items():
+                for seed, doc in by_seed.items():
+                    samples, limited = doc["n"] * len(doc["correct_counts"]), doc.get("time_limited_samples", 0)
+                    total, unjudged = total + samples, unjudged + limited
+                    rejudged += doc.get("rejudged_samples", 0)
+                    name = f"{block.title} / {row.label} / {column} / seed {seed}"
+                    if limited:
+                        listed.append(f"{name}: {limited} of {samples}")
+                        if "rejudged_samples" not in doc:
+                            never.append(name)
+    text = (f"Unjudged samples (no verdict within the scorer's time limit, nor when judged once more with the longer "
+            f"`eval.rejudge_timeout_s`; scored 0 above): {unjudged} of {total}; {rejudged} re-judged.")
+    if listed:
+        text += f" By evaluation: {'; '.join(listed)}."
+    if never:
+        text += (f" Never re-judged (evaluated before re-judging existed; `python -m pipeline.run "
+                 f"force=[<eval command>]` samples and judges them again): {'; '.join(never)}.")
+    return text
 
 
 def load_paper_tables(path: Path = PAPER_TABLES) -> dict:
@@ -261,9 +411,34 @@ def _interval(estimate_: Estimate, signed: bool = False) -> str:
     return f"[{show(estimate_.low)}, {show(estimate_.high)}]"
 
 
-def signed_estimate(estimate_: Estimate) -> str:
-    """A difference with its interval: ``+12.5 [+0.0, +25.0]``."""
-    return f"{_signed(estimate_.mean)} {_interval(estimate_, signed=True)}"
+def signed_estimate(estimate_: Estimate, seed_level: Estimate | None = None) -> str:
+    """A difference with its interval and, when given, its seed-level interval:
+    ``+12.5 [+0.0, +25.0] ⟨−3.0, +28.0⟩``."""
+    return f"{_signed(estimate_.mean)} {_interval(estimate_, signed=True)}{seed_interval_text(seed_level, signed=True)}"
+
+
+def seed_interval_text(seed_level: Estimate | None, signed: bool = False) -> str:
+    """`` ⟨low, high⟩``, the seed-level t-interval beside a bootstrap interval; empty without one (one seed)."""
+    if seed_level is None:
+        return ""
+    show = _signed if signed else lambda value: _number(value).replace("-", "−")  # t-intervals may pass below 0
+    return f" ⟨{show(seed_level.low)}, {show(seed_level.high)}⟩"
+
+
+def p_value_text(p_value: float | None) -> str:
+    """``0.031``; ``<0.001`` below that; ``n/a`` without a p-value (one seed)."""
+    return "n/a" if p_value is None else "<0.001" if p_value < 0.001 else f"{p_value:.3f}"
+
+
+def comparison_text(primary: dict, cell) -> str:
+    """What a Δ cell says of its test: `` p(Holm) 0.031`` for a primary comparison, `` expl.`` for any other."""
+    return f" p(Holm) {p_value_text(primary[cell])}" if cell in primary else f" {EXPLORATORY}"
+
+
+def delta_text(row: Row, cell: tuple[str, str]) -> str:
+    """A ``Δ vs`` cell: the paired difference, its bootstrap and seed-level intervals, and its test
+    (:func:`comparison_text`)."""
+    return signed_estimate(row.delta[cell], row.delta_seed.get(cell)) + comparison_text(row.primary, cell)
 
 
 def delta_label(table: ResultTable) -> str:
@@ -271,8 +446,9 @@ def delta_label(table: ResultTable) -> str:
 
 
 def to_markdown(table: ResultTable) -> str:
-    """GitHub Markdown: mean [95% interval]; bold best, ``<u>`` second, ``n.s.`` where the intervals overlap; the
-    paper's value in parentheses; a ``Δ vs SFT`` line under each row with a paired difference."""
+    """GitHub Markdown: mean [95% bootstrap interval] ⟨seed-level t-interval⟩; bold best, ``<u>`` second, ``n.s.``
+    where the bootstrap intervals overlap; the paper's value in parentheses; a ``Δ vs SFT`` line under each row with
+    a paired difference, its test (:func:`comparison_text`)."""
     marks = _marks(table)
     header = [table.row_header] + [f"{column} {metric}" for column, metric in table.cells]
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] + [":---:"] * len(table.cells)) + "|"]
@@ -285,7 +461,7 @@ def to_markdown(table: ResultTable) -> str:
                 mark = marks[(b, r, cell)]
                 text = f"**{text}**" if mark == "best" else f"<u>{text}</u>" if mark == "second" else text
                 if cell in row.intervals:
-                    text += f" {_interval(row.intervals[cell])}"
+                    text += f" {_interval(row.intervals[cell])}{seed_interval_text(row.seed_intervals.get(cell))}"
                 if mark == NOT_SEPARATED:
                     text += f" {NOT_SEPARATED}"
                 if cell in row.paper:
@@ -293,8 +469,7 @@ def to_markdown(table: ResultTable) -> str:
                 cells.append(text)
             lines.append("| " + " | ".join([row.label, *cells]) + " |")
             if row.delta:
-                deltas = [signed_estimate(row.delta[cell])
-                          if cell in row.delta else MISSING for cell in table.cells]
+                deltas = [delta_text(row, cell) if cell in row.delta else MISSING for cell in table.cells]
                 lines.append("| " + " | ".join([f"<sub>{delta_label(table)}</sub>",
                                                 *(f"<sub>{d}</sub>" for d in deltas)]) + " |")
     return "\n".join(lines) + "\n"
@@ -302,11 +477,14 @@ def to_markdown(table: ResultTable) -> str:
 
 def to_csv(table: ResultTable) -> str:
     """Long format: one line per (model, method, column, metric): mean, 95% interval, mark, the paired difference
-    to the reference row and its interval, the paper's value, the number of seeds, and one column per seed."""
+    to the reference row and its interval, the paper's value, the number of seeds, the seed-level t-intervals of the
+    cell and of its difference, the difference's t-test p, its role (``primary`` / ``exploratory``) and Holm-adjusted
+    p, and one column per seed."""
     seeds = sorted({seed for block in table.blocks for row in block.rows for values in row.per_seed.values()
                     for seed in values})
     header = ["model", "method", "variant", "column", "metric", "mean", "ci_low", "ci_high", "mark",
-              "delta_reference", "delta", "delta_low", "delta_high", "paper", "num_seeds",
+              "delta_reference", "delta", "delta_low", "delta_high", "paper", "num_seeds", "seed_t_low",
+              "seed_t_high", "delta_seed_t_low", "delta_seed_t_high", "delta_p_t", "delta_role", "delta_p_holm",
               *(f"seed {seed}" for seed in seeds)]
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
@@ -316,16 +494,24 @@ def to_csv(table: ResultTable) -> str:
     def number(value: float | None) -> str:
         return "" if value is None else f"{value:.4f}"
 
+    def p_number(value: float | None) -> str:
+        return "" if value is None else f"{value:.6g}"
+
     for b, block in enumerate(table.blocks):
         for r, row in enumerate(block.rows):
             for cell in table.cells:
                 interval, delta = row.intervals.get(cell), row.delta.get(cell)
+                seed_level, delta_seed = row.seed_intervals.get(cell), row.delta_seed.get(cell)
                 per_seed = row.per_seed.get(cell, {})
+                role = "" if delta is None else "primary" if cell in row.primary else "exploratory"
                 writer.writerow([block.title, row.label, row.variant, *cell, number(row.ours.get(cell)),
                                  number(interval and interval.low), number(interval and interval.high),
                                  marks[(b, r, cell)], table.reference if delta else "",
                                  number(delta and delta.mean), number(delta and delta.low),
                                  number(delta and delta.high), number(row.paper.get(cell)), len(per_seed),
+                                 number(seed_level and seed_level.low), number(seed_level and seed_level.high),
+                                 number(delta_seed and delta_seed.low), number(delta_seed and delta_seed.high),
+                                 p_number(row.delta_p.get(cell)), role, p_number(row.primary.get(cell)),
                                  *(number(per_seed.get(seed)) for seed in seeds)])
     return buffer.getvalue()
 
@@ -335,10 +521,15 @@ def _latex_escape(text: str) -> str:
         .replace("#", "\\#")
 
 
+def _latex_math(text: str) -> str:
+    """The minus signs, angle brackets and less-than signs of a cell's text as LaTeX math."""
+    return text.replace("−", "$-$").replace("⟨", "$\\langle$").replace("⟩", "$\\rangle$").replace("<", "$<$")
+
+
 def to_latex(table: ResultTable) -> str:
     """The paper's tabular: grouped pass@1 / pass@k columns, a block title per model, \\textbf and \\underline
-    where the intervals separate (``n.s.`` superscript where not), the interval in \\scriptsize, and a
-    ``Δ vs SFT`` line per row."""
+    where the intervals separate (``n.s.`` superscript where not), the intervals in \\scriptsize, and a
+    ``Δ vs SFT`` line per row with its test."""
     marks = _marks(table)
     width = 1 + len(table.cells)
     per_column = len(table.metrics)
@@ -363,14 +554,15 @@ def to_latex(table: ResultTable) -> str:
                 if mark == NOT_SEPARATED:
                     text += f"\\textsuperscript{{{NOT_SEPARATED}}}"
                 if cell in row.intervals:
-                    text += f" {{\\scriptsize {_interval(row.intervals[cell])}}}"
+                    text += f" {{\\scriptsize {_interval(row.intervals[cell])}" \
+                            f"{_latex_math(seed_interval_text(row.seed_intervals.get(cell)))}}}"
                 if cell in row.paper:
                     text += f" {{\\scriptsize({row.paper[cell]:.1f})}}"
                 cells.append(text)
             lines.append(" & ".join([_latex_escape(row.label), *cells]) + " \\\\")
             if row.delta:
-                deltas = [f"{{\\scriptsize {_signed(row.delta[cell].mean)} {_interval(row.delta[cell], signed=True)}}}"
-                          .replace("−", "$-$") if cell in row.delta else MISSING for cell in table.cells]
+                deltas = [f"{{\\scriptsize {_latex_math(delta_text(row, cell))}}}" if cell in row.delta else MISSING
+                          for cell in table.cells]
                 lines.append(" & ".join([f"{{\\scriptsize\\quad $\\Delta$ vs {_latex_escape(table.reference)}}}",
                                          *deltas]) + " \\\\")
         lines.append("\\hline")

@@ -106,6 +106,8 @@ class Config:
         presets = sorted(path.stem for path in (CONF_DIR / "sft" / "method").glob("*.yaml"))
         for method in self.experiment.rl_methods:
             check_choice("experiment.rl_methods[]", method, presets)
+        for method in self.eval.primary_arms:
+            check_choice("eval.primary_arms[]", method, presets)
         self.profile.validate()
         self.model.validate()
         self.data.validate()

@@ -1,12 +1,17 @@
 """Schema of the evaluation stage: which model, which benchmarks, the sampling protocol, the engine, the tables."""
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from common.config.common import SUPERVISION, ConfigError, SamplingConfig, check_choice, check_name, check_range
 
 ANALYSES = ("drift", "iou", "case_study", "sweep")
 """Analyses the report stage can add next to the tables and pass@k curves."""
+ENDPOINT_TABLES = ("sft", "rl", "rl_gain")
+"""Where primary endpoints are declared: Table 1's and Table 2's ``Δ vs SFT`` lines, the RL gain's ``Δ vs SFT``."""
+ENDPOINT = re.compile(r"\S(.*\S)? pass@[1-9][0-9]*")
+"""An endpoint names a table cell: its column title and metric, ``Avg pass@1``."""
 PAPER_ROW_LABELS = {"base": "Base", "sft": "SFT", "dft": "DFT", "iwsft": "IW-SFT", "psft": "PSFT",
                     "eksft": "EKSFT (paper eq.)", "eksft_compatofficial_code": "EKSFT (official code)",
                     "asft": "ASFT", "gem": "GEM", "sedsft": "SED-SFT", "eaft": "EAFT",
@@ -103,6 +108,17 @@ class EvalConfig(SamplingConfig):
     """Row titles of the tables by variant / method name (missing: the label itself)."""
     analysis: AnalysisConfig = field(default_factory=AnalysisConfig)
     """The report stage's analyses beyond Tables 1-2 and the pass@k curves."""
+    primary_endpoints: dict[str, list[str]] = field(default_factory=lambda: {
+        "sft": ["Avg pass@1", "Avg pass@32"], "rl": ["Avg pass@1", "Avg pass@32"], "rl_gain": []})
+    """The primary endpoints of the report's ``Δ vs SFT`` comparisons, by table: ``sft`` (Table 1), ``rl`` (Table 2),
+    ``rl_gain`` (the RL gain minus SFT's; its column is Avg). Each is a cell, ``<column> <metric>``. Per table, the
+    comparisons of the primary arms in these cells get Holm-adjusted p-values; every other Δ cell is exploratory."""
+    primary_arms: list[str] = field(default_factory=list)
+    """The arms (``experiment.methods`` entries) whose ``Δ vs SFT`` are primary comparisons; empty: every method but
+    SFT itself (Base is never one)."""
+    rejudge_timeout_s: float = field(default=30.0, metadata=SUPERVISION)
+    """After sampling, every sample that the scorer's time limit scored 0 with no verdict is judged once more with
+    this longer limit (0: never); those still without a verdict are counted under the report's tables."""
 
     def validate(self) -> None:
         check_choice("eval.phase", self.phase, ("sft", "rl"))
@@ -128,6 +144,18 @@ class EvalConfig(SamplingConfig):
         check_range("eval.tensor_parallel_size", self.tensor_parallel_size, 1)
         check_range("eval.data_parallel_size", self.data_parallel_size, 0)
         check_range("eval.table_k", self.table_k, 1)
+        for table, endpoints in self.primary_endpoints.items():
+            check_choice("eval.primary_endpoints (a table)", table, ENDPOINT_TABLES)
+            for endpoint in endpoints:
+                if not isinstance(endpoint, str) or not ENDPOINT.fullmatch(endpoint):
+                    raise ConfigError(f"eval.primary_endpoints.{table} has {endpoint!r}; an endpoint is a table cell, "
+                                      "'<column title> pass@<k>' (e.g. 'Avg pass@1')")
+                if table == "rl_gain" and not endpoint.startswith("Avg "):
+                    raise ConfigError(f"eval.primary_endpoints.rl_gain has {endpoint!r}; the RL gain is computed in "
+                                      "the Avg column only (e.g. 'Avg pass@1')")
+        if len(set(self.primary_arms)) != len(self.primary_arms):
+            raise ConfigError(f"eval.primary_arms has duplicates: {self.primary_arms}")
+        check_range("eval.rejudge_timeout_s", self.rejudge_timeout_s, 0.0)
         self.analysis.validate()
 
     def samples_for(self, benchmark: str) -> int:

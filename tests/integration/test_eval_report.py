@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from dataclasses import replace
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from eval.intervals import cluster_spearman
 from report import run as report
 from common.config import compose
 from common.manifest import is_current, read_manifest
@@ -43,13 +45,22 @@ def test_report_stage_on_the_toy_world(tmp_path):
     # base − sft = (−1/4, 0) -> mean −12.5, [−25, 0]; pass@4: (−1, 0) -> −50 [−100, 0].
     lines = table.splitlines()
     eksft = lines.index(next(line for line in lines if line.startswith("| EKSFT (paper eq.) |")))
-    assert lines[eksft + 1].startswith("| <sub>Δ vs SFT</sub> | <sub>+0.0 [−25.0, +25.0]</sub> | "
-                                       "<sub>+0.0 [+0.0, +0.0]</sub> |")
-    assert "| <sub>Δ vs SFT</sub> | <sub>−12.5 [−25.0, +0.0]</sub> | <sub>−50.0 [−100.0, +0.0]</sub> |" in table
+    # The default primary endpoints are Avg pass@1 and Avg pass@32 of every method but SFT: EKSFT's Avg pass@1 Δ
+    # (one seed: no t-test, so no p) and no pass@32 column (4 samples); Base and every other cell are exploratory.
+    assert lines[eksft + 1] == ("| <sub>Δ vs SFT</sub> | <sub>+0.0 [−25.0, +25.0] expl.</sub> | "
+                                "<sub>+0.0 [+0.0, +0.0] expl.</sub> | <sub>+0.0 [−25.0, +25.0] expl.</sub> | "
+                                "<sub>+0.0 [+0.0, +0.0] expl.</sub> | <sub>+0.0 [−25.0, +25.0] p(Holm) n/a</sub> | "
+                                "<sub>+0.0 [+0.0, +0.0] expl.</sub> |")
+    assert ("| <sub>Δ vs SFT</sub> | <sub>−12.5 [−25.0, +0.0] expl.</sub> | "
+            "<sub>−50.0 [−100.0, +0.0] expl.</sub> |") in table
     assert sum(line.startswith("| <sub>Δ vs SFT") for line in lines) == 2  # base and eksft, not sft itself
     assert not (out / "table2.md").exists()
     text = (out / "report.md").read_text()
     assert "only ours are shown" in text and "plots/passk_Toy-Qwen3-0.8M_sft_toy_add.png" in text
+    assert ("Primary comparisons (`eval.primary_endpoints.sft`: Avg pass@1, Avg pass@32; the primary arms' Δ cells, "
+            "marked p(Holm)): 1, of which 0 with a p-value") in text
+    assert "p(Holm) ≤ 0.05: none. Declared endpoints this table has no cell for: Avg pass@32." in text
+    assert "Unjudged samples" in text and "scored 0 above): 0 of 48; 0 re-judged." in text  # 3 rows x 2 x 2 x 4
     assert (out / "plots" / "passk_Toy-Qwen3-0.8M_sft_toy_add.png").stat().st_size > 1000
     assert manifest.complete
     assert read_manifest(out).complete
@@ -69,18 +80,26 @@ def test_report_aggregates_seeds(tmp_path):
     out = report_dir(cfg)
     table = (out / "table1.md").read_text()
     # Resampling two seeds gives (a, a), (a, b), (b, a) or (b, b): the interval spans the two seeds' values.
-    # sft: 25 and 75 -> 50 [25, 75]; eksft: 50 and 100 -> 75 [50, 100]; they overlap: n.s.
-    assert "| SFT | 50.0 [25.0, 75.0] |" in table
-    assert "| EKSFT (paper eq.) | 75.0 [50.0, 100.0] n.s. |" in table
+    # sft: 25 and 75 -> 50 [25, 75]; eksft: 50 and 100 -> 75 [50, 100]; they overlap: n.s. The seed-level
+    # t-interval: sd 35.36, t_{0.975, 1} = 12.706, half-width 12.706 · 35.36 / sqrt(2) = 317.7: what two seeds say.
+    assert "| SFT | 50.0 [25.0, 75.0] ⟨−267.7, 367.7⟩ |" in table
+    assert "| EKSFT (paper eq.) | 75.0 [50.0, 100.0] ⟨−242.7, 392.7⟩ n.s. |" in table
     # Paired per seed: eksft − sft = +25 for both seeds -> +25 [+25, +25] (unpaired intervals overlap).
-    assert "| <sub>Δ vs SFT</sub> | <sub>+25.0 [+25.0, +25.0]</sub> |" in table
+    assert "| <sub>Δ vs SFT</sub> | <sub>+25.0 [+25.0, +25.0] ⟨+25.0, +25.0⟩ expl.</sub> |" in table
+    # Avg pass@1 is a primary endpoint: both seeds' differences are +25, so t is infinite and p = 0.
+    assert "<sub>+25.0 [+25.0, +25.0] ⟨+25.0, +25.0⟩ p(Holm) <0.001</sub>" in table
     rows = (out / "table1.csv").read_text().splitlines()
-    assert rows[0].endswith(",num_seeds,seed 3,seed 7")
-    assert "Toy-Qwen3-0.8M,SFT,sft,Toy-Add,pass@1,50.0000,25.0000,75.0000,,,,,,,2,25.0000,75.0000" in rows
+    assert rows[0].endswith(",num_seeds,seed_t_low,seed_t_high,delta_seed_t_low,delta_seed_t_high,delta_p_t,"
+                            "delta_role,delta_p_holm,seed 3,seed 7")
+    assert ("Toy-Qwen3-0.8M,SFT,sft,Toy-Add,pass@1,50.0000,25.0000,75.0000,,,,,,,2,-267.6551,367.6551,,,,,,"
+            "25.0000,75.0000") in rows
     assert "mean [95% interval] over seeds 3, 7 and problems" in (out / "report.md").read_text()
     eksft = manifest.metrics["sft"]["Toy-Qwen3-0.8M/EKSFT (paper eq.)"]
     assert eksft["Avg pass@1"] == 75.0 and eksft["Avg pass@1 95%"] == [50.0, 100.0]
     assert eksft["Avg pass@1 Δ vs reference"] == [25.0, 25.0, 25.0]
+    assert eksft["Avg pass@1 seed t 95%"] == pytest.approx([75 - 317.655, 75 + 317.655], abs=1e-3)
+    assert eksft["Avg pass@1 Δ vs reference seed t 95%"] == [25.0, 25.0]
+    assert eksft["Avg pass@1 Δ vs reference p(Holm)"] == 0.0 and "Avg pass@4 Δ vs reference p(Holm)" not in eksft
 
 
 def test_a_table_caption_names_the_seeds_it_holds(tmp_path):
@@ -96,16 +115,28 @@ def test_a_table_caption_names_the_seeds_it_holds(tmp_path):
     assert "Seeds missing (cells use the seeds present): Toy-Qwen3-0.8M / Base / Toy-Add: seed 7" in text
 
 
-def test_report_names_the_evaluations_the_scorers_time_limit_scored(tmp_path):
+def test_report_counts_the_samples_left_unjudged_under_each_table(tmp_path):
     cfg = compose([f"experiment.run_root={tmp_path}", "experiment.methods=[sft]", "eval.analysis.run=[]"])
     for variant in ("base", "sft"):
         for bench in ("toy_add", "toy_mixed"):
-            limited = 3 if (variant, bench) == ("sft", "toy_mixed") else 0
-            _write_metrics(cfg, "sft", variant, bench, {"p1": 1, "p2": 0}, time_limited_samples=limited)
+            extra = {}
+            if (variant, bench) == ("sft", "toy_mixed"):  # evaluated before re-judging existed: 3 never re-judged
+                extra = {"time_limited_samples": 3}
+            elif (variant, bench) == ("base", "toy_add"):  # 2 re-judged, 1 of them still without a verdict
+                extra = {"time_limited_samples": 1, "rejudged_samples": 2}
+            else:
+                extra = {"time_limited_samples": 0, "rejudged_samples": 0}
+            _write_metrics(cfg, "sft", variant, bench, {"p1": 1, "p2": 0}, **extra)
     report.run(cfg)
     lines = (report_dir(cfg) / "report.md").read_text().splitlines()
-    found = [line for line in lines if line.startswith("Samples scored 0 because the scorer's time limit passed")]
-    assert len(found) == 1 and found[0].endswith(": toy/sft/sft/toy_mixed/seed0: 3 of 8")  # 2 problems x 4
+    found = [line for line in lines if line.startswith("Unjudged samples")]
+    assert len(found) == 1  # one table (no Table 2 evaluations), one line under it
+    assert found[0] == ("Unjudged samples (no verdict within the scorer's time limit, nor when judged once more with "
+                        "the longer `eval.rejudge_timeout_s`; scored 0 above): 4 of 32; 2 re-judged. By evaluation: "
+                        "Toy-Qwen3-0.8M / Base / Toy-Add / seed 0: 1 of 8; Toy-Qwen3-0.8M / SFT / Toy-Mixed / seed 0: "
+                        "3 of 8. Never re-judged (evaluated before re-judging existed; `python -m pipeline.run "
+                        "force=[<eval command>]` samples and judges them again): Toy-Qwen3-0.8M / SFT / Toy-Mixed / "
+                        "seed 0.")
 
 
 def test_report_shows_the_papers_numbers_next_to_ours(tmp_path):
@@ -163,23 +194,36 @@ def test_report_training_curves_and_rl_headroom(tmp_path):
     assert headroom["points"] == 6
     assert headroom["spearman_pass1"] == pytest.approx(-13 / (16.5 * 15.5) ** 0.5)
     assert headroom["spearman_pass_n"] == pytest.approx(-4.5 / (7.5 * 15.5) ** 0.5)
-    assert "| Avg pass@1 | -0.81 |" in text and "| Avg pass@n (k = n, all samples) | -0.42 |" in text
+    # Its interval resamples the 3 arms (each with both its seeds), not the 6 pairs.
+    arms = ["base", "base", "sft", "sft", "eksft", "eksft"]
+    by_arms = cluster_spearman([0, 25, 50, 75, 25, 50], [50, 25, 25, 0, 75, 25], arms).estimate
+    assert headroom["arms"] == 3 and headroom["spearman_pass1 95% arms"] == [by_arms.low, by_arms.high]
+    assert f"| Avg pass@1 | -0.81 [{by_arms.low:+.2f}, {by_arms.high:+.2f}] |" in text
+    assert "| Avg pass@n (k = n, all samples) | -0.42 [" in text
     # entropy 1.0, 0.8 | 0.6, 0.4 | 1.2, 0.9: ranks (5, 3, 2, 1, 6, 4) against the gain ranks: ρ = 15.5 / sqrt(17.5 · 15.5).
     assert headroom["spearman_entropy"] == pytest.approx(15.5 / (17.5 * 15.5) ** 0.5)
-    assert "| mean sample entropy (nats/token) | +0.94 (6 of 6 pairs) |" in text
+    assert "| mean sample entropy (nats/token) | +0.94 [" in text and "] (6 of 6 pairs) |" in text
     # Mixed groups of G = 2 of 4 samples: c = 0 -> 0, c = 1 or 3 -> 1 − 3/6 = 0.5, c = 2 -> 4/6; so
     # (0, 0.5, 0.667, 0.5, 0.5, 0.667), ranks (1, 3, 5.5, 3, 3, 5.5) against the gain ranks: ρ = −5.5 / sqrt(15 · 15.5).
     assert headroom["spearman_mixed_groups"] == pytest.approx(-5.5 / (15 * 15.5) ** 0.5)
-    assert "| share of mixed groups of G = rl.rollout_n samples | -0.36 (6 of 6 pairs) |" in text
+    assert "| share of mixed groups of G = rl.rollout_n samples | -0.36 [" in text
     assert "| Toy-Qwen3-0.8M | EKSFT (paper eq.) | 0 | 25.0 | 100.0 (4) | 0.500 | 1.200 | n/a | +75.0 |" in text
     assert "held-out NLL on a held-out slice of the SFT set | not computed" in text
     # RL gain per arm (pass@1, seeds 0, 1): base 50, 25 | sft 25, 0 | eksft 75, 25; minus SFT's of the same seed:
     # base 25, 25 | eksft 50, 25. One problem per benchmark, so only the two seeds are resampled.
     gains = manifest.metrics["rl_gain"]
-    assert gains["Toy-Qwen3-0.8M/EKSFT (paper eq.)/pass@1"] == {"gain": 50.0, "low": 25.0, "high": 75.0,
-                                                                 "versus_reference": 37.5}
+    # Seed level (t_{0.975, 1} = 12.706): EKSFT's gains 75, 25 -> 50 ± 12.706 · 35.355 / sqrt(2) = 50 ± 317.655; its
+    # differences to SFT's 50, 25 -> 37.5 ± 158.83, t = 37.5 / 12.5 = 3, p = 1 − 2 atan(3) / π. No rl_gain endpoint
+    # is declared by default, so no Holm p.
+    eksft = gains["Toy-Qwen3-0.8M/EKSFT (paper eq.)/pass@1"]
+    assert {key: eksft[key] for key in ("gain", "low", "high", "versus_reference")} == {
+        "gain": 50.0, "low": 25.0, "high": 75.0, "versus_reference": 37.5}
+    assert eksft["seed_t"] == pytest.approx([50 - 317.655, 50 + 317.655], abs=1e-3)
+    assert eksft["versus_seed_t"] == pytest.approx([37.5 - 158.828, 37.5 + 158.828], abs=1e-3)
+    assert eksft["versus_p_t"] == pytest.approx(1 - 2 * math.atan(3) / math.pi) and "versus_p_holm" not in eksft
     assert gains["Toy-Qwen3-0.8M/SFT/pass@1"]["versus_reference"] is None
-    assert "| Toy-Qwen3-0.8M | Base | 2 | +37.5 [+25.0, +50.0] | +25.0 [+25.0, +25.0] |" in text
+    assert ("| Toy-Qwen3-0.8M | Base | 2 | +37.5 [+25.0, +50.0] ⟨−121.3, +196.3⟩ | +25.0 [+25.0, +25.0] "
+            "⟨+25.0, +25.0⟩ expl. |") in text
     # Groups DAPO kept: only the sft arm's RL runs logged steps; 2 steps of B kept against 2·B discarded, both seeds.
     assert "| 0: +25.0, 1: +0.0 | 50.0% |" in text and "| 0: +50.0, 1: +25.0 | – |" in text
     assert gains[f"Toy-Qwen3-0.8M/SFT/{RL_GROUPS_KEPT}"] == 0.5

@@ -18,7 +18,7 @@ from eval.sample import Completion, _EngineProcess, make_sampler, render_prompt
 from eval.scoring import extract_answer, verify
 from common.benchmarks import read_benchmark
 from common.config import Config, ConfigError, compose
-from common.manifest import StageInputError, read_manifest
+from common.manifest import StageInputError, read_manifest, write_manifest
 from common.models import load_tokenizer
 from common.paths import SAMPLES_FILE, data_dir, eval_dir
 from common.seeding import derive_seed
@@ -96,6 +96,40 @@ def test_verdicts_and_metrics_by_hand(tmp_path, tiny_model, shared_data):
     assert [r["correct"] for r in _samples(cfg, "hmmt25")] == [1, 1, 0, 0, 0, 0, 0, 0]
     assert summary.complete and summary.metrics["hmmt25"]["pass@4"] == pytest.approx(0.5)
     assert not (out.parent / "wandb").exists()  # logging.wandb_mode=disabled: wandb writes nothing
+
+
+def test_time_limited_samples_are_rejudged_under_the_run_contract(tmp_path, tiny_model, shared_data):
+    cfg = _config(tmp_path, tiny_model, "eval.benchmarks=[hmmt25]", "eval.max_problems=1", "eval.rejudge_timeout_s=6")
+    _write_benchmarks(cfg, shared_data, ["hmmt25"])
+    row = read_benchmark(data_dir(cfg) / "benchmarks" / "hmmt25.jsonl")[0]
+    # The scorer's adversarial answer (math-verify spends its whole own timeout on it) and one right answer.
+    texts = {derive_seed(cfg.seed, f"eval/hmmt25/{row['id']}"): ["</think>\\boxed{99999999!}",
+                                                                f"</think>\\boxed{{{row['answer']}}}", "", ""]}
+    run(cfg, lambda *args: ScriptedSampler(texts))
+    out = eval_dir(cfg, "hmmt25")
+    records = _samples(cfg, "hmmt25")
+    assert [(r["correct"], r["time_limited"], r.get("rejudged", False)) for r in records] == \
+        [(0, True, True), (1, False, False), (0, False, False), (0, False, False)]
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert (metrics["time_limited_samples"], metrics["rejudged_samples"], metrics["rejudge_timeout_s"]) == (1, 1, 6.0)
+    assert read_manifest(out).details["rejudge"] == {"timeout_s": 6.0, "rejudged_now": 1, "rejudged": 1,
+                                                     "still_time_limited": 1}
+    # A run interrupted before re-judging (its samples written, as a loaded machine left them: the right answer
+    # time-limited too) is resumed: it re-judges what no run re-judged and samples nothing.
+    records[1].update(correct=0, time_limited=True)
+    (out / SAMPLES_FILE).write_text("".join(json.dumps(r) + "\n" for r in records))
+    manifest = read_manifest(out)
+    manifest.status = "failed"
+    write_manifest(out, manifest)
+    run(cfg, lambda *args: pytest.fail("a finished benchmark started an engine"))
+    assert [(r["correct"], r["time_limited"], r.get("rejudged", False)) for r in _samples(cfg, "hmmt25")] == \
+        [(0, True, True), (1, False, True), (0, False, False), (0, False, False)]
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert (metrics["correct_counts"], metrics["time_limited_samples"], metrics["rejudged_samples"]) == \
+        ({row["id"]: 1}, 1, 2)
+    assert read_manifest(out).complete and read_manifest(out).details["rejudge"]["rejudged_now"] == 1
+    with pytest.raises(ConfigError, match="eval.rejudge_timeout_s"):  # not longer than the first limit
+        run(_config(tmp_path, tiny_model, "eval.benchmarks=[hmmt25]", "eval.rejudge_timeout_s=5"))
 
 
 def test_metrics_reach_wandb_offline(tmp_path, tiny_model, shared_data, monkeypatch):

@@ -54,6 +54,12 @@ def test_command_line_choice_beats_profile_default():
     ("+toy.chat_style_weights.guess=0.1", "toy.chat_style_weights"),
     ("toy.num_kv_heads=3", "toy.num_kv_heads"),
     ("toy.pretrain_seq_len=4096", "toy.pretrain_seq_len"),
+    ("eval.primary_endpoints.sft=[pass@1]", "eval.primary_endpoints.sft"),
+    ("eval.primary_endpoints.rl_gain=[Toy-Add pass@1]", "eval.primary_endpoints.rl_gain"),
+    ("+eval.primary_endpoints.table3=[Avg pass@1]", "eval.primary_endpoints"),
+    ("eval.primary_arms=[eksft,eksft]", "eval.primary_arms"),
+    ("eval.primary_arms=[no_such_method]", "eval.primary_arms"),
+    ("eval.rejudge_timeout_s=-1", "eval.rejudge_timeout_s"),
 ])
 def test_invalid_value_names_the_key(override, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):

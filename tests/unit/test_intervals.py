@@ -4,7 +4,23 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from eval.intervals import Draws, Estimate, estimate, paired_difference, per_problem_values, replicates, spearman
+from eval.intervals import (
+    Draws,
+    Estimate,
+    cluster_spearman,
+    estimate,
+    holm,
+    paired_difference,
+    per_problem_values,
+    per_seed_means,
+    replicates,
+    seed_t_interval,
+    seed_t_test,
+    spearman,
+    student_t_quantile,
+    student_t_tail,
+    weighted_spearman,
+)
 
 # Five replicates of three problems, drawn "by hand".
 PROBLEMS = np.array([[0, 0, 1], [2, 2, 2], [0, 1, 2], [1, 1, 0], [0, 2, 2]])
@@ -88,3 +104,115 @@ def test_spearman_by_hand():
     # ties take the average rank: ranks (1.5, 1.5, 3) vs (1, 2, 3) -> r = 1.5 / sqrt(1.5 · 2)
     assert spearman([1, 1, 2], [1, 2, 3]) == pytest.approx(np.sqrt(0.75))
     assert np.isnan(spearman([1, 2], [2, 1])) and np.isnan(spearman([1, 1, 1], [1, 2, 3]))
+
+
+# ------------------------------------------------------------------------------ few seeds (issue 27)
+def test_student_t_against_the_printed_table():
+    # t_{0.975, df} from any statistics table; and the df = 2 tail in closed form, 1 − t / sqrt(2 + t²).
+    for df, quantile in ((1, 12.7062), (2, 4.3027), (4, 2.7764), (30, 2.0423)):
+        assert student_t_quantile(0.975, df) == pytest.approx(quantile, abs=1e-4)
+    assert student_t_tail(3.0, 2) == pytest.approx(1 - 3 / np.sqrt(11))
+    assert student_t_tail(0.0, 5) == pytest.approx(1.0) and student_t_tail(float("inf"), 2) == 0.0
+
+
+def test_seed_t_interval_and_test_by_hand():
+    # Per-seed values 1, 2, 3: mean 2, sd 1; half-width t_{0.975, 2} / sqrt(3) = 4.302653 / 1.732051 = 2.484138.
+    assert seed_t_interval([1.0, 2.0, 3.0]) == Estimate(2.0, pytest.approx(-0.484138, abs=1e-6),
+                                                        pytest.approx(4.484138, abs=1e-6))
+    # t = 2 / (1 / sqrt(3)) = sqrt(12); df = 2: p = 1 − t / sqrt(2 + t²) = 1 − sqrt(12 / 14).
+    assert seed_t_test([1.0, 2.0, 3.0]) == pytest.approx(1 - np.sqrt(12 / 14))
+    assert seed_t_interval([5.0]) is None and seed_t_test([5.0]) is None  # one seed: no seed-level statement
+    assert seed_t_interval([2.0, 2.0]) == Estimate(2.0, 2.0, 2.0)
+    assert seed_t_test([2.0, 2.0]) == 0.0 and seed_t_test([0.0, 0.0]) == 1.0
+    # per-seed means: benchmark means per seed, then their mean over benchmarks
+    assert per_seed_means([np.array([[1.0, 0.0], [1.0, 1.0]]), np.array([[0.0], [0.5]])]) == pytest.approx([0.25, 0.75])
+
+
+def test_holm_by_hand():
+    # Sorted 0.005, 0.01, 0.03, 0.04 times 4, 3, 2, 1: 0.02, 0.03, 0.06, 0.04 -> running max 0.02, 0.03, 0.06, 0.06.
+    assert holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert holm([0.5, 0.4]) == pytest.approx([0.8, 0.8])  # 0.4·2 = 0.8, then max(0.8, 0.5·1)
+    assert holm([0.3, 0.9, 0.6]) == pytest.approx([0.9, 1.0, 1.0])  # capped at 1
+    assert holm([0.01]) == [0.01] and holm([]) == []
+
+
+def test_crossed_bootstrap_over_three_seeds_has_ten_resamples_and_two_thirds_of_the_seed_variance():
+    draws = Draws.generate(3, [1])
+    distinct = {tuple(sorted(row)) for row in draws.seed_index.tolist()}
+    assert len(distinct) == 10  # the multisets of 3 of 3 seeds: C(5, 3)
+    # One problem, so only the seeds vary: per-seed values 0, 1, 2 (s² = 1). The usual variance of their mean is
+    # s²/S = 1/3; the bootstrap's is (S − 1)/S of that, 2/9.
+    bootstrap_variance = replicates([np.array([[0.0], [1.0], [2.0]])], draws).var()
+    assert bootstrap_variance / (1 / 3) == pytest.approx(2 / 3, abs=0.03)
+
+
+SEEDS, PROBLEMS_PER_SEED, TRUE_MEAN, SEED_SD, NOISE_SD = 3, 50, 0.5, 0.05, 0.1
+"""The synthetic case of docs/evaluation.md ("Intervals with few seeds"): value[s, p] = μ + a_s + e_sp with a seed
+effect a_s ~ N(0, 0.05²) shared by a seed's problems and independent noise e_sp ~ N(0, 0.1²), 3 seeds, 50 problems."""
+
+
+def crossed_bootstrap_intervals(values: np.ndarray) -> np.ndarray:
+    """[E, 2] :func:`estimate`'s intervals of E one-benchmark experiments [E, S, P] at once (its draws depend only on
+    the shape, so every experiment uses the same ones)."""
+    draws = Draws.generate(values.shape[1], [values.shape[2]])
+    experiments, seeds, problems = values.shape
+    by_seed = (values.reshape(-1, problems) @ draws.problem_weights[0].T).reshape(experiments, seeds, -1)  # [E, S, B]
+    reps = np.take_along_axis(by_seed, draws.seed_index.T[None], axis=1).mean(axis=1)  # [E, B]
+    return np.percentile(reps, [2.5, 97.5], axis=1).T
+
+
+def test_coverage_on_a_synthetic_case_with_known_seed_variance():
+    rng = np.random.default_rng(27)
+    experiments = 2000
+    values = (TRUE_MEAN + rng.normal(0, SEED_SD, size=(experiments, SEEDS, 1))
+              + rng.normal(0, NOISE_SD, size=(experiments, SEEDS, PROBLEMS_PER_SEED)))
+    bootstrap = crossed_bootstrap_intervals(values)
+    for e in range(3):  # the batched intervals are the report's
+        cell = estimate([values[e]])
+        assert bootstrap[e] == pytest.approx([cell.low, cell.high])
+    seed_level = [seed_t_interval(per_seed_means([v])) for v in values]
+    t_coverage = np.mean([i.low <= TRUE_MEAN <= i.high for i in seed_level])
+    bootstrap_coverage = np.mean((bootstrap[:, 0] <= TRUE_MEAN) & (TRUE_MEAN <= bootstrap[:, 1]))
+    # 2000 experiments: a true 95% lands within ±1.5 points (three binomial standard errors) of 95%.
+    assert 0.935 <= t_coverage <= 0.965, t_coverage
+    assert bootstrap_coverage < 0.88, bootstrap_coverage  # measured 0.830 (docs/evaluation.md)
+    assert np.mean([i.high - i.low for i in seed_level]) > np.mean(bootstrap[:, 1] - bootstrap[:, 0])
+
+
+def test_cluster_resamples_are_spearman_of_the_expanded_sample():
+    x = np.array([0.1, 0.4, 0.2, 0.9, 0.8, 0.3, 0.5, 0.5])
+    y = np.array([1.0, 0.0, 2.0, 3.0, 5.0, 4.0, 4.0, 6.0])
+    arms = ["a", "a", "b", "b", "b", "c", "d", "d"]
+    member = np.array([0, 0, 1, 1, 1, 2, 3, 3])
+    drawn = np.array([[0, 0, 1, 3], [2, 2, 2, 1], [3, 1, 0, 2], [1, 1, 3, 3]])  # clusters a..d, drawn by hand
+    weights = np.stack([np.bincount(row, minlength=4)[member] for row in drawn]).astype(float)
+    expanded = [np.concatenate([np.flatnonzero(member == c) for c in row]) for row in drawn]
+    assert weighted_spearman(x, y, weights) == pytest.approx([spearman(x[i], y[i]) for i in expanded])
+    # Same for the draws cluster_spearman makes itself: its interval is the percentiles of these.
+    generated = np.random.default_rng(7).integers(0, 4, size=(50, 4))
+    rhos = [spearman(x[i], y[i]) for i in
+            (np.concatenate([np.flatnonzero(member == c) for c in row]) for row in generated)]
+    result = cluster_spearman(x, y, arms, replicates=50, seed=7)
+    valid = [r for r in rhos if not np.isnan(r)]
+    assert result.estimate == Estimate(pytest.approx(spearman(x, y)), pytest.approx(np.percentile(valid, 2.5)),
+                                       pytest.approx(np.percentile(valid, 97.5)))
+    assert result.clusters == 4 and result.undefined == len(rhos) - len(valid)
+
+
+def test_resampling_arms_not_pairs_on_pseudo_replicated_pairs():
+    # 6 arms x 3 seeds; the pre-RL diagnostic and the RL gain are independent at the arm level (true ρ = 0), and the
+    # seeds of an arm lie close together. The 18 pairs look like 18 points but hold 6 arms' worth of information.
+    rng = np.random.default_rng(0)
+    arms = np.repeat(np.arange(6), 3)
+    excludes_zero = {"arms": 0, "pairs": 0}
+    experiments = 200
+    for _ in range(experiments):
+        x = rng.normal(size=6)[arms] + rng.normal(0, 0.3, size=18)
+        y = rng.normal(size=6)[arms] + rng.normal(0, 0.3, size=18)
+        for name, clusters in (("arms", arms), ("pairs", np.arange(18))):
+            interval = cluster_spearman(x, y, clusters, replicates=1000).estimate
+            excludes_zero[name] += not interval.low <= 0 <= interval.high
+    # Resampling pairs calls a correlation that is not there about a quarter of the time; resampling arms about as
+    # often as a 95% interval should (measured 0.25 and 0.06).
+    assert excludes_zero["pairs"] / experiments > 0.18
+    assert excludes_zero["arms"] / experiments < 0.1

@@ -230,3 +230,30 @@ def test_a_verdict_says_when_the_time_limit_decided_it():
     assert scoring.verdict("\\boxed{5}", "5", timeout_s=-1.0) == scoring.TIME_LIMITED  # the deadline had passed
     assert scoring.verdict(SLOW_ANSWER, "5", timeout_s=4.0) == scoring.TIME_LIMITED  # math-verify's own timeout
     assert verify(SLOW_ANSWER, "5", timeout_s=4.0) == 0.0
+
+
+def test_time_limited_samples_are_judged_once_more_with_a_longer_limit(tmp_path):
+    # A sample the time limit decided on a loaded machine (`\boxed{5}`, recorded time_limited) gets its verdict when
+    # judged again; the adversarial one stays without a verdict; neither is judged a third time.
+    from concurrent.futures import ThreadPoolExecutor
+
+    from eval.run import rejudge_time_limited, summarize
+    from eval.stage import read_finished
+
+    def record(index, text, **verdict_fields):
+        return {"problem_id": "a", "sample_index": index, "text": text, "num_tokens": 3, "finish_reason": "stop",
+                "answer": extract_answer(text), **verdict_fields}
+
+    finished = {"a": [record(0, "\\boxed{5}", correct=0, time_limited=True),
+                      record(1, SLOW_ANSWER, correct=0, time_limited=True),
+                      record(2, "\\boxed{4}", correct=0, time_limited=False),
+                      record(3, "\\boxed{5}", correct=1)]}  # written before time_limited existed
+    path = tmp_path / "samples.jsonl"
+    with ThreadPoolExecutor(2) as pool:
+        assert rejudge_time_limited(finished, {"a": ("5", "")}, 2.0, pool, path) == 2
+        assert [(r["correct"], r.get("time_limited"), r.get("rejudged", False)) for r in finished["a"]] == \
+            [(1, False, True), (0, True, True), (0, False, False), (1, None, False)]
+        assert read_finished(path, 4) == finished  # the file holds the new verdicts
+        assert rejudge_time_limited(finished, {"a": ("5", "")}, 2.0, pool, path) == 0
+    metrics = summarize(list(finished.values()), 4)
+    assert (metrics["rejudged_samples"], metrics["time_limited_samples"], metrics["correct_counts"]) == (2, 1, {"a": 2})
