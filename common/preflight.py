@@ -302,7 +302,10 @@ def check_model(cfg: "Config", stage: str) -> list[Problem]:
 
 
 def check_data(cfg: "Config") -> list[Problem]:
-    """The training set and the benchmarks: local files that exist, or hub datasets cached or reachable."""
+    """The training set and the benchmarks (with the extra benchmarks ``eval.benchmarks`` selects): local files that
+    exist, or hub datasets cached or reachable."""
+    from common.paths import selected_extra_benchmarks
+
     data, problems, hub = cfg.data, [], []
     if data.source == "local" and not Path(data.path).expanduser().exists():
         problems.append(Problem("data", f"data.path={data.path} does not exist",
@@ -314,6 +317,8 @@ def check_data(cfg: "Config") -> list[Problem]:
                                 "point data.benchmark_dir at the benchmark JSONL files"))
     if data.benchmark_source == "hub":
         hub += [(f"data.benchmarks.{name}.hub_id", bench.hub_id, "dataset") for name, bench in data.benchmarks.items()]
+        hub += [(f"data.extra_benchmarks.{name}.hub_id", data.extra_benchmarks[name].hub_id, "dataset")
+                for name in selected_extra_benchmarks(cfg)]
     fix = (f"use local files: data=openr1_local data.path=<parquet|jsonl> data.benchmark_dir=<folder>; or "
            f"{OFFLINE_HINT}")
     return problems + hub_problems("data", hub, fix)
