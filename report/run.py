@@ -10,7 +10,13 @@ others, are its inputs (:func:`common.paths.report_run`). It writes into ``repor
   (:mod:`eval.intervals`), a paired ``Δ vs SFT`` line per row, marks only where intervals separate, the paper's own
   numbers in parentheses where the cell exists in the paper, each seed's value in the CSV;
 * ``plots/passk_<model>_<phase>_<benchmark>.png``: pass@k curves with 95% bands, one line per method
-  (:mod:`report.plots`);
+  (:mod:`report.plots`), and their numbers ``passk_<model>_<phase>_<benchmark>.csv`` (the paper's Figures 2-3 on the
+  benchmark drawn 320 times, :mod:`report.paper_figures`); extra benchmarks (``data.extra_benchmarks``) are columns
+  after Avg, never averaged;
+* the paper's ablation tables that the evaluations hold arms for, ``tab_<label>.{md,csv,tex}``
+  (:mod:`report.ablation_tables`), Figure 1 (``plots/fig_intro_*.png``, ``fig_intro_*.csv``: Base vs SFT), the IoU
+  table ``tab_iou.{md,csv,tex}``, and at the top of ``report.md`` the map of the paper's tables and figures to these
+  files (:func:`report.paper_figures.artefact_lines`);
 * ``plots/curves_<model>_{sft,rl}.png``: training curves of the SFT and RL runs (:mod:`report.analyses.curves`), the
   RL gain of each arm with its interval and minus SFT's (:func:`report.tables.rl_gains`), and the RL-headroom table
   (Spearman ρ of pre-RL pass@1 / pass@n / mean sample entropy / held-out NLL with the RL gain, across arms and
@@ -696,7 +702,8 @@ def run(cfg: Config) -> Manifest:
     models = model_runs(cfg)
     labels = list(dict.fromkeys(variant for model in models for variant in variants(model.cfg)))
     analyses = cfg.eval.analysis.run
-    rows = {"sft": labels, "rl": list(dict.fromkeys(variant for model in models for variant in rl_variants(model.cfg)))}
+    rows = {"sft": labels,
+            "rl": list(dict.fromkeys(variant for model in models for variant in rl_variants(model.cfg)))}
     collected = {phase: collect(cfg, phase, models, rows[phase]) for phase in PHASES}
     collected = {phase: c for phase, c in collected.items() if c[1]}
     if not collected:
