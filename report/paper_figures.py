@@ -128,7 +128,7 @@ def write_base_vs_sft(table: ResultTable, benchmarks: dict[str, str], out_dir: P
 
 def base_vs_sft_lines(figures: list[BaseVsSFT]) -> list[str]:
     """The report's lines for Figure 1."""
-    lines = ["### Figure 1: Base vs SFT, pass@k", ""]
+    lines = ["## Figure 1 (paper: `fig:intro`): Base vs SFT, pass@k", ""]
     if not figures:
         return lines + ["Skipped: no model has both its Base and its SFT evaluation yet.", ""]
     for f in figures:

@@ -372,7 +372,7 @@ def paper_sft_sections(cfg: Config, sft: tuple[ResultTable, dict, dict], out_dir
         for suffix, render in (("md", to_markdown), ("csv", to_csv), ("tex", to_latex)):
             (out_dir / f"{spec.stem}.{suffix}").write_text(render(ablation), encoding="utf-8")
             run_.add_output(f"{spec.stem}.{suffix}", f"the paper's tab:{spec.key} ({suffix})")
-        lines += [f"## {ablation.caption} (paper: `tab:{spec.key}`)", "", to_markdown(ablation),
+        lines += [f"## {spec.caption} (paper: `tab:{spec.key}`)", "", f"{ablation.caption}.", "", to_markdown(ablation),
                   TABLE_NOTE.format(delta=delta_label(ablation)),
                   "Numbers in parentheses are the paper's for the same cell." if ablation.has_paper_values else
                   "The paper has no numbers for these models and benchmarks, so only ours are shown.", "",

@@ -167,14 +167,6 @@ class DataConfig:
             raise ConfigError(f"{key}.file must be set for data.benchmark_source=local")
         check_range(f"{key}.expected_count", bench.expected_count, 0)
 
-    def benchmark(self, name: str) -> BenchmarkSource:
-        """The source of benchmark ``name``, from ``benchmarks`` or ``extra_benchmarks`` (an error names both)."""
-        found = self.benchmarks.get(name) or self.extra_benchmarks.get(name)
-        if found is None:
-            raise ConfigError(f"benchmark {name!r} is in neither data.benchmarks ({list(self.benchmarks)}) nor "
-                              f"data.extra_benchmarks ({list(self.extra_benchmarks)})")
-        return found
-
     def tool_chat_template(self) -> str | None:
         """The chat template named by ``tool_template`` (None: keep the model's own)."""
         return TOOL_TEMPLATES[self.tool_template] if self.tool_template else None
