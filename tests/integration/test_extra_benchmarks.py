@@ -25,8 +25,8 @@ from common.seeding import derive_seed
 from data.benchmarks import load_benchmark
 from data.prepare import write_extra_benchmark
 from eval.run import run as evaluate
-from eval.sample import Completion
 from eval.scoring import verify
+from eval_helpers import ScriptedSampler
 
 pytestmark = pytest.mark.integration
 FIXTURES = Path(__file__).resolve().parents[1] / "assets" / "matharena_2026"
@@ -71,19 +71,6 @@ def test_registering_or_selecting_an_extra_benchmark_changes_no_run_identity(tmp
     assert run.directory.parent == tmp_path / "table1" / "benchmarks" and run.config["data"] == data_run(plain).variant
     assert benchmark_path(selected, "hmmt_feb26") == run.directory / benchmark_file("hmmt_feb26")
     assert benchmark_path(selected, "aime24") == data_run(plain).directory / benchmark_file("aime24")
-
-
-class ScriptedSampler:
-    backend, version, settings = "scripted", "0", {}
-
-    def __init__(self, texts_by_seed: dict[int, list[str]]):
-        self.texts_by_seed = texts_by_seed
-
-    def sample(self, prompts, seeds, n):
-        return [[Completion(text, 5, "stop") for text in self.texts_by_seed[seed]] for seed in seeds]
-
-    def close(self):
-        pass
 
 
 def test_an_extra_benchmark_has_its_own_run_and_is_evaluated_from_it(tmp_path):
