@@ -64,3 +64,10 @@ def read_benchmark(path: Path) -> list[dict[str, Any]]:
     if not rows:
         raise StageInputError(f"benchmark file {path} has no rows")
     return rows
+
+
+def system_prompt_of(path: Path) -> str | None:
+    """The system turn of the first problem of a benchmark file (None: its prompts have none): the data run writes
+    every benchmark of a run with the same one."""
+    first = read_benchmark(path)[0]["prompt"][0]
+    return first["content"] if first["role"] == "system" else None

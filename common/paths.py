@@ -65,6 +65,8 @@ ID_LENGTH = 8
 """Hex digits of the identity hash in a run folder's name."""
 TOKENISATION_FIELDS = ("max_length", "strip_leading_think")
 """data fields read only by tokenisation: part of the tokens' identity, not the data stage's."""
+EXTRA_BENCHMARKS = "extra_benchmarks"
+"""The data field of the benchmarks each written by its own run (:func:`extra_benchmark_run`), not the data run's."""
 IGNORE_INDEX = -100
 """The ``labels`` value of a token without a training target (prompt, padding) in the tokens hand-off: HF's ignore
 index."""
@@ -180,14 +182,22 @@ def model_configs(cfg: Config) -> list[Config]:
     return configs
 
 
+def experiment_method_names(cfg: Config) -> list[str]:
+    """The ``experiment.methods`` entries ``cfg.model`` trains: all of them for the first model of
+    ``profile.models``, all but ``experiment.first_model_only`` for the others."""
+    first = cfg.model.name == cfg.profile.models[0]
+    return [name for name in cfg.experiment.methods if first or name not in cfg.experiment.first_model_only]
+
+
 def experiment_methods(cfg: Config) -> list[SFTMethod]:
-    """The method config of each ``experiment.methods`` entry (the command line's method keeps its overrides)."""
+    """The method config of each entry of :func:`experiment_method_names` (the command line's method keeps its
+    overrides)."""
     return [cfg.sft.method if name == cfg.sft.method.name else compose([f"sft/method={name}"]).sft.method
-            for name in cfg.experiment.methods]
+            for name in experiment_method_names(cfg)]
 
 
 def method_labels(cfg: Config) -> list[str]:
-    """The label of each ``experiment.methods`` entry."""
+    """The label of each entry of :func:`experiment_method_names`."""
     return [method_label(method) for method in experiment_methods(cfg)]
 
 
@@ -197,16 +207,18 @@ def variants(cfg: Config) -> list[str]:
 
 
 def rl_variants(cfg: Config) -> list[str]:
-    """``base`` (unless ``experiment.rl_from_base`` is false) then the label of every ``experiment.methods`` entry
-    that ``experiment.rl_methods`` names (every one when it is empty): the RL arms, the rows of Table 2."""
+    """``base`` (unless ``experiment.rl_from_base`` is false) then the label of every entry of
+    :func:`experiment_method_names` that ``experiment.rl_methods`` names (every one when it is empty): the RL arms,
+    the rows of Table 2."""
     chosen = cfg.experiment.rl_methods or cfg.experiment.methods
     return [*([BASE_VARIANT] if cfg.experiment.rl_from_base else []),
-            *(label for name, label in zip(cfg.experiment.methods, method_labels(cfg)) if name in chosen)]
+            *(label for name, label in zip(experiment_method_names(cfg), method_labels(cfg)) if name in chosen)]
 
 
 # ------------------------------------------------------------------------------------------ the runs
 def data_run(cfg: Config) -> RunSpec:
-    data = {k: v for k, v in computation_config(cfg.data).items() if k not in TOKENISATION_FIELDS}
+    data = {k: v for k, v in computation_config(cfg.data).items()
+            if k not in TOKENISATION_FIELDS and k != EXTRA_BENCHMARKS}
     config: dict[str, Any] = {"data": data}
     if cfg.data.source == "toy" or cfg.data.benchmark_source == "toy":
         config["toy"] = computation_config(cfg.toy)
@@ -253,6 +265,43 @@ def base_model_path(cfg: Config) -> str:
     folder."""
     base = base_run(cfg)
     return str(base.directory / HF_EXPORT) if base is not None else cfg.model.path
+
+
+def extra_benchmark_run(cfg: Config, name: str) -> RunSpec:
+    """The run that writes the extra benchmark ``name`` (``data.extra_benchmarks``), in
+    ``<training experiment>/benchmarks/<name>-<id>/``: its file at :func:`benchmark_file`, prompted with the system turn
+    of the data run's own benchmarks. Its identity is the benchmark's source and the data run's folder; the data
+    run's identity does not include it."""
+    data = data_run(cfg)
+    source = cfg.data.extra_benchmarks.get(name)
+    if source is None:
+        raise ConfigError(f"{name!r} is not in data.extra_benchmarks ({list(cfg.data.extra_benchmarks)})")
+    config = {"benchmark": name, "source": computation_config(source),
+              "benchmark_source": cfg.data.benchmark_source, "data": data.directory.name}
+    inputs = {"data": data.directory}
+    if cfg.data.benchmark_source == "local":
+        inputs["benchmark_file"] = Path(cfg.data.benchmark_dir) / source.file
+    folder = run_folder(name, config)
+    return RunSpec("data", f"benchmarks/{folder}", training_dir(cfg) / "benchmarks" / folder, config, inputs)
+
+
+def report_benchmarks(cfg: Config) -> list[str]:
+    """The benchmarks evaluations sample and the tables show: ``eval.benchmarks``, else every one in
+    ``data.benchmarks`` (the extra benchmarks only when ``eval.benchmarks`` names them)."""
+    return list(cfg.eval.benchmarks) or list(cfg.data.benchmarks)
+
+
+def selected_extra_benchmarks(cfg: Config) -> list[str]:
+    """The entries of :func:`report_benchmarks` from ``data.extra_benchmarks``: the ones the data stage writes, each
+    in its :func:`extra_benchmark_run`."""
+    return [name for name in report_benchmarks(cfg) if name in cfg.data.extra_benchmarks]
+
+
+def benchmark_path(cfg: Config, name: str) -> Path:
+    """The benchmark file evaluation reads: in the data run for ``data.benchmarks``, in its own run for an extra
+    benchmark."""
+    folder = extra_benchmark_run(cfg, name).directory if name in cfg.data.extra_benchmarks else data_dir(cfg)
+    return folder / benchmark_file(name)
 
 
 def tokens_run(cfg: Config) -> RunSpec:
@@ -312,7 +361,8 @@ def evaluated_model(cfg: Config, phase: str, model: Path | None) -> tuple[Any, d
 
 
 def sampling_protocol(cfg: Config) -> dict[str, Any]:
-    """The evaluation's sampling protocol: part of every evaluation's identity, and recorded with its metrics."""
+    """The evaluation's sampling protocol, recorded with its metrics (:func:`benchmark_protocol` is one benchmark's,
+    the part of its identity)."""
     e = cfg.eval
     return {"n": e.n, "n_per_benchmark": dict(e.n_per_benchmark), "temperature": e.temperature, "top_p": e.top_p,
             "max_tokens": e.max_tokens, "max_problems": e.max_problems, "backend": e.backend,
@@ -320,18 +370,36 @@ def sampling_protocol(cfg: Config) -> dict[str, Any]:
             "enforce_eager": e.enforce_eager, "dtype": cfg.model.dtype, "device": cfg.profile.device}
 
 
+def benchmark_protocol(cfg: Config, benchmark: str) -> dict[str, Any]:
+    """:func:`sampling_protocol` as one benchmark draws it: ``n`` is its own sample count
+    (``eval.samples_for``) and ``n_per_benchmark`` stays empty, so a benchmark's identity never depends on how many
+    samples another draws (``eval=passk320`` moves AIME25 alone to a folder of its own), and evaluations from before
+    ``n_per_benchmark`` was resolved per benchmark (it was always empty then) keep theirs."""
+    return {**sampling_protocol(cfg), "n": cfg.eval.samples_for(benchmark), "n_per_benchmark": {}}
+
+
+def evaluations_dir(cfg: Config, phase: str) -> Path:
+    """The experiment folder of phase ``phase``'s evaluations: phase sft's beside the SFT runs they evaluate
+    (:func:`training_dir`, so an experiment that trains in another, as ``experiment.train_in``, reuses its
+    evaluations too), phase rl's beside the experiment's own RL runs."""
+    return training_dir(cfg) if phase == "sft" else experiment_dir(cfg)
+
+
 def eval_run(cfg: Config, phase: str, variant: str, benchmark: str, model: Path | None) -> RunSpec:
     """One benchmark's evaluation of the run folder ``model`` (None: the base model, phase sft), named ``variant``;
-    ``<variant>-<id>`` holds every benchmark of the same protocol."""
+    ``<variant>-<id>`` holds every benchmark of the same protocol (:func:`benchmark_protocol`). An extra benchmark
+    (``data.extra_benchmarks``) adds its own run (:func:`extra_benchmark_run`) to the identity and inputs."""
     data = data_run(cfg)
     model, model_input = evaluated_model(cfg, phase, model)
-    shared = {"protocol": sampling_protocol(cfg), "model": model, "data": data.directory.name, "seed": cfg.seed,
-              **kernels_identity(cfg)}
+    shared = {"protocol": benchmark_protocol(cfg, benchmark), "model": model, "data": data.directory.name,
+              "seed": cfg.seed, **kernels_identity(cfg)}
     folder = run_folder(variant, shared)
-    directory = experiment_dir(cfg) / "eval" / cfg.model.name / phase / folder / benchmark
-    return RunSpec(f"eval_{phase}", f"{cfg.model.name}/{phase}/{folder}/{benchmark}", directory,
-                   {**shared, "benchmark": benchmark},
-                   {"benchmarks": data.directory, **model_input})
+    directory = evaluations_dir(cfg, phase) / "eval" / cfg.model.name / phase / folder / benchmark
+    config, inputs = {**shared, "benchmark": benchmark}, {"benchmarks": data.directory, **model_input}
+    if benchmark in cfg.data.extra_benchmarks:
+        extra = extra_benchmark_run(cfg, benchmark).directory
+        config["benchmark_run"], inputs["benchmark"] = extra.name, extra
+    return RunSpec(f"eval_{phase}", f"{cfg.model.name}/{phase}/{folder}/{benchmark}", directory, config, inputs)
 
 
 def heldout_nll_run(cfg: Config, variant: str, model: Path | None) -> RunSpec | None:
@@ -477,11 +545,6 @@ def report_arms(cfg: Config) -> list[Arm]:
 def seed_configs(cfg: Config) -> dict[int, Config]:
     """``cfg`` once per seed of ``cfg.run_seeds()`` (``experiment.seeds``, else ``seed``)."""
     return {seed: replace(cfg, seed=seed) for seed in cfg.run_seeds()}
-
-
-def report_benchmarks(cfg: Config) -> list[str]:
-    """The benchmarks the tables show: ``eval.benchmarks``, else every one in ``data.benchmarks``."""
-    return list(cfg.eval.benchmarks) or list(cfg.data.benchmarks)
 
 
 def report_run(cfg: Config) -> RunSpec:

@@ -350,12 +350,17 @@ def check_data_paths(cfg: "Config") -> list[Problem]:
 
 
 def check_data(cfg: "Config") -> list[Problem]:
-    """The training set and the benchmarks: :func:`check_data_paths`, or hub datasets cached or reachable."""
+    """The training set and the benchmarks (with the extra benchmarks ``eval.benchmarks`` selects):
+    :func:`check_data_paths`, or hub datasets cached or reachable."""
+    from common.paths import selected_extra_benchmarks
+
     data, problems, hub = cfg.data, check_data_paths(cfg), []
     if data.source == "hub":
         hub.append(("data.hub_id", data.hub_id, "dataset"))
     if data.benchmark_source == "hub":
         hub += [(f"data.benchmarks.{name}.hub_id", bench.hub_id, "dataset") for name, bench in data.benchmarks.items()]
+        hub += [(f"data.extra_benchmarks.{name}.hub_id", data.extra_benchmarks[name].hub_id, "dataset")
+                for name in selected_extra_benchmarks(cfg)]
     fix = (f"use local files: data=openr1_local data.path=<parquet|jsonl> data.benchmark_dir=<folder>; or "
            f"{OFFLINE_HINT}")
     return problems + hub_problems("data", hub, fix)

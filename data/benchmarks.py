@@ -74,10 +74,12 @@ def load_benchmark(name: str, source: BenchmarkSource, cfg: DataConfig) -> tuple
         dataset = load_dataset("json", data_files=str(path), split="train")
         where, provenance = str(path), {"kind": "local", "path": str(path)}
     else:
-        dataset = load_dataset(source.hub_id, source.hub_config or None, split=source.hub_split)
+        dataset = load_dataset(source.hub_id, source.hub_config or None, split=source.hub_split,
+                               revision=source.hub_revision or None)
         where = f"{source.hub_id}[{source.hub_split}]"
         provenance = {"kind": "hub", "hub_id": source.hub_id, "split": source.hub_split,
-                      "config": source.hub_config, "fingerprint": dataset._fingerprint}
+                      "config": source.hub_config, "revision": source.hub_revision or "latest",
+                      "fingerprint": dataset._fingerprint}
     records = records_from_rows(name, dataset, source, where)
     check_count(name, len(records), source.expected_count, where)
     return records, provenance

@@ -12,6 +12,8 @@ Needs no model (the SFT token ids are written afterwards by ``python -m data.tok
 * ``sft_heldout.parquet``  the held-out SFT slice (``data.num_heldout_rows`` > 0): LUFFY rows + ``row_id`` SFT never
   trains on, for the held-out NLL
 * ``benchmarks/<name>.jsonl``  id, problem, answer, answer_raw and the chat ``prompt`` evaluation samples from
+  (``data.benchmarks``; each extra benchmark that ``eval.benchmarks`` selects, ``data.extra_benchmarks``, is
+  written afterwards by its own run, ``common.paths.extra_benchmark_run``)
 * ``source/toy_rows.jsonl``    the generated toy rows (toy source only), loaded like any local file
 
 The manifest's ``details`` record the source (hub revision / file sha256), invalid rows, duplicate ids and problems,
@@ -29,12 +31,22 @@ from data.loading import LoadedRows, load_rows
 from data.schema import problem_key, problem_text, system_prompt
 from data.split import ids_digest, split_rows
 from data.tool_use import write_tool_split
-from common.benchmarks import write_benchmark
+from common.benchmarks import system_prompt_of, write_benchmark
 from common.config import Config, stage_main
 from common.preflight import PreflightError, check_data_paths
 from common.config.data import TOOL_SOURCES
 from common.manifest import Manifest, read_manifest, sha256_path, sha256_text, stage_run
-from common.paths import HELDOUT_ROWS_FILE, RL_TRAIN_FILE, RL_VAL_FILE, SFT_ROWS_FILE, benchmark_file, data_run
+from common.paths import (
+    HELDOUT_ROWS_FILE,
+    RL_TRAIN_FILE,
+    RL_VAL_FILE,
+    SFT_ROWS_FILE,
+    benchmark_file,
+    data_dir,
+    data_run,
+    extra_benchmark_run,
+    selected_extra_benchmarks,
+)
 from common.seeding import derive_seed
 from toy.worlds import benchmark_questions, training_rows
 
@@ -88,10 +100,41 @@ def write_benchmarks(cfg: Config, out_dir: Path, system: str | None) -> dict:
     return written
 
 
+def write_extra_benchmark(cfg: Config, name: str) -> Manifest:
+    """The run of one selected extra benchmark (``data.extra_benchmarks``; :func:`common.paths.extra_benchmark_run`):
+    its file, prompted with the system turn of the data run's own benchmarks, which must be complete."""
+    spec = extra_benchmark_run(cfg, name)
+    with stage_run(spec.directory, stage="data", variant=spec.variant, config=spec.config, inputs=spec.inputs,
+                   seeds={}) as stage:
+        if stage is None:
+            return read_manifest(spec.directory)
+        first = next(iter(cfg.data.benchmarks))
+        system = system_prompt_of(data_dir(cfg) / benchmark_file(first))
+        records, provenance = bench.load_benchmark(name, cfg.data.extra_benchmarks[name], cfg.data)
+        write_benchmark(spec.directory / benchmark_file(name), records, system)
+        stage.add_output(benchmark_file(name), f"benchmark {name}: id, problem, answer, prompt")
+        stage.manifest.details.update({"benchmark": dict(provenance, count=len(records)),
+                                       "system_prompt_from": str(data_dir(cfg) / benchmark_file(first))})
+        stage.manifest.metrics["num_problems"] = len(records)
+    return stage.manifest
+
+
 def run(cfg: Config) -> Manifest:
+    """The data run, then the run of every extra benchmark ``eval.benchmarks`` selects; returns the data run's
+    manifest."""
     problems = check_data_paths(cfg)  # each local file and folder by its config key, before anything is read
     if problems:
         raise PreflightError(problems)
+    manifest = write_data_run(cfg)
+    if manifest.complete:
+        for name in selected_extra_benchmarks(cfg):
+            write_extra_benchmark(cfg, name)
+    return manifest
+
+
+def write_data_run(cfg: Config) -> Manifest:
+    """The data run (:func:`common.paths.data_run`): the split, the RL rows and the benchmarks of
+    ``data.benchmarks``."""
     spec = data_run(cfg)
     out_dir = spec.directory
     with stage_run(out_dir, stage="data", variant=spec.variant, config=spec.config, inputs=spec.inputs,

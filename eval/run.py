@@ -1,7 +1,8 @@
 """The evaluation stage: ``python -m eval.run eval.phase=<sft|rl> eval.variant=<base|method label> [overrides]``.
 
-For each benchmark (``eval.benchmarks``, default: every one in ``data.benchmarks``) it reads the data stage's
-``benchmarks/<name>.jsonl``, renders each row's ``prompt`` messages with the evaluated model's chat template,
+For each benchmark (``eval.benchmarks``, default: every one in ``data.benchmarks``; an extra benchmark of
+``data.extra_benchmarks`` only when named there) it reads the data stage's ``benchmarks/<name>.jsonl``
+(``common.paths.benchmark_path``), renders each row's ``prompt`` messages with the evaluated model's chat template,
 samples ``n`` completions per problem (seed per problem: ``derive_seed(seed, "eval/<benchmark>/<id>")``), scores
 every sample with :func:`eval.scoring.verdict` (the judgement of ``verify``), and writes into
 ``eval_dir(cfg, benchmark)`` (from ``eval.phase``, ``eval.variant`` and ``eval.model_run``, the run folder the plan
@@ -64,8 +65,7 @@ from common.paths import (
     EVAL_METRICS_FILE,
     HELDOUT_NLL_DIR,
     SAMPLES_FILE,
-    benchmark_file,
-    data_dir,
+    benchmark_path,
     configured_eval_run,
     eval_dir,
     evaluated_run,
@@ -78,7 +78,7 @@ from common.preflight import require_stage
 # ------------------------------------------------------------------------------------------------ inputs
 def benchmark_rows(cfg: Config, benchmark: str) -> list[dict[str, Any]]:
     """The rows of ``benchmark`` this run evaluates (the first ``eval.max_problems``, or all)."""
-    return read_benchmark(data_dir(cfg) / benchmark_file(benchmark))[:cfg.eval.max_problems or None]
+    return read_benchmark(benchmark_path(cfg, benchmark))[:cfg.eval.max_problems or None]
 
 
 # ----------------------------------------------------------------------------------------------- samples

@@ -18,9 +18,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence, TypeVar
 
-from common.config import Config, ConfigError
+from common.config import Config
 from common.manifest import Manifest, StageInputError, require_complete
-from common.paths import base_run, eval_dir, evaluated_run, hf_export_dir, trained_method
+from common.paths import base_run, eval_dir, evaluated_run, hf_export_dir, report_benchmarks, trained_method
 from common.seeding import derive_seed
 from common.tracking import progress, start_wandb
 from eval.sample import Completion, LazySampler, engine_count
@@ -48,12 +48,9 @@ def resolve_model(cfg: Config) -> tuple[str, dict[str, Any]]:
 
 
 def benchmark_names(cfg: Config) -> list[str]:
-    """``eval.benchmarks`` checked against ``data.benchmarks`` (all of them when empty)."""
-    known = list(cfg.data.benchmarks)
-    unknown = [name for name in cfg.eval.benchmarks if name not in known]
-    if unknown:
-        raise ConfigError(f"eval.benchmarks has {unknown}, which data.benchmarks does not define; known: {known}")
-    return list(cfg.eval.benchmarks) or known
+    """``eval.benchmarks`` (names from ``data.benchmarks`` or ``data.extra_benchmarks``, checked when the config is
+    validated), else every one of ``data.benchmarks``: :func:`common.paths.report_benchmarks`."""
+    return report_benchmarks(cfg)
 
 
 # ----------------------------------------------------------------------------------------------- samples

@@ -21,7 +21,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from common.config import CONF_DIR, Config, ConfigError, require_writable_run_root, to_config
+from common.config import CONF_DIR, Config, ConfigError, compose, require_writable_run_root, to_config
 from common.errors import UserError
 from pipeline.launch import StageFailed, force_restart, is_done, manifest_states, run_command, stop_all
 from common.locks import DirectoryLock
@@ -87,9 +87,16 @@ def run(cfg: Config, overrides: list[str]) -> list[StageCommand]:
     print(header)
     retire_cpu_chosen_bf16_bases(plan, dry_run=cfg.dry_run)
     if cfg.dry_run:
+        shared = shared_commands(cfg, plan, overrides)
+        train_in = cfg.experiment.train_in
         for index, command in enumerate(plan, 1):
             state = "done, would be skipped" if is_done(command) else "would run"
-            print(f"{index:3d}. ({state}) {describe(command)}")
+            where = f"; experiment={train_in} has these runs too" if command.name in shared else ""
+            print(f"{index:3d}. ({state}{where}) {describe(command)}")
+        if shared:
+            print(f"{len(shared)} of {len(plan)} commands write only runs that experiment={train_in} (experiment."
+                  f"train_in) has in its plan too, with the same identities: done there, they are reused here, not "
+                  f"redone ({', '.join(sorted(shared))})")
         print("dry run: nothing was started")
         return plan
     try:
@@ -123,6 +130,18 @@ def run_plan(plan: list[StageCommand], lock_dir: Path, what: str, parallel: int,
     if failure is not None:
         print(f"FAILED: {failure}", file=sys.stderr)
         raise SystemExit(1) from failure
+
+
+def shared_commands(cfg: Config, plan: list[StageCommand], overrides: list[str]) -> set[str]:
+    """Names of the commands of ``plan`` whose runs are all in the plan of the experiment it trains in
+    (``experiment.train_in``, composed from ``conf/experiment/<train_in>.yaml`` with the same ``overrides``): the
+    runs, in the same folders, that one experiment's run leaves for the other to reuse."""
+    train_in = cfg.experiment.train_in
+    if not train_in or not (CONF_DIR / "experiment" / f"{train_in}.yaml").is_file():
+        return set()
+    other = [o for o in overrides if o.split("=", 1)[0] != "experiment"] + [f"experiment={train_in}"]
+    theirs = {directory for command in build_plan(compose(other), other) for directory in command.manifest_dirs}
+    return {command.name for command in plan if set(command.manifest_dirs) <= theirs}
 
 
 def retire_cpu_chosen_bf16_bases(plan: list[StageCommand], *, dry_run: bool) -> None:

@@ -35,11 +35,15 @@ from common.paths import (
     configured_rl_run,
     data_run,
     eval_run,
+    experiment_method_names,
+    extra_benchmark_run,
     heldout_nll_run,
     method_label,
     model_configs,
+    report_benchmarks,
     report_run,
     rl_variants,
+    selected_extra_benchmarks,
     sft_run,
     tokens_run,
     variants,
@@ -157,19 +161,21 @@ def build_plan(cfg: Config, overrides: list[str]) -> list[StageCommand]:
     stages = set(cfg.experiment.stages)
     seeds = cfg.run_seeds()
     per_seed = bool(cfg.experiment.seeds)
-    grid_models = {mcfg.model.name: mcfg.model for mcfg in model_configs(cfg)}
-    grid_variants, grid_rl_variants = variants(cfg), rl_variants(cfg)
+    grid = {mcfg.model.name: mcfg for mcfg in model_configs(cfg)}
     plan: list[StageCommand] = []
     if "data" in stages:
-        plan.append(StageCommand("data", "data", _python_module("data.prepare", overrides), [data_run(cfg)], cfg,
-                                 {"source": cfg.data.source, "split_seed": cfg.data.split_seed,
-                                  "num_sft_rows": cfg.data.num_sft_rows, "benchmarks": list(cfg.data.benchmarks)}))
+        extras = [extra_benchmark_run(cfg, name) for name in selected_extra_benchmarks(cfg)]
+        plan.append(StageCommand("data", "data", _python_module("data.prepare", overrides), [data_run(cfg), *extras],
+                                 cfg, {"source": cfg.data.source, "split_seed": cfg.data.split_seed,
+                                       "num_sft_rows": cfg.data.num_sft_rows, "benchmarks": list(cfg.data.benchmarks),
+                                       **({"extra_benchmarks": [run.variant for run in extras]} if extras else {})}))
     for model in cfg.profile.models:
         model_overrides = [*overrides, f"model={model}"]
         mcfg = compose(model_overrides)
-        if mcfg.model != grid_models[model]:
+        if mcfg.model != grid[model].model:
             raise ConfigError(f"profile.models: a model.* override in {overrides} reaches {model} in its stage "
                               f"commands but only {cfg.model.name} in the report; run one model per experiment")
+        grid_variants, grid_rl_variants = variants(grid[model]), rl_variants(grid[model])
         base = base_run(mcfg)
         base_model = [command_name("base", model)] if base is not None else []
         tokenize = command_name("tokenize", model)
@@ -186,7 +192,7 @@ def build_plan(cfg: Config, overrides: list[str]) -> list[StageCommand]:
             seed_overrides = [*model_overrides, f"seed={seed}"] if per_seed else model_overrides
             seed_cfg = compose(seed_overrides) if per_seed else mcfg
             seed_arms = {a.variant: a for a in arms(seed_cfg)}
-            for method, label in zip(cfg.experiment.methods, grid_variants[1:]):
+            for method, label in zip(experiment_method_names(grid[model]), grid_variants[1:]):
                 method_overrides = [*seed_overrides, f"sft/method={method}"]
                 scfg = compose(method_overrides)
                 if method_label(scfg.sft.method) != label or sft_run(scfg).directory != seed_arms[label].sft:
@@ -233,12 +239,12 @@ def _eval_commands(cfg: Config, overrides: list[str], phase: str, evaluated: lis
         argv = _python_module("eval.run", [*overrides, f"eval.phase={phase}", f"eval.variant={a.variant}",
                                            *_handed_down("eval.model_run", model)])
         ecfg = replace(cfg, eval=replace(cfg.eval, phase=phase, variant=a.variant, model_run=str(model or "")))
-        runs = [eval_run(cfg, phase, a.variant, bench, model) for bench in cfg.data.benchmarks]
+        runs = [eval_run(cfg, phase, a.variant, bench, model) for bench in report_benchmarks(cfg)]
         # it reads the tokenised held-out slice
         heldout = heldout_nll_run(cfg, a.variant, model) if phase == "sft" else None
         commands.append(StageCommand(f"eval_{phase}", command_name("eval", cfg.model.name, phase, a.variant, seed=seed),
                                      argv, runs + ([heldout] if heldout else []), ecfg,
-                                     {**_eval_settings(cfg), "benchmarks": list(cfg.data.benchmarks)},
+                                     {**_eval_settings(cfg), "benchmarks": report_benchmarks(cfg)},
                                      needs=needs[a.variant] + ([command_name("tokenize", cfg.model.name)]
                                                                if heldout else [])))
     return commands

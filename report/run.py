@@ -12,7 +12,13 @@ others, are its inputs (:func:`common.paths.report_run`). It writes into ``repor
   separate, the paper's own numbers in parentheses where the cell exists in the paper, each seed's value in the
   CSV; under each table the count of samples left without a verdict by the scorer's time limit;
 * ``plots/passk_<model>_<phase>_<benchmark>.png``: pass@k curves with 95% bands, one line per method
-  (:mod:`report.plots`);
+  (:mod:`report.plots`), and their numbers ``passk_<model>_<phase>_<benchmark>.csv`` (the paper's Figures 2-3 on the
+  benchmark drawn 320 times, :mod:`report.paper_figures`); extra benchmarks (``data.extra_benchmarks``) are columns
+  after Avg, never averaged;
+* the paper's ablation tables that the evaluations hold arms for, ``tab_<label>.{md,csv,tex}``
+  (:mod:`report.ablation_tables`), Figure 1 (``plots/fig_intro_*.png``, ``fig_intro_*.csv``: Base vs SFT), the IoU
+  table ``tab_iou.{md,csv,tex}``, and at the top of ``report.md`` the map of the paper's tables and figures to these
+  files (:func:`report.paper_figures.artefact_lines`);
 * ``plots/curves_<model>_{sft,rl}.png``: training curves of the SFT and RL runs (:mod:`report.analyses.curves`), the
   RL gain of each arm with its intervals and minus SFT's (:func:`report.tables.rl_gains`), and the RL-headroom table
   (Spearman ρ of pre-RL pass@1 / pass@n / mean sample entropy / held-out NLL with the RL gain, across arms and
@@ -47,6 +53,16 @@ from report.analyses.curves import SFT_PANELS, logged_panels, plot_curves, read_
 from report.bfcl import run as bfcl_report
 from eval.intervals import ClusteredCorrelation, cluster_spearman, per_problem_values
 from eval.metrics import MEAN_TOKEN_ENTROPY, mixed_group_rate
+from report.ablation_tables import ablation_tables
+from report.paper_figures import (
+    artefact_lines,
+    base_vs_sft_lines,
+    curve_benchmarks,
+    iou_table,
+    slug as _slug,
+    write_base_vs_sft,
+    write_passk_csv,
+)
 from report.plots import plot_heatmap, plot_pass_at_k
 from report.sweep import Sweep, find_sweeps, format_values, plot_sweep
 from report.tables import (
@@ -139,6 +155,10 @@ class ModelRuns:
         """The arms of the first seed (the analyses that compare single checkpoints read these)."""
         return next(iter(self.arms.values()))
 
+    def has(self, variant: str) -> bool:
+        """Whether this model has an arm ``variant`` (``experiment.first_model_only`` arms: the first model only)."""
+        return variant in self.first_seed
+
 
 def model_runs(cfg: Config) -> list[ModelRuns]:
     """Every model of ``profile.models`` with its arms per seed of ``cfg.run_seeds()``."""
@@ -160,7 +180,9 @@ def collect(cfg: Config, phase: str, models: list[ModelRuns], labels: list[str]
     """
     name, header, stage = PHASES[phase]
     names = report_benchmarks(cfg)
-    columns = [cfg.eval.benchmark_labels.get(b, b) for b in names]
+    titles = {bench: cfg.eval.benchmark_labels.get(bench, bench) for bench in names}
+    extra_columns = [titles[bench] for bench in names if bench in cfg.data.extra_benchmarks]
+    columns = [titles[bench] for bench in names if bench not in cfg.data.extra_benchmarks]
     docs: dict[tuple[int, str, str], dict[int, dict]] = {}
     inputs: dict[str, Path] = {}
     for m, model in enumerate(models):
@@ -178,16 +200,17 @@ def collect(cfg: Config, phase: str, models: list[ModelRuns], labels: list[str]
     present = sorted({seed for by_seed in docs.values() for seed in by_seed}) or cfg.run_seeds()
     table = ResultTable(caption=f"{stage}: pass@1 (avg@n) and pass@{k} in percent, mean [95% interval] over "
                                 f"{_seeds_text(present)} and problems",
-                        row_header=header, columns=[*columns, AVERAGE], metrics=["pass@1", f"pass@{k}"], blocks=[])
+                        row_header=header, columns=[*columns, AVERAGE, *extra_columns],
+                        metrics=["pass@1", f"pass@{k}"], blocks=[], extra_columns=extra_columns)
     curves: dict[tuple[str, str], dict] = {}
     for m, model in enumerate(models):
         title = model_title(model.cfg)
         rows = [Row(label=row_label(cfg, variant), variant=variant,
-                    evaluations={column: docs[(m, variant, bench)] for bench, column in zip(names, columns)
+                    evaluations={titles[bench]: docs[(m, variant, bench)] for bench in names
                                  if (m, variant, bench) in docs})
-                for variant in labels]
+                for variant in labels if model.has(variant)]
         for row in rows:
-            for bench, column in zip(names, columns):
+            for bench, column in titles.items():
                 if column in row.evaluations:
                     curves.setdefault((title, bench), {})[row.label] = row.evaluations[column]
         table.blocks.append(Block(title=title, rows=rows))
@@ -352,6 +375,42 @@ def case_study_section(cfg: Config, model: ModelRuns, out_dir: Path, run_) -> li
                     f"Interactive: [{stem}.html]({stem}.html); numbers: [{stem}.json]({stem}.json)", ""]
 
 
+def paper_sft_sections(cfg: Config, sft: tuple[ResultTable, dict, dict], out_dir: Path, run_) -> list[str]:
+    """The paper's ablation tables that Table 1's evaluations hold (:mod:`report.ablation_tables`) and its Figure 1
+    (:func:`report.paper_figures.write_base_vs_sft`, on the curve benchmarks)."""
+    table, _, curves = sft
+    lines = []
+    for spec, ablation in ablation_tables(cfg, table, load_paper_tables()):
+        for suffix, render in (("md", to_markdown), ("csv", to_csv), ("tex", to_latex)):
+            (out_dir / f"{spec.stem}.{suffix}").write_text(render(ablation), encoding="utf-8")
+            run_.add_output(f"{spec.stem}.{suffix}", f"the paper's tab:{spec.key} ({suffix})")
+        lines += [f"## {spec.caption} (paper: `tab:{spec.key}`)", "", f"{ablation.caption}.", "", to_markdown(ablation),
+                  TABLE_NOTE.format(delta=delta_label(ablation)),
+                  "Numbers in parentheses are the paper's for the same cell." if ablation.has_paper_values else
+                  "The paper has no numbers for these models and benchmarks, so only ours are shown.", "",
+                  f"Files: [{spec.stem}.md]({spec.stem}.md), [{spec.stem}.csv]({spec.stem}.csv), "
+                  f"[{spec.stem}.tex]({spec.stem}.tex)", ""]
+    benchmarks = {bench: cfg.eval.benchmark_labels.get(bench, bench) for bench in curve_benchmarks(curves)}
+    figures = write_base_vs_sft(table, benchmarks, out_dir)
+    for figure in figures:
+        run_.add_output(figure.png, f"Base vs SFT pass@k (paper Figure 1), {figure.model}, {figure.benchmark}")
+        run_.add_output(figure.csv, f"Base and SFT pass@k for every k, {figure.model}, {figure.benchmark}")
+    return lines + base_vs_sft_lines(figures)
+
+
+def paper_iou_section(runs: dict[str, dict[str, dict]], out_dir: Path, run_) -> list[str]:
+    """The paper's IoU table (``tab:iou``) over every run that logged IoU (``runs``: model title → run label →
+    summary)."""
+    rendered = iou_table(runs, load_paper_tables()["iou"])
+    for suffix, text in rendered.items():
+        (out_dir / f"tab_iou.{suffix}").write_text(text, encoding="utf-8")
+        run_.add_output(f"tab_iou.{suffix}", f"the paper's tab:iou ({suffix})")
+    return ["### The paper's IoU table (`tab:iou`)", "", rendered["md"],
+            "Each value over the run's SFT steps with M_H and M_KL non-empty (a statistic of one run, no interval); "
+            "the paper's (Qwen3, ρ = 0.2) in the last column.", "",
+            "Files: [tab_iou.md](tab_iou.md), [tab_iou.csv](tab_iou.csv), [tab_iou.tex](tab_iou.tex)", ""]
+
+
 def curves_section(cfg: Config, model: ModelRuns, labels: list[str], out_dir: Path, run_) -> list[str]:
     """Training curves of the SFT runs and RL runs of ``labels`` (every seed), from their ``metrics.jsonl``."""
     title = model_title(model.cfg)
@@ -359,7 +418,7 @@ def curves_section(cfg: Config, model: ModelRuns, labels: list[str], out_dir: Pa
     rl_curves = rl_panels(cfg.rl.kept_groups_per_step)
     for phase, panels, what in (("sft", SFT_PANELS, "SFT"), ("rl", rl_curves, "RL (DAPO)")):
         paths = {}
-        for variant in labels:
+        for variant in filter(model.has, labels):
             by_seed = {}
             for seed, arms in model.arms.items():
                 folder = arms[variant].sft if phase == "sft" else arms[variant].rl
@@ -446,7 +505,7 @@ def groups_kept_per_seed(models: list[ModelRuns], labels: list[str]) -> dict[tup
         if kept_per_step is None:
             continue
         for seed, arms in model.arms.items():
-            for variant in labels:
+            for variant in filter(model.has, labels):
                 share = dapo_groups_kept(read_metrics_log(arms[variant].rl / TRAINING_METRICS_FILE), kept_per_step)
                 if share is not None:
                     result.setdefault((m, variant), {})[seed] = share
@@ -494,7 +553,7 @@ def headroom_section(collected: dict, heldout: dict[tuple[int, str], dict[int, f
     if "sft" not in collected or "rl" not in collected:
         return ["Skipped: needs both Table 1 (before RL) and Table 2 (after RL) evaluations.", ""], {}
     before, after = collected["sft"][0], collected["rl"][0]
-    columns = [c for c in before.columns if c != AVERAGE]
+    columns = before.averaged_columns
     points = []
     for m, (block_before, (_, gains)) in enumerate(zip(before.blocks, rl_gains(before, after, "pass@1"))):
         pre_rl = {row.variant: row for row in block_before.rows}
@@ -566,7 +625,7 @@ def heldout_nll_per_seed(models: list[ModelRuns], labels: list[str]) -> dict[tup
     result: dict[tuple[int, str], dict[int, float]] = {}
     for m, model in enumerate(models):
         for seed, scfg in seed_configs(model.cfg).items():
-            for variant in labels:
+            for variant in filter(model.has, labels):
                 spec = heldout_nll_run(scfg, variant, model.arms[seed][variant].sft)
                 manifest = read_manifest(spec.directory) if spec is not None else None
                 if manifest is not None and manifest.complete and HELDOUT_NLL in manifest.metrics:
@@ -685,9 +744,11 @@ def run(cfg: Config) -> Manifest:
     if cfg.data.benchmark_source == "bfcl":  # a tool-use experiment: the BFCL appendix tables (docs/tool_use.md)
         return bfcl_report(cfg)
     out_dir = report_dir(cfg)
-    models, labels = model_runs(cfg), variants(cfg)
+    models = model_runs(cfg)
+    labels = list(dict.fromkeys(variant for model in models for variant in variants(model.cfg)))
     analyses = cfg.eval.analysis.run
-    rows = {"sft": labels, "rl": rl_variants(cfg)}
+    rows = {"sft": labels,
+            "rl": list(dict.fromkeys(variant for model in models for variant in rl_variants(model.cfg)))}
     collected = {phase: collect(cfg, phase, models, rows[phase]) for phase in PHASES}
     collected = {phase: c for phase, c in collected.items() if c[1]}
     if not collected:
@@ -724,21 +785,29 @@ def run(cfg: Config) -> Manifest:
             if partial:
                 lines += [f"Seeds missing (cells use the seeds present): {'; '.join(partial)}", ""]
             lines += ["### pass@k curves", ""]
+            numbers = []
             for (title, bench), by_method in curves.items():
-                relative = f"plots/passk_{_slug(title)}_{phase}_{bench}.png"
+                stem = f"passk_{_slug(title)}_{phase}_{bench}"
                 column = cfg.eval.benchmark_labels.get(bench, bench)
-                plot_pass_at_k(by_method, f"{title} · {column} · {stage}", out_dir / relative)
-                run_.add_output(relative, f"pass@k curves, {title}, {bench}, phase {phase}")
-                lines.append(f"![{title} {bench}]({relative})")
-            lines += ["", "### Eval manifests", ""]
+                plot_pass_at_k(by_method, f"{title} · {column} · {stage}", out_dir / f"plots/{stem}.png")
+                write_passk_csv(by_method, out_dir / f"{stem}.csv")
+                run_.add_output(f"plots/{stem}.png", f"pass@k curves, {title}, {bench}, phase {phase}")
+                run_.add_output(f"{stem}.csv", f"pass@k and its 95% band per method and k, {title}, {bench}, "
+                                               f"phase {phase}")
+                lines.append(f"![{title} {bench}](plots/{stem}.png)")
+                numbers.append(f"[{stem}.csv]({stem}.csv)")
+            lines += ["", f"Numbers behind the curves: {', '.join(numbers)}", "", "### Eval manifests", ""]
             for key, path in files.items():
                 manifest = read_manifest(path.parent)
                 status = manifest.status if manifest else "no manifest"
                 lines.append(f"* [{key}]({os.path.relpath(path.parent / 'manifest.json', out_dir)}) ({status})")
             lines.append("")
+        if "sft" in collected:
+            lines += paper_sft_sections(cfg, collected["sft"], out_dir, run_)
         analysis_metrics: dict[str, dict] = {}
         if analyses:
             lines += ["## Analyses", ""]
+        iou_runs = {}
         for model in models:
             name = model.cfg.model.name
             if "drift" in analyses:
@@ -747,8 +816,12 @@ def run(cfg: Config) -> Manifest:
             if "iou" in analyses:
                 more, analysis_metrics[f"iou/{name}"] = iou_section(cfg, model, out_dir, run_)
                 lines += more
+                if analysis_metrics[f"iou/{name}"]:
+                    iou_runs[model_title(model.cfg)] = analysis_metrics[f"iou/{name}"]
             if "case_study" in analyses:
                 lines += case_study_section(cfg, model, out_dir, run_)
+        if iou_runs:
+            lines += paper_iou_section(iou_runs, out_dir, run_)
         if "sweep" in analyses:
             lines += sweep_section(cfg, sweeps, out_dir, run_)
         lines += ["## Training curves", ""]
@@ -760,6 +833,8 @@ def run(cfg: Config) -> Manifest:
         more, analysis_metrics["headroom"] = headroom_section(collected, heldout_nll_per_seed(models, rows["rl"]),
                                                              cfg.rl.rollout_n)
         lines += ["## RL headroom: what predicts the RL gain", "", *more]
+        curves = curve_benchmarks(collected["sft"][2]) if "sft" in collected else []
+        lines[2:2] = artefact_lines(list(run_.manifest.outputs), [model_title(m.cfg) for m in models], curves)
         (out_dir / "report.md").write_text("\n".join(lines), encoding="utf-8")
         run_.add_output("report.md", "tables, plots and links to every eval manifest")
         run_.manifest.metrics = {phase: {f"{block.title}/{row.label}": average_metrics(row)
@@ -839,10 +914,6 @@ def average_metrics(row: Row) -> dict[str, float | list[float] | None]:
 def model_title(mcfg: Config) -> str:
     """How a model is named in tables, plot titles and file names: ``model.display_name``, else ``model.name``."""
     return mcfg.model.display_name or mcfg.model.name
-
-
-def _slug(text: str) -> str:
-    return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in text)
 
 
 main = stage_main(run)

@@ -108,6 +108,13 @@ class ResultTable:
     """Title of the reference row in the ``Δ vs …`` lines."""
     primary_family: int = 0
     """How many primary comparisons with a p-value the Holm adjustment ran over (:func:`mark_primary`)."""
+    extra_columns: list[str] = field(default_factory=list)
+    """Benchmark columns shown after ``Avg`` and left out of it (``data.extra_benchmarks``)."""
+
+    @property
+    def averaged_columns(self) -> list[str]:
+        """The benchmark columns the ``Avg`` column averages: every one but ``Avg`` and :attr:`extra_columns`."""
+        return [column for column in self.columns if column != AVERAGE and column not in self.extra_columns]
 
     @property
     def cells(self) -> list[tuple[str, str]]:
@@ -142,8 +149,8 @@ def _groups(rows: Sequence[Row], columns: Sequence[str], k: int) -> tuple[list[i
 
 def fill_estimates(table: ResultTable, reference_variant: str = REFERENCE_VARIANT) -> None:
     """Fills each row's ``ours`` (means), ``intervals``, ``per_seed`` and, where the block has a row of
-    ``reference_variant``, ``delta`` from its ``evaluations``; ``Avg`` over the benchmark columns."""
-    benchmark_columns = [column for column in table.columns if column != AVERAGE]
+    ``reference_variant``, ``delta`` from its ``evaluations``; ``Avg`` over :attr:`ResultTable.averaged_columns`."""
+    benchmark_columns = table.averaged_columns
     for block in table.blocks:
         reference = next((row for row in block.rows if row.variant == reference_variant), None)
         if reference is not None:
@@ -231,7 +238,7 @@ def rl_gains(before: ResultTable, after: ResultTable, metric: str,
     """Per block (model): the :class:`Gain` in ``metric`` of every Table 2 row whose variant has a Table 1 row,
     in Table 2's order. Each bootstrap replicate is linear in the values, so a gain's replicates are those of the
     per-(seed, problem) differences ``after − before``."""
-    columns = [column for column in after.columns if column != AVERAGE]
+    columns = after.averaged_columns
     k = _metric_k(metric)
     result = []
     for block_before, block_after in zip(before.blocks, after.blocks):
@@ -533,9 +540,11 @@ def to_latex(table: ResultTable) -> str:
     marks = _marks(table)
     width = 1 + len(table.cells)
     per_column = len(table.metrics)
-    spec = "l|" + " ".join(["c" * per_column] * (len(table.columns) - 1)) + " | " + "c" * per_column
-    column_titles = [f"\\multicolumn{{{per_column}}}{{c{'|' if i == len(table.columns) - 2 else ''}}}"
-                     f"{{\\textbf{{{_latex_escape(column)}}}}}" for i, column in enumerate(table.columns)]
+    # a rule after the column before Avg, and after Avg itself when extra columns follow it
+    ruled = [i < len(table.columns) - 1 and AVERAGE in table.columns[i:i + 2] for i in range(len(table.columns))]
+    spec = "l|" + "".join("c" * per_column + (" | " if rule else " ") for rule in ruled).rstrip()
+    column_titles = [f"\\multicolumn{{{per_column}}}{{c{'|' if rule else ''}}}"
+                     f"{{\\textbf{{{_latex_escape(column)}}}}}" for column, rule in zip(table.columns, ruled)]
     lines = ["\\begin{table*}[t]", "\\centering", "\\small", "\\resizebox{\\textwidth}{!}{%",
              f"\\begin{{tabular}}{{{spec}}}", "\\hline",
              f"\\multirow{{2}}{{*}}{{\\textbf{{{_latex_escape(table.row_header)}}}}} & "

@@ -115,6 +115,9 @@ class Config:
         self.sft.validate()
         self.rl.validate()
         self.eval.validate()
+        for name in self.eval.benchmarks:
+            check_choice("eval.benchmarks[] (a name from data.benchmarks or data.extra_benchmarks)", name,
+                         [*self.data.benchmarks, *self.data.extra_benchmarks])
         self.logging.validate()
         if self.model.source == "toy" and self.profile.name != "toy":
             raise ConfigError(f"model=toy needs profile=toy; got profile={self.profile.name}")

@@ -93,6 +93,9 @@ class ExperimentConfig:
     """Stages to run, a subset of data, base, sft, eval_sft, rl, eval_rl, report (run in that order)."""
     methods: list[str] = field(default_factory=lambda: ["sft"])
     """SFT methods (``conf/sft/method/*.yaml`` names) trained, evaluated and handed to RL."""
+    first_model_only: list[str] = field(default_factory=list)
+    """Entries of ``methods`` trained and evaluated for the first model of ``profile.models`` only (the paper ran its
+    random-masking and ρ ablations on Qwen3-4B alone); the other models' plans and tables leave them out."""
     rl_methods: list[str] = field(default_factory=list)
     """Methods whose SFT models go on to RL and its evaluation (Table 2): the entries of ``methods`` named here
     (``conf/sft/method/*.yaml`` names; one not in ``methods`` has no SFT run to start from and is passed over);
@@ -123,6 +126,8 @@ class ExperimentConfig:
             raise ConfigError("experiment.methods must list at least one SFT method")
         if len(set(self.methods)) != len(self.methods):
             raise ConfigError(f"experiment.methods has duplicates: {self.methods}")
+        for method in self.first_model_only:
+            check_choice("experiment.first_model_only[]", method, self.methods)
         if len(set(self.rl_methods)) != len(self.rl_methods):
             raise ConfigError(f"experiment.rl_methods has duplicates: {self.rl_methods}")
         for seed in self.seeds:

@@ -44,6 +44,9 @@ class BenchmarkSource:
     """Split of the hub dataset."""
     hub_config: str = ""
     """Dataset config name on the hub (empty: default)."""
+    hub_revision: str = field(default="", metadata=IDENTITY_WHEN_SET)
+    """Pinned hub revision (a commit of the dataset repository); empty = latest (the manifest records the revision
+    and the dataset's fingerprint either way). Enters the run identity only when set."""
     file: str = ""
     """JSONL file name inside ``data.benchmark_dir`` (``benchmark_source == local``)."""
     problem_field: str = "problem"
@@ -104,7 +107,13 @@ class DataConfig:
     benchmark_dir: str = ""
     """Folder of benchmark JSONL files (``benchmark_source == local``)."""
     benchmarks: dict[str, BenchmarkSource] = field(default_factory=dict)
-    """Benchmarks by name (aime24, aime25, amc, hmmt25 in the paper profile)."""
+    """Benchmarks by name (aime24, aime25, amc, hmmt25 in the paper profile): written by the data run, evaluated by
+    default, averaged in the tables' Avg column."""
+    extra_benchmarks: dict[str, BenchmarkSource] = field(default_factory=dict)
+    """Benchmarks registered beside ``benchmarks`` (aime26, hmmt_feb26 in the paper profile: sets published after
+    the models), evaluated only when ``eval.benchmarks`` names them. Each is written by its own run
+    (``common.paths.extra_benchmark_run``), not by the data run, so registering or selecting one changes no existing
+    run's identity; the tables show them after the Avg column and never average them."""
 
     def validate(self) -> None:
         check_choice("data.source", self.source, ("hub", "local", "toy", *TOOL_SOURCES))
@@ -139,14 +148,25 @@ class DataConfig:
                               "add data.benchmark_dir=<folder of the benchmark JSONL files>")
         if not self.benchmarks:
             raise ConfigError("data.benchmarks must name at least one benchmark")
+        if self.extra_benchmarks and self.benchmark_source not in ("hub", "local"):
+            raise ConfigError(f"data.extra_benchmarks are read from the hub or local files; got "
+                              f"data.benchmark_source={self.benchmark_source} (set data.extra_benchmarks={{}})")
+        for name in set(self.benchmarks) & set(self.extra_benchmarks):
+            raise ConfigError(f"data.extra_benchmarks.{name} is also in data.benchmarks; a name belongs to one")
+        for name, bench in self.extra_benchmarks.items():
+            self._check_source(f"data.extra_benchmarks.{name}", name, bench)
         for name, bench in self.benchmarks.items():
-            if self.benchmark_source == "bfcl":
-                check_choice(f"data.benchmarks.{name} (a BFCL category)", name, BFCL_CATEGORIES)
-            if self.benchmark_source == "hub" and not bench.hub_id:
-                raise ConfigError(f"data.benchmarks.{name}.hub_id must be set for data.benchmark_source=hub")
-            if self.benchmark_source == "local" and not bench.file:
-                raise ConfigError(f"data.benchmarks.{name}.file must be set for data.benchmark_source=local")
-            check_range(f"data.benchmarks.{name}.expected_count", bench.expected_count, 0)
+            self._check_source(f"data.benchmarks.{name}", name, bench)
+
+    def _check_source(self, key: str, name: str, bench: BenchmarkSource) -> None:
+        """The fields of one benchmark source (``key``: where it sits in the config) its ``benchmark_source`` reads."""
+        if self.benchmark_source == "bfcl":
+            check_choice(f"{key} (a BFCL category)", name, BFCL_CATEGORIES)
+        if self.benchmark_source == "hub" and not bench.hub_id:
+            raise ConfigError(f"{key}.hub_id must be set for data.benchmark_source=hub")
+        if self.benchmark_source == "local" and not bench.file:
+            raise ConfigError(f"{key}.file must be set for data.benchmark_source=local")
+        check_range(f"{key}.expected_count", bench.expected_count, 0)
 
     def tool_chat_template(self) -> str | None:
         """The chat template named by ``tool_template`` (None: keep the model's own)."""

@@ -22,7 +22,9 @@ PAPER_ROW_LABELS = {"base": "Base", "sft": "SFT", "dft": "DFT", "iwsft": "IW-SFT
                     "eksft_selectionrandom": "EKSFT, random mask (10%)",
                     "eksft_selectionrandom_matched": "EKSFT, random mask (EKSFT's size)",
                     "eksft_combineintersection": "EKSFT, M_H ∩ M_KL", "eksft_rho0.02": "EKSFT (paper eq.), ρ 0.02",
-                    "eksft_rho0.05": "EKSFT (paper eq.), ρ 0.05", "profit": "ProFit", "pear": "PEAR"}
+                    "eksft_rho0.05": "EKSFT (paper eq.), ρ 0.05", "eksft_rho0.1": "EKSFT (paper eq.), ρ 0.1",
+                    "eksft_rho0.3": "EKSFT (paper eq.), ρ 0.3", "eksft_rho0.4": "EKSFT (paper eq.), ρ 0.4",
+                    "profit": "ProFit", "pear": "PEAR"}
 """Row titles by method label (``common.paths.method_label``): ``eksft`` is EKSFT as the paper's equations write it,
 ``eksft_compatofficial_code`` (``sft/method=eksft_official``) as the public code runs it (docs/methods.md), and
 ``eksft_lambda_entropy0_lambda_kl0`` (``sft/method=eksft_no_reg``) masks M from CE with no regulariser; the paper's

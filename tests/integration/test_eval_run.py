@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 
 from bench.tiny_model import build_tiny_qwen3
+from eval_helpers import ScriptedSampler
 from eval.metrics import MEAN_TOKEN_ENTROPY
 from eval.run import run
-from eval.sample import Completion, _EngineProcess, make_sampler, render_prompt
+from eval.sample import _EngineProcess, make_sampler, render_prompt
 from eval.scoring import extract_answer, verify
 from common.benchmarks import read_benchmark
 from common.config import Config, ConfigError, compose
@@ -56,21 +57,6 @@ def _write_benchmarks(cfg: Config, shared_data: Path, names: list[str]) -> None:
 def _samples(cfg: Config, benchmark: str) -> list[dict]:
     path = eval_dir(cfg, benchmark) / SAMPLES_FILE
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
-
-
-class ScriptedSampler:
-    """Returns fixed completions (the sampler interface, for checking verdicts and metrics by hand)."""
-
-    backend, version, settings = "scripted", "0", {}
-
-    def __init__(self, texts_by_seed: dict[int, list[str]]):
-        self.texts_by_seed = texts_by_seed
-
-    def sample(self, prompts, seeds, n):
-        return [[Completion(text, 5, "stop") for text in self.texts_by_seed[seed]] for seed in seeds]
-
-    def close(self):
-        pass
 
 
 def test_verdicts_and_metrics_by_hand(tmp_path, tiny_model, shared_data):

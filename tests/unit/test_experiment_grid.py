@@ -76,3 +76,11 @@ def test_every_arm_of_the_forking_experiment_has_a_row_title():
         "SFT", "EKSFT (paper eq.)", "EKSFT (official code)", "masking only (λ = 0)", "DFT", "EKSFT w/o entropy",
         "EKSFT w/o KL", "EKSFT, global regularisation", "EKSFT (official code, paper's alignment)",
         "EKSFT, random mask (EKSFT's size)", "EKSFT (paper eq.), ρ 0.02", "EKSFT (paper eq.), ρ 0.05", "ProFit", "PEAR"]
+
+
+def test_every_arm_of_the_ablations_has_a_row_title():
+    cfg = compose(["experiment=ablations"])
+    assert [row_label(cfg, label) for label in method_labels(cfg)] == [
+        "SFT", "EKSFT (paper eq.)", "EKSFT w/o entropy", "EKSFT w/o KL", "masking only (λ = 0)",
+        "EKSFT, global regularisation", "EKSFT, random mask (10%)", "EKSFT (paper eq.), ρ 0.1",
+        "EKSFT (paper eq.), ρ 0.3", "EKSFT (paper eq.), ρ 0.4"]
