@@ -33,6 +33,7 @@ from typing import Callable
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from common.config.toy import FORK_FAMILIES, FORK_STRATEGIES, ToyConfig  # noqa: E402
+from common.errors import user_errors_in_one_line  # noqa: E402
 from common.manifest import read_manifest  # noqa: E402
 from toy.forking import BENCHMARK_PREFIX, BEST_STRATEGY, solution_strategy  # noqa: E402
 from toy.arithmetic import STYLES, solution_style  # noqa: E402
@@ -167,10 +168,11 @@ def main() -> None:
     parser.add_argument("--fork-problems", type=int, default=300,
                         help="with --fork: held-out problems, a third per family")
     args = parser.parse_args()
-    if args.fork:
-        print(fork_table(args.experiment_dir, args.phase, exact_fork_distribution(args.fork_problems)))
-    else:
-        print(table(args.experiment_dir, args.phase, args.benchmark, args.pool_seeds))
+    with user_errors_in_one_line():
+        if args.fork:
+            print(fork_table(args.experiment_dir, args.phase, exact_fork_distribution(args.fork_problems)))
+        else:
+            print(table(args.experiment_dir, args.phase, args.benchmark, args.pool_seeds))
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ from common.config.eval import EvalConfig
 from common.config.rl import RLConfig
 from common.config.sft import SFT_METHOD_SCHEMAS, SFTConfig
 from common.config.toy import ToyConfig
-from common.errors import UserError
+from common.errors import user_errors_in_one_line
 from common.locks import unwritable
 from common.numerics import pin_this_process
 from common.processes import die_with_agent, termination_signals_interrupt
@@ -186,20 +186,18 @@ def stage_main(run: Callable[[Config], Any]) -> Callable[[], None]:
     computes with the kernels ``profile.cpu_isa`` names (:func:`common.numerics.pin_this_process`), checks that
     ``experiment.run_root`` can be written, then ``run(to_config(cfg))``, with SIGTERM and SIGHUP acting as Ctrl-C
     (:func:`termination_signals_interrupt`) and a worker of torchrun's agent ending with it
-    (:func:`die_with_agent`). A :class:`common.errors.UserError` ends it with its message alone.
+    (:func:`die_with_agent`). A :class:`common.errors.UserError` ends it with its message alone
+    (:func:`common.errors.user_errors_in_one_line`).
     Use as ``main = stage_main(run)`` in the stage module."""
 
     @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base=None)
     def main(cfg: DictConfig) -> None:
         die_with_agent()
-        with termination_signals_interrupt():
-            try:
-                config = to_config(cfg)
-                pin_this_process(config.profile.device, config.profile.cpu_isa)
-                require_writable_run_root(config)
-                run(config)
-            except UserError as error:
-                raise SystemExit(f"error: {error}") from None
+        with termination_signals_interrupt(), user_errors_in_one_line():
+            config = to_config(cfg)
+            pin_this_process(config.profile.device, config.profile.cpu_isa)
+            require_writable_run_root(config)
+            run(config)
 
     return main
 
