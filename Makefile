@@ -1,9 +1,10 @@
-# Every target is one call into the project; see README.md. PROFILE=toy runs on CPU, PROFILE=paper on GPUs.
+# Every target is one call into the project; see README.md. PROFILE=toy runs on CPU, PROFILE=paper on GPUs; the
+# default is Python's (conf/config.yaml's `profile: toy`), so `make X` and `python -m pipeline.run` plan the same.
 # Two stacks, two venvs, never one installed over the other: the CPU stack (requirements/cpu.lock) in $(CPU_VENV),
 # the CUDA stack (pip install -e .[gpu,dev]) in $(GPU_VENV). Each target picks its stack; STACK=cpu|gpu overrides it.
 CPU_VENV ?= .venv
 GPU_VENV ?= .venv-gpu
-PROFILE ?= paper
+PROFILE ?= toy
 STACK ?=
 ARGS ?=
 TESTS ?= tests
@@ -48,7 +49,8 @@ lock:
 lock-gpu:
 	scripts/setup_env.sh lock-gpu
 
-## The toy world end to end on a CPU machine: data, base model, SFT x 5 methods, eval, DAPO, eval, report.
+## The forking toy world end to end on a CPU machine (conf/experiment/demo.yaml): data, base model, SFT and EKSFT,
+## eval, DAPO from EKSFT, eval, report (runs/demo/report/report.md).
 demo: env-cpu
 	$(CPU_PY) -m pipeline.run experiment=demo profile=toy $(ARGS)
 

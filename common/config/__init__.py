@@ -109,6 +109,11 @@ class Config:
         for method in self.eval.primary_arms:
             check_choice("eval.primary_arms[]", method, presets)
         self.profile.validate()
+        if self.profile.name not in self.experiment.profiles and not self.experiment.any_profile:
+            meant = "|".join(self.experiment.profiles)
+            raise ConfigError(f"experiment={self.experiment.name} is meant for profile={meant} (experiment.profiles); "
+                              f"got profile={self.profile.name}: choose profile={meant}, or add "
+                              "experiment.any_profile=true to run it on this profile on purpose")
         self.model.validate()
         self.data.validate()
         self.toy.validate()
