@@ -29,7 +29,7 @@ CPU_PY := $(call python_of,cpu)
 
 .PHONY: env env-cpu env-gpu lock lock-gpu demo test test-e2e test-all test-gpu gpu-smoke reproduce-table1 reproduce-table2 \
 	reproduce-ablations \
-	dry-run \
+	dry-run list \
 	bench smollm2 clean-demo bfcl-env \
 	reproduce-bfcl bfcl-smoke
 
@@ -87,6 +87,11 @@ reproduce-table2:
 reproduce-ablations:
 	@$(call setup,$(PROFILE_STACK))
 	$(call python_of,$(PROFILE_STACK)) -m pipeline.run experiment=ablations profile=$(PROFILE) $(ARGS)
+
+## What can be run: experiments (and their profiles), profiles, SFT methods, benchmarks, the orchestrator's flags; the
+## text of `python -m pipeline.run --help` (common/config/catalogue.py).
+list: env-cpu
+	@$(CPU_PY) -m pipeline.run --help
 
 ## Print every stage of an experiment and its exact command without running anything: make dry-run EXPERIMENT=table1
 EXPERIMENT ?= table1

@@ -25,7 +25,7 @@ from common.errors import user_errors_in_one_line
 from pipeline.launch import StageFailed, force_restart, is_done, manifest_states, run_command, stop_all
 from common.locks import DirectoryLock
 from common.manifest import StageInputError, invalidate, read_manifest
-from common.paths import experiment_dir, report_benchmarks
+from common.paths import experiment_dir, report_benchmarks, report_dir
 from common.preflight import PreflightError, require_plan
 from common.processes import interrupted_by, termination_signals_interrupt
 from pipeline.stages import StageCommand, build_plan, check_force, force_patterns
@@ -102,7 +102,7 @@ def run(cfg: Config, overrides: list[str]) -> list[StageCommand]:
             print(f"{len(shared)} of {len(plan)} commands write only runs that experiment={train_in} (experiment."
                   f"train_in) has in its plan too, with the same identities: done there, they are reused here, not "
                   f"redone ({', '.join(sorted(shared))})")
-        print("dry run: nothing was started")
+        print(f"dry run: nothing was started; the run would leave its results in {results_path(cfg, plan)}")
         return plan
     try:
         pending = [command for command in plan if cfg.force or not is_done(command)]
@@ -115,8 +115,15 @@ def run(cfg: Config, overrides: list[str]) -> list[StageCommand]:
     started = time.time()
     run_plan(plan, experiment_dir(cfg), f"orchestrator of experiment {cfg.experiment.name}",
              cfg.experiment.parallel, force=cfg.force)
-    print(f"experiment {cfg.experiment.name} complete in {time.time() - started:.0f} s")
+    print(f"experiment {cfg.experiment.name} complete in {time.time() - started:.0f} s; results: "
+          f"{results_path(cfg, plan)}")
     return plan
+
+
+def results_path(cfg: Config, plan: list[StageCommand]) -> Path:
+    """Where a run of ``plan`` leaves its results: the report (``<run_root>/<experiment>/report/report.md``) when the
+    plan has the report stage, else the experiment's folder."""
+    return report_dir(cfg) / "report.md" if any(c.stage == "report" for c in plan) else experiment_dir(cfg)
 
 
 def run_plan(plan: list[StageCommand], lock_dir: Path, what: str, parallel: int,

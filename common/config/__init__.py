@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterator
 
 import hydra
 from hydra.core.config_store import ConfigStore
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from common.config.common import (
@@ -144,10 +145,13 @@ def _register() -> None:
 
 
 _register()
+from common.config.catalogue import refuse_schema_choices  # noqa: E402  (registers the ``catalogue`` resolver)
 
 
 def to_config(cfg: DictConfig) -> Config:
     """Converts a composed Hydra config into a validated :class:`Config` (raises :class:`ConfigError`)."""
+    if HydraConfig.initialized():  # a command line (a compose() call checks its overrides itself)
+        refuse_schema_choices(HydraConfig.get().overrides.task)
     try:
         obj = OmegaConf.to_object(cfg)
     except Exception as exc:  # omegaconf's own type/missing-value errors already name the key
@@ -241,6 +245,7 @@ def compose_dict(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
+    refuse_schema_choices(overrides)
     if GlobalHydra.instance().is_initialized():
         return hydra_compose(config_name="config", overrides=list(overrides))
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):

@@ -14,8 +14,9 @@ import pytest
 from common.config import ConfigError, compose
 from pipeline.launch import StageFailed, is_done, run_command
 from common.locks import DirectoryLock
-from common.manifest import invalidate, read_manifest, stage_run, write_manifest
-from common.paths import RunSpec, experiment_dir, sft_dir, sft_run
+from common.manifest import Manifest, invalidate, read_manifest, stage_run, write_manifest
+from common.paths import RunSpec, eval_dir, experiment_dir, sft_dir, sft_run
+from eval.stage import result_lines
 from pipeline.run import critical_path_lengths, execute, run, stage_overrides, status_line
 from pipeline.stages import StageCommand, build_plan
 
@@ -385,3 +386,29 @@ def test_data_prepare_alone_gives_the_offline_hint_in_seconds(tmp_path):
     assert "HF_HUB_OFFLINE=1" in result.stderr and "data=openr1_local" in result.stderr
     assert time.time() - started < 20  # Hydra's start-up and one refused probe, not the hub client's retries
     assert not any(tmp_path.glob("*/data/*/manifest.json"))
+
+
+def test_every_run_ends_naming_where_its_results_are(tmp_path, monkeypatch, capsys):
+    # Issue 30.1: `make demo` ended with "experiment demo complete in 1608 s" and no path.
+    cfg = compose(["experiment=demo", f"experiment.run_root={tmp_path}"])
+    report = _fake_stage(tmp_path, "pass", "report")
+    report.stage = "report"
+    monkeypatch.setattr("pipeline.run.require_plan", lambda *args: None)
+    for plan, where in (([_fake_stage(tmp_path, "pass", "data")], tmp_path / "demo"),
+                        ([report], tmp_path / "demo" / "report" / "report.md")):
+        monkeypatch.setattr("pipeline.run.build_plan", lambda *args, plan=plan: plan)
+        run(cfg, [])
+        assert capsys.readouterr().out.splitlines()[-1].endswith(f" s; results: {where}")
+    run(compose(["experiment=demo", f"experiment.run_root={tmp_path}", "dry_run=true"]), [])
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        f"dry run: nothing was started; the run would leave its results in {tmp_path}/demo/report/report.md")
+
+
+def test_an_evaluation_ends_with_its_headline_numbers_and_metrics_files():
+    cfg = compose(["experiment=demo", "eval.variant=base", "eval.benchmarks=[toy_fork_carry,toy_fork_plain]"])
+    summary = Manifest(stage="eval_sft", variant="base", status="complete", metrics={
+        "toy_fork_carry": {"num_problems": 30, "n": 32, "avg@32": 0.41234, "pass@1": 0.41234, "pass@32": 0.8},
+        "toy_fork_plain": {"num_problems": 30, "n": 32, "avg@32": 0.5, "pass@32": 0.9}, "heldout_nll": {"nll": 1.0}})
+    assert result_lines(cfg, summary) == [
+        f"toy_fork_carry: avg@32 0.412, pass@32 0.800 over 30 problems -> {eval_dir(cfg, 'toy_fork_carry')}/metrics.json",
+        f"toy_fork_plain: avg@32 0.500, pass@32 0.900 over 30 problems -> {eval_dir(cfg, 'toy_fork_plain')}/metrics.json"]
