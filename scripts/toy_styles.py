@@ -43,6 +43,27 @@ CLASSES = {"arithmetic": STYLES, "forking": FORK_STRATEGIES + (OTHER,)}
 """Per world, the columns of its table."""
 
 
+LEGEND = {
+    "arithmetic": {"chain": "one running equation", "steps": "one equation per operation",
+                   "careful": "each step checked by its inverse and redone on a mismatch",
+                   "direct": "the answer alone, a guessing mode (right ~20% of the time in pretraining)"},
+    "forking": {"column": "right to left, a carry per column (right iff a + b <= 99)",
+                "place": "place sums side by side (right iff the ones do not carry)",
+                "round": "round b up to the next ten (right iff the ones carry)",
+                OTHER: "opens with no strategy"},
+}
+"""Per world, what each column means (docs/toy_world.md, "Solution styles" and "Problems, families and strategies")."""
+
+
+def legend(tables: str) -> str:
+    """The legend of the worlds whose tables ``tables`` holds: what a cell is and what each style or strategy is."""
+    lines = ["cells: share of the samples / accuracy of those samples; pass@1: accuracy of all samples"]
+    for world, names in LEGEND.items():
+        if f"| {' | '.join(CLASSES[world])} |" in tables:
+            lines += [f"  {name}: {meaning}" for name, meaning in names.items()]
+    return "\n".join(lines)
+
+
 def world_of(benchmark: str) -> str:
     return "forking" if benchmark.startswith(BENCHMARK_PREFIX) else "arithmetic"
 
@@ -172,7 +193,8 @@ def main() -> None:
         if args.fork:
             print(fork_table(args.experiment_dir, args.phase, exact_fork_distribution(args.fork_problems)))
         else:
-            print(table(args.experiment_dir, args.phase, args.benchmark, args.pool_seeds))
+            tables = table(args.experiment_dir, args.phase, args.benchmark, args.pool_seeds)
+            print(f"{tables}\n\n{legend(tables)}")
 
 
 if __name__ == "__main__":
