@@ -1,9 +1,10 @@
-# Every target is one call into the project; see README.md. PROFILE=toy runs on CPU, PROFILE=paper on GPUs.
+# Every target is one call into the project; see README.md. PROFILE=toy runs on CPU, PROFILE=paper on GPUs; the
+# default is Python's (conf/config.yaml's `profile: toy`), so `make X` and `python -m pipeline.run` plan the same.
 # Two stacks, two venvs, never one installed over the other: the CPU stack (requirements/cpu.lock) in $(CPU_VENV),
 # the CUDA stack (pip install -e .[gpu,dev]) in $(GPU_VENV). Each target picks its stack; STACK=cpu|gpu overrides it.
 CPU_VENV ?= .venv
 GPU_VENV ?= .venv-gpu
-PROFILE ?= paper
+PROFILE ?= toy
 STACK ?=
 ARGS ?=
 TESTS ?= tests
@@ -28,7 +29,7 @@ CPU_PY := $(call python_of,cpu)
 
 .PHONY: env env-cpu env-gpu lock lock-gpu demo test test-e2e test-all test-gpu gpu-smoke reproduce-table1 reproduce-table2 \
 	reproduce-ablations \
-	dry-run \
+	dry-run list \
 	bench smollm2 clean-demo bfcl-env \
 	reproduce-bfcl bfcl-smoke
 
@@ -48,7 +49,8 @@ lock:
 lock-gpu:
 	scripts/setup_env.sh lock-gpu
 
-## The toy world end to end on a CPU machine: data, base model, SFT x 5 methods, eval, DAPO, eval, report.
+## The forking toy world end to end on a CPU machine (conf/experiment/demo.yaml): data, base model, SFT and EKSFT,
+## eval, DAPO from EKSFT, eval, report (runs/demo/report/report.md).
 demo: env-cpu
 	$(CPU_PY) -m pipeline.run experiment=demo profile=toy $(ARGS)
 
@@ -85,6 +87,11 @@ reproduce-table2:
 reproduce-ablations:
 	@$(call setup,$(PROFILE_STACK))
 	$(call python_of,$(PROFILE_STACK)) -m pipeline.run experiment=ablations profile=$(PROFILE) $(ARGS)
+
+## What can be run: experiments (and their profiles), profiles, SFT methods, benchmarks, the orchestrator's flags; the
+## text of `python -m pipeline.run --help` (common/config/catalogue.py).
+list: env-cpu
+	@$(CPU_PY) -m pipeline.run --help
 
 ## Print every stage of an experiment and its exact command without running anything: make dry-run EXPERIMENT=table1
 EXPERIMENT ?= table1

@@ -33,9 +33,9 @@ from data.split import ids_digest, split_rows
 from data.tool_use import write_tool_split
 from common.benchmarks import system_prompt_of, write_benchmark
 from common.config import Config, stage_main
-from common.preflight import PreflightError, check_data_paths
+from common.preflight import PreflightError, check_data, check_data_paths
 from common.config.data import TOOL_SOURCES
-from common.manifest import Manifest, read_manifest, sha256_path, sha256_text, stage_run
+from common.manifest import Manifest, is_current, read_manifest, sha256_path, sha256_text, stage_run
 from common.paths import (
     HELDOUT_ROWS_FILE,
     RL_TRAIN_FILE,
@@ -122,7 +122,11 @@ def write_extra_benchmark(cfg: Config, name: str) -> Manifest:
 def run(cfg: Config) -> Manifest:
     """The data run, then the run of every extra benchmark ``eval.benchmarks`` selects; returns the data run's
     manifest."""
-    problems = check_data_paths(cfg)  # each local file and folder by its config key, before anything is read
+    # Before anything is read: each local file and folder by its config key and, unless the data run is current, the
+    # hub datasets cached or the hub answering within the preflight's probe timeout (offline: the hint, in seconds).
+    spec = data_run(cfg)
+    current = is_current(spec.directory, spec.config_hash, spec.inputs, optional_inputs=spec.optional_inputs)
+    problems = check_data_paths(cfg) if current else check_data(cfg)
     if problems:
         raise PreflightError(problems)
     manifest = write_data_run(cfg)

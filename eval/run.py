@@ -54,6 +54,7 @@ from eval.stage import (
     benchmark_names,
     log_to_wandb,
     resolve_model,
+    result_lines,
     sample_problems,
     write_samples,
 )
@@ -258,6 +259,7 @@ def run(cfg: Config, sampler_factory: Callable[..., Sampler] = make_sampler) -> 
     finally:
         engine.close()
     log_to_wandb(cfg, summary, model_details["model"], eval_dir(cfg, benchmarks[0]).parent)
+    print("\n".join(f"results: {line}" for line in result_lines(cfg, summary)), flush=True)
     return summary
 
 

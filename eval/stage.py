@@ -20,7 +20,8 @@ from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 from common.config import Config
 from common.manifest import Manifest, StageInputError, require_complete
-from common.paths import base_run, eval_dir, evaluated_run, hf_export_dir, report_benchmarks, trained_method
+from common.paths import (EVAL_METRICS_FILE, HELDOUT_NLL_DIR, base_run, eval_dir, evaluated_run, hf_export_dir,
+                          report_benchmarks, trained_method)
 from common.seeding import derive_seed
 from common.tracking import progress, start_wandb
 from eval.sample import Completion, LazySampler, engine_count
@@ -146,6 +147,20 @@ def add_benchmark(summary: Manifest, cfg: Config, benchmark: str, manifest: Mani
     summary.outputs[str(eval_dir(cfg, benchmark))] = f"{benchmark}: samples, metrics, manifest"
     if not manifest.complete:
         summary.status = manifest.status
+
+
+def result_lines(cfg: Config, summary: Manifest) -> list[str]:
+    """Where one evaluation's results are, one line per benchmark: its headline numbers (avg@n, the unbiased pass@1,
+    and pass@n) and its ``metrics.json``."""
+    lines = []
+    for benchmark, metrics in summary.metrics.items():
+        if benchmark == HELDOUT_NLL_DIR or "n" not in metrics:
+            continue
+        n = metrics["n"]
+        headline = ", ".join(f"{key} {metrics[key]:.3f}" for key in (f"avg@{n}", f"pass@{n}") if key in metrics)
+        lines.append(f"{benchmark}: {headline} over {metrics['num_problems']} problems -> "
+                     f"{eval_dir(cfg, benchmark) / EVAL_METRICS_FILE}")
+    return lines
 
 
 # ------------------------------------------------------------------------------------------------- wandb

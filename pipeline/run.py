@@ -14,7 +14,6 @@ import json
 import sys
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from fnmatch import fnmatch
 from pathlib import Path
 
 import hydra
@@ -22,14 +21,14 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from common.config import CONF_DIR, Config, ConfigError, compose, require_writable_run_root, to_config
-from common.errors import UserError
+from common.errors import user_errors_in_one_line
 from pipeline.launch import StageFailed, force_restart, is_done, manifest_states, run_command, stop_all
 from common.locks import DirectoryLock
 from common.manifest import StageInputError, invalidate, read_manifest
-from common.paths import experiment_dir
+from common.paths import experiment_dir, report_benchmarks, report_dir
 from common.preflight import PreflightError, require_plan
 from common.processes import interrupted_by, termination_signals_interrupt
-from pipeline.stages import StageCommand, build_plan
+from pipeline.stages import StageCommand, build_plan, check_force, force_patterns
 
 STATUS_EVERY_S = 60
 """Seconds between status lines while commands run side by side (their own output goes to their logs)."""
@@ -82,22 +81,28 @@ def run(cfg: Config, overrides: list[str]) -> list[StageCommand]:
     if not cfg.dry_run:
         require_writable_run_root(cfg)  # before any manifest is read or lock taken there
     plan = build_plan(cfg, overrides)
+    check_force(plan, cfg.force)
     header = (f"experiment={cfg.experiment.name} profile={cfg.profile.name} models={cfg.profile.models} "
               f"methods={cfg.experiment.methods}: {len(plan)} stage commands")
     print(header)
+    if any(command.stage.startswith("eval") for command in plan):
+        print(f"evaluation benchmarks: {', '.join(report_benchmarks(cfg))}"
+              + ("" if cfg.eval.benchmarks else " (every one of data.benchmarks; eval.benchmarks=[...] picks)"))
     retire_cpu_chosen_bf16_bases(plan, dry_run=cfg.dry_run)
     if cfg.dry_run:
         shared = shared_commands(cfg, plan, overrides)
         train_in = cfg.experiment.train_in
         for index, command in enumerate(plan, 1):
-            state = "done, would be skipped" if is_done(command) else "would run"
+            forced = force_patterns(command, cfg.force)
+            state = (f"forced by force={forced}, would restart" if forced else
+                     "done, would be skipped" if is_done(command) else "would run")
             where = f"; experiment={train_in} has these runs too" if command.name in shared else ""
             print(f"{index:3d}. ({state}{where}) {describe(command)}")
         if shared:
             print(f"{len(shared)} of {len(plan)} commands write only runs that experiment={train_in} (experiment."
                   f"train_in) has in its plan too, with the same identities: done there, they are reused here, not "
                   f"redone ({', '.join(sorted(shared))})")
-        print("dry run: nothing was started")
+        print(f"dry run: nothing was started; the run would leave its results in {results_path(cfg, plan)}")
         return plan
     try:
         pending = [command for command in plan if cfg.force or not is_done(command)]
@@ -110,8 +115,15 @@ def run(cfg: Config, overrides: list[str]) -> list[StageCommand]:
     started = time.time()
     run_plan(plan, experiment_dir(cfg), f"orchestrator of experiment {cfg.experiment.name}",
              cfg.experiment.parallel, force=cfg.force)
-    print(f"experiment {cfg.experiment.name} complete in {time.time() - started:.0f} s")
+    print(f"experiment {cfg.experiment.name} complete in {time.time() - started:.0f} s; results: "
+          f"{results_path(cfg, plan)}")
     return plan
+
+
+def results_path(cfg: Config, plan: list[StageCommand]) -> Path:
+    """Where a run of ``plan`` leaves its results: the report (``<run_root>/<experiment>/report/report.md``) when the
+    plan has the report stage, else the experiment's folder."""
+    return report_dir(cfg) / "report.md" if any(c.stage == "report" for c in plan) else experiment_dir(cfg)
 
 
 def run_plan(plan: list[StageCommand], lock_dir: Path, what: str, parallel: int,
@@ -240,7 +252,7 @@ def execute(plan: list[StageCommand], parallel: int, force: list[str] | tuple[st
                     if all(need in succeeded for need in command.needs):
                         pending.remove(command)
                         progressed = True
-                        forced = [p for p in force if fnmatch(command.name, p) or fnmatch(command.stage, p)]
+                        forced = force_patterns(command, force)
                         if forced:
                             force_restart(command, f"forced by force={forced}")
                         if not forced and is_done(command):
@@ -285,12 +297,10 @@ def execute(plan: list[StageCommand], parallel: int, force: list[str] | tuple[st
 
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base=None)
 def main(dict_cfg: DictConfig) -> None:
-    try:
+    with user_errors_in_one_line():
         cfg = to_config(dict_cfg)
         run(cfg, stage_overrides(list(HydraConfig.get().overrides.task), cfg.experiment.methods,
                                  per_seed=bool(cfg.experiment.seeds)))
-    except UserError as error:
-        raise SystemExit(f"error: {error}") from None
 
 
 if __name__ == "__main__":

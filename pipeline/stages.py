@@ -21,8 +21,10 @@ for the base model); the labels ``rl.init`` and ``eval.variant`` only name its o
 from __future__ import annotations
 
 import sys
+from difflib import get_close_matches
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from fnmatch import fnmatch
 from typing import Callable
 
 from common.config import Config, ConfigError, compose, override_value
@@ -228,6 +230,24 @@ def build_plan(cfg: Config, overrides: list[str]) -> list[StageCommand]:
     for command in plan:
         command.needs = [need for need in command.needs if need in names]
     return plan
+
+
+def force_patterns(command: StageCommand, patterns: list[str] | tuple[str, ...]) -> list[str]:
+    """The ``force`` patterns (globs over command names and stage names) that match ``command``."""
+    return [pattern for pattern in patterns if fnmatch(command.name, pattern) or fnmatch(command.stage, pattern)]
+
+
+def check_force(plan: list[StageCommand], patterns: list[str] | tuple[str, ...]) -> None:
+    """Raises :class:`ConfigError` naming every ``force`` pattern that matches no command of ``plan`` (it would force
+    nothing), with the closest names and every valid one."""
+    unmatched = [pattern for pattern in patterns if not any(force_patterns(c, [pattern]) for c in plan)]
+    if not unmatched:
+        return
+    valid = list(dict.fromkeys([command.stage for command in plan] + [command.name for command in plan]))
+    close = sorted({name for pattern in unmatched for name in get_close_matches(pattern, valid, n=3, cutoff=0.6)})
+    hint = f"did you mean {', '.join(close)}? " if close else ""
+    raise ConfigError(f"force={unmatched} matches no stage or command of this plan; {hint}valid: stage names or "
+                      f"command names (globs allowed): {', '.join(valid)}")
 
 
 def _eval_commands(cfg: Config, overrides: list[str], phase: str, evaluated: list[Arm],

@@ -33,6 +33,7 @@ from typing import Callable
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from common.config.toy import FORK_FAMILIES, FORK_STRATEGIES, ToyConfig  # noqa: E402
+from common.errors import user_errors_in_one_line  # noqa: E402
 from common.manifest import read_manifest  # noqa: E402
 from toy.forking import BENCHMARK_PREFIX, BEST_STRATEGY, solution_strategy  # noqa: E402
 from toy.arithmetic import STYLES, solution_style  # noqa: E402
@@ -40,6 +41,27 @@ from toy.arithmetic import STYLES, solution_style  # noqa: E402
 OTHER = "other"
 CLASSES = {"arithmetic": STYLES, "forking": FORK_STRATEGIES + (OTHER,)}
 """Per world, the columns of its table."""
+
+
+LEGEND = {
+    "arithmetic": {"chain": "one running equation", "steps": "one equation per operation",
+                   "careful": "each step checked by its inverse and redone on a mismatch",
+                   "direct": "the answer alone, a guessing mode (right ~20% of the time in pretraining)"},
+    "forking": {"column": "right to left, a carry per column (right iff a + b <= 99)",
+                "place": "place sums side by side (right iff the ones do not carry)",
+                "round": "round b up to the next ten (right iff the ones carry)",
+                OTHER: "opens with no strategy"},
+}
+"""Per world, what each column means (docs/toy_world.md, "Solution styles" and "Problems, families and strategies")."""
+
+
+def legend(tables: str) -> str:
+    """The legend of the worlds whose tables ``tables`` holds: what a cell is and what each style or strategy is."""
+    lines = ["cells: share of the samples / accuracy of those samples; pass@1: accuracy of all samples"]
+    for world, names in LEGEND.items():
+        if f"| {' | '.join(CLASSES[world])} |" in tables:
+            lines += [f"  {name}: {meaning}" for name, meaning in names.items()]
+    return "\n".join(lines)
 
 
 def world_of(benchmark: str) -> str:
@@ -167,10 +189,12 @@ def main() -> None:
     parser.add_argument("--fork-problems", type=int, default=300,
                         help="with --fork: held-out problems, a third per family")
     args = parser.parse_args()
-    if args.fork:
-        print(fork_table(args.experiment_dir, args.phase, exact_fork_distribution(args.fork_problems)))
-    else:
-        print(table(args.experiment_dir, args.phase, args.benchmark, args.pool_seeds))
+    with user_errors_in_one_line():
+        if args.fork:
+            print(fork_table(args.experiment_dir, args.phase, exact_fork_distribution(args.fork_problems)))
+        else:
+            tables = table(args.experiment_dir, args.phase, args.benchmark, args.pool_seeds)
+            print(f"{tables}\n\n{legend(tables)}")
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterator
 
 import hydra
 from hydra.core.config_store import ConfigStore
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from common.config.common import (
@@ -33,7 +34,7 @@ from common.config.eval import EvalConfig
 from common.config.rl import RLConfig
 from common.config.sft import SFT_METHOD_SCHEMAS, SFTConfig
 from common.config.toy import ToyConfig
-from common.errors import UserError
+from common.errors import user_errors_in_one_line
 from common.locks import unwritable
 from common.numerics import pin_this_process
 from common.processes import die_with_agent, termination_signals_interrupt
@@ -109,6 +110,11 @@ class Config:
         for method in self.eval.primary_arms:
             check_choice("eval.primary_arms[]", method, presets)
         self.profile.validate()
+        if self.profile.name not in self.experiment.profiles and not self.experiment.any_profile:
+            meant = "|".join(self.experiment.profiles)
+            raise ConfigError(f"experiment={self.experiment.name} is meant for profile={meant} (experiment.profiles); "
+                              f"got profile={self.profile.name}: choose profile={meant}, or add "
+                              "experiment.any_profile=true to run it on this profile on purpose")
         self.model.validate()
         self.data.validate()
         self.toy.validate()
@@ -139,10 +145,13 @@ def _register() -> None:
 
 
 _register()
+from common.config.catalogue import refuse_schema_choices  # noqa: E402  (registers the ``catalogue`` resolver)
 
 
 def to_config(cfg: DictConfig) -> Config:
     """Converts a composed Hydra config into a validated :class:`Config` (raises :class:`ConfigError`)."""
+    if HydraConfig.initialized():  # a command line (a compose() call checks its overrides itself)
+        refuse_schema_choices(HydraConfig.get().overrides.task)
     try:
         obj = OmegaConf.to_object(cfg)
     except Exception as exc:  # omegaconf's own type/missing-value errors already name the key
@@ -186,20 +195,18 @@ def stage_main(run: Callable[[Config], Any]) -> Callable[[], None]:
     computes with the kernels ``profile.cpu_isa`` names (:func:`common.numerics.pin_this_process`), checks that
     ``experiment.run_root`` can be written, then ``run(to_config(cfg))``, with SIGTERM and SIGHUP acting as Ctrl-C
     (:func:`termination_signals_interrupt`) and a worker of torchrun's agent ending with it
-    (:func:`die_with_agent`). A :class:`common.errors.UserError` ends it with its message alone.
+    (:func:`die_with_agent`). A :class:`common.errors.UserError` ends it with its message alone
+    (:func:`common.errors.user_errors_in_one_line`).
     Use as ``main = stage_main(run)`` in the stage module."""
 
     @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base=None)
     def main(cfg: DictConfig) -> None:
         die_with_agent()
-        with termination_signals_interrupt():
-            try:
-                config = to_config(cfg)
-                pin_this_process(config.profile.device, config.profile.cpu_isa)
-                require_writable_run_root(config)
-                run(config)
-            except UserError as error:
-                raise SystemExit(f"error: {error}") from None
+        with termination_signals_interrupt(), user_errors_in_one_line():
+            config = to_config(cfg)
+            pin_this_process(config.profile.device, config.profile.cpu_isa)
+            require_writable_run_root(config)
+            run(config)
 
     return main
 
@@ -238,6 +245,7 @@ def compose_dict(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
+    refuse_schema_choices(overrides)
     if GlobalHydra.instance().is_initialized():
         return hydra_compose(config_name="config", overrides=list(overrides))
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):

@@ -10,6 +10,8 @@ from omegaconf import MISSING
 from common.errors import ConfigError
 from common.numerics import CPU_ISAS
 
+PROFILES = ("toy", "paper")
+"""Every profile (``conf/profile/*.yaml``): toy (CPU) and paper (GPU cluster)."""
 STAGES = ("data", "base", "sft", "eval_sft", "rl", "eval_rl", "report")
 """Every stage the orchestrator knows, in execution order."""
 
@@ -111,6 +113,11 @@ class ExperimentConfig:
     seeds: list[int] = field(default_factory=list)
     """Seeds of a multi-seed experiment: every SFT, RL and evaluation command runs once per seed (``seed=<s>``),
     each in its own folders, and the report aggregates them. Empty: the single top-level ``seed``."""
+    profiles: list[str] = field(default_factory=lambda: list(PROFILES), metadata=SUPERVISION)
+    """The profiles the experiment is meant for (the toy-world experiments: ``[toy]``); composing it with another
+    profile is an error naming both, unless ``any_profile`` is set."""
+    any_profile: bool = field(default=False, metadata=SUPERVISION)
+    """Run the experiment on a profile outside ``profiles`` on purpose (``experiment.any_profile=true``)."""
     parallel: int = field(default=1, metadata=SUPERVISION)
     """Stage commands run at the same time. On a 2-core CPU machine 2 overlaps vLLM's one-thread sampling and
     verl's start-up with training; on GPUs keep 1 (every stage uses all of a node's GPUs)."""
@@ -122,6 +129,8 @@ class ExperimentConfig:
         check_range("experiment.parallel", self.parallel, 1)
         for stage in self.stages:
             check_choice("experiment.stages[]", stage, STAGES)
+        for profile in self.profiles:
+            check_choice("experiment.profiles[]", profile, PROFILES)
         if not self.methods:
             raise ConfigError("experiment.methods must list at least one SFT method")
         if len(set(self.methods)) != len(self.methods):
@@ -158,7 +167,7 @@ class ProfileConfig:
     then name the instruction set found (common/numerics.py)."""
 
     def validate(self) -> None:
-        check_choice("profile.name", self.name, ("toy", "paper"))
+        check_choice("profile.name", self.name, PROFILES)
         check_choice("profile.device", self.device, ("cpu", "cuda"))
         if not self.models:
             raise ConfigError("profile.models must list at least one model config name")

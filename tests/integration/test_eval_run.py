@@ -59,7 +59,7 @@ def _samples(cfg: Config, benchmark: str) -> list[dict]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
 
 
-def test_verdicts_and_metrics_by_hand(tmp_path, tiny_model, shared_data):
+def test_verdicts_and_metrics_by_hand(tmp_path, tiny_model, shared_data, capsys):
     cfg = _config(tmp_path, tiny_model, "eval.benchmarks=[hmmt25]", "eval.max_problems=2")
     _write_benchmarks(cfg, shared_data, ["hmmt25"])
     rows = read_benchmark(data_dir(cfg) / "benchmarks" / "hmmt25.jsonl")[:2]
@@ -82,6 +82,8 @@ def test_verdicts_and_metrics_by_hand(tmp_path, tiny_model, shared_data):
     assert [r["correct"] for r in _samples(cfg, "hmmt25")] == [1, 1, 0, 0, 0, 0, 0, 0]
     assert summary.complete and summary.metrics["hmmt25"]["pass@4"] == pytest.approx(0.5)
     assert not (out.parent / "wandb").exists()  # logging.wandb_mode=disabled: wandb writes nothing
+    # Issue 30.1: the evaluation ends naming its headline numbers and where metrics.json went.
+    assert f"results: hmmt25: avg@4 0.250, pass@4 0.500 over 2 problems -> {out}/metrics.json\n" in capsys.readouterr().out
 
 
 def test_time_limited_samples_are_rejudged_under_the_run_contract(tmp_path, tiny_model, shared_data):

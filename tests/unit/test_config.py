@@ -13,9 +13,22 @@ METHOD_PRESETS = sorted(p.stem for p in (CONF_DIR / "sft" / "method").glob("*.ya
 @pytest.mark.parametrize("profile", ["toy", "paper"])
 @pytest.mark.parametrize("experiment", EXPERIMENTS)
 def test_every_experiment_composes_and_validates(experiment, profile):
-    cfg = compose([f"experiment={experiment}", f"profile={profile}"])
+    if profile not in compose([f"experiment={experiment}"]).experiment.profiles:
+        # Issue 30.4: `experiment=forking profile=paper` quietly planned the toy world's arms on Qwen3.
+        with pytest.raises(ConfigError, match=rf"experiment={experiment} is meant for profile=toy "
+                                              rf"\(experiment.profiles\); got profile={profile}: .*any_profile=true"):
+            compose([f"experiment={experiment}", f"profile={profile}"])
+        cfg = compose([f"experiment={experiment}", f"profile={profile}", "experiment.any_profile=true"])
+    else:
+        cfg = compose([f"experiment={experiment}", f"profile={profile}"])
     assert cfg.experiment.name == experiment
     assert cfg.profile.name == profile
+
+
+def test_the_toy_world_experiments_are_meant_for_the_toy_profile_only():
+    assert {name: compose([f"experiment={name}"]).experiment.profiles for name in EXPERIMENTS} == {
+        "ablations": ["toy", "paper"], "bfcl": ["toy", "paper"], "demo": ["toy"], "forking": ["toy"],
+        "table1": ["toy", "paper"], "table2": ["toy", "paper"], "toy_rl": ["toy"]}
 
 
 @pytest.mark.parametrize("preset", METHOD_PRESETS)

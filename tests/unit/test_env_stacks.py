@@ -3,6 +3,7 @@ the other stack (read from installed metadata, whatever its stamp says), before 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -14,12 +15,12 @@ from common.preflight import installed_stack
 
 REPO = Path(__file__).resolve().parents[2]
 GPU_TARGETS = [
-    ["reproduce-table1"], ["reproduce-table2"], ["reproduce-table1", "PROFILE=paper"], ["test-gpu"], ["env-gpu"],
+    ["reproduce-table1", "PROFILE=paper"], ["reproduce-table2", "PROFILE=paper"], ["test-gpu"], ["env-gpu"],
     ["bench", "ARGS=--device cuda"], ["dry-run", "STACK=gpu"],
 ]
 CPU_TARGETS = [
     ["test"], ["test-e2e"], ["test-all"], ["demo"], ["bench"], ["smollm2"], ["env-cpu"], ["dry-run"],
-    ["dry-run", "PROFILE=paper"], ["reproduce-table1", "PROFILE=toy"], ["reproduce-table2", "PROFILE=toy"],
+    ["dry-run", "PROFILE=paper"], ["reproduce-table1"], ["reproduce-table2"], ["reproduce-table1", "PROFILE=toy"],
 ]
 CPU_MARKS = ("scripts/setup_env.sh cpu", "VENV=.venv ", ".venv/bin/python", "cpu.lock")
 GPU_MARKS = ("scripts/setup_env.sh gpu", ".venv-gpu")
@@ -44,6 +45,13 @@ def test_cpu_targets_name_only_the_cpu_venv(args):
     out = make_n(*args)
     assert "VENV=.venv scripts/setup_env.sh cpu" in out
     assert not [mark for mark in GPU_MARKS if mark in out], out
+
+
+def test_make_and_python_default_to_the_same_profile():
+    # Issue 30.4: Make's PROFILE defaulted to paper, Python's to toy: `make dry-run EXPERIMENT=demo` planned Qwen3.
+    python_default = re.search(r"^  - profile: (\w+)$", (REPO / "conf" / "config.yaml").read_text(), re.M).group(1)
+    assert f"-m pipeline.run experiment=demo profile={python_default} dry_run=true" in make_n("dry-run",
+                                                                                             "EXPERIMENT=demo")
 
 
 def test_paper_dry_run_uses_the_gpu_venv_once_it_exists(tmp_path):

@@ -14,8 +14,9 @@ import pytest
 from common.config import ConfigError, compose
 from pipeline.launch import StageFailed, is_done, run_command
 from common.locks import DirectoryLock
-from common.manifest import invalidate, read_manifest, stage_run, write_manifest
-from common.paths import RunSpec, experiment_dir, sft_dir, sft_run
+from common.manifest import Manifest, invalidate, read_manifest, stage_run, write_manifest
+from common.paths import RunSpec, eval_dir, experiment_dir, sft_dir, sft_run
+from eval.stage import result_lines
 from pipeline.run import critical_path_lengths, execute, run, stage_overrides, status_line
 from pipeline.stages import StageCommand, build_plan
 
@@ -321,3 +322,93 @@ def test_a_data_path_key_that_does_not_exist_is_named_before_the_data_stage_read
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
     assert f"data.system_prompt_path={tmp_path}/prompt.txt does not exist" in result.stderr
     assert not any(tmp_path.glob("*/data/*/manifest.json"))  # nothing was started
+
+
+def test_a_force_pattern_that_matches_nothing_fails_in_the_plan_naming_the_valid_ones(tmp_path, capsys):
+    # Issue 30.3: force=[sft/toy/eksf] (a typo) and force=[sft/toy/eksft_official] (the folder's label is
+    # eksft_compatofficial_code) silently forced nothing; now the dry run and the preflight refuse them.
+    for mode in ("dry_run=true", "preflight=true"):
+        cfg = compose(["experiment=demo", f"experiment.run_root={tmp_path}", mode, "force=[sft/toy/eksf,rl]"])
+        with pytest.raises(ConfigError, match=r"force=\['sft/toy/eksf'\] matches no stage or command") as error:
+            run(cfg, [])
+        assert "did you mean" in str(error.value) and "sft/toy/eksft" in str(error.value)
+        assert "eval/toy/rl/eksft" in str(error.value) and "\n" not in str(error.value)
+    assert "preflight: ok" not in capsys.readouterr().out
+
+
+def test_an_unknown_benchmark_fails_when_the_plan_is_composed_naming_the_valid_ones():
+    with pytest.raises(ConfigError, match=r"eval.benchmarks\[\].*\['toy_fork_small', 'toy_fork_carry', "
+                                          r"'toy_fork_plain'\]; got 'toy_ad'"):
+        compose(["experiment=demo", "eval.benchmarks=[toy_ad]"])
+
+
+def test_dry_run_shows_the_evaluation_benchmarks_and_marks_forced_commands(tmp_path, capsys):
+    overrides = ["experiment=demo", f"experiment.run_root={tmp_path}", "dry_run=true", "force=[sft/toy/eksft,eval_rl]",
+                 "eval.benchmarks=[toy_fork_carry]"]
+    run(compose(overrides), [])
+    out = capsys.readouterr().out
+    assert "evaluation benchmarks: toy_fork_carry\n" in out
+    assert "(forced by force=['sft/toy/eksft'], would restart) [sft] sft/toy/eksft" in out
+    assert "(forced by force=['eval_rl'], would restart) [eval_rl] eval/toy/rl/eksft" in out
+    assert "(would run) [sft] sft/toy/sft" in out
+    run(compose(overrides[:3]), [])
+    assert ("evaluation benchmarks: toy_fork_small, toy_fork_carry, toy_fork_plain (every one of data.benchmarks"
+            in capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("entry", ["pipeline.run", "eval.run"])
+def test_an_own_type_error_is_one_line_without_a_traceback_unless_hydra_full_error(tmp_path, entry):
+    # Issue 30.6: ConfigError and friends printed their message under a Hydra traceback.
+    argv = [sys.executable, "-m", entry, "experiment=demo", f"experiment.run_root={tmp_path}", "dry_run=true",
+            "eval.benchmarks=[toy_ad]"]
+    env = {key: value for key, value in os.environ.items() if key != "HYDRA_FULL_ERROR"}
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=REPO, env=env)
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    assert result.stderr.strip().splitlines() == [
+        "error: eval.benchmarks[] (a name from data.benchmarks or data.extra_benchmarks) must be one of "
+        "['toy_fork_small', 'toy_fork_carry', 'toy_fork_plain']; got 'toy_ad'"]
+    full = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=REPO,
+                          env={**env, "HYDRA_FULL_ERROR": "1"})
+    assert full.returncode == 1 and "Traceback" in full.stderr and "ConfigError" in full.stderr, full.stderr
+
+
+def test_data_prepare_alone_gives_the_offline_hint_in_seconds(tmp_path):
+    # Issue 30.6: offline, `data.prepare experiment=table1 profile=paper` waited 25 s for the hub and raised a raw
+    # ConnectionError; it now runs the preflight's data check first (one probe, common.preflight.PROBE_TIMEOUT_S).
+    env = {key: value for key, value in os.environ.items() if not key.endswith("_OFFLINE")}
+    env.update(HF_HOME=str(tmp_path / "hf"), HF_ENDPOINT="http://127.0.0.1:9")  # nothing cached, nothing answers
+    started = time.time()
+    result = subprocess.run([sys.executable, "-m", "data.prepare", "experiment=table1", "profile=paper",
+                             f"experiment.run_root={tmp_path}"], capture_output=True, text=True, timeout=120,
+                            cwd=REPO, env=env)
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    assert "data.hub_id=Elliott/Openr1-Math-46k-8192" in result.stderr and "does not answer" in result.stderr
+    assert "HF_HUB_OFFLINE=1" in result.stderr and "data=openr1_local" in result.stderr
+    assert time.time() - started < 20  # Hydra's start-up and one refused probe, not the hub client's retries
+    assert not any(tmp_path.glob("*/data/*/manifest.json"))
+
+
+def test_every_run_ends_naming_where_its_results_are(tmp_path, monkeypatch, capsys):
+    # Issue 30.1: `make demo` ended with "experiment demo complete in 1608 s" and no path.
+    cfg = compose(["experiment=demo", f"experiment.run_root={tmp_path}"])
+    report = _fake_stage(tmp_path, "pass", "report")
+    report.stage = "report"
+    monkeypatch.setattr("pipeline.run.require_plan", lambda *args: None)
+    for plan, where in (([_fake_stage(tmp_path, "pass", "data")], tmp_path / "demo"),
+                        ([report], tmp_path / "demo" / "report" / "report.md")):
+        monkeypatch.setattr("pipeline.run.build_plan", lambda *args, plan=plan: plan)
+        run(cfg, [])
+        assert capsys.readouterr().out.splitlines()[-1].endswith(f" s; results: {where}")
+    run(compose(["experiment=demo", f"experiment.run_root={tmp_path}", "dry_run=true"]), [])
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        f"dry run: nothing was started; the run would leave its results in {tmp_path}/demo/report/report.md")
+
+
+def test_an_evaluation_ends_with_its_headline_numbers_and_metrics_files():
+    cfg = compose(["experiment=demo", "eval.variant=base", "eval.benchmarks=[toy_fork_carry,toy_fork_plain]"])
+    summary = Manifest(stage="eval_sft", variant="base", status="complete", metrics={
+        "toy_fork_carry": {"num_problems": 30, "n": 32, "avg@32": 0.41234, "pass@1": 0.41234, "pass@32": 0.8},
+        "toy_fork_plain": {"num_problems": 30, "n": 32, "avg@32": 0.5, "pass@32": 0.9}, "heldout_nll": {"nll": 1.0}})
+    assert result_lines(cfg, summary) == [
+        f"toy_fork_carry: avg@32 0.412, pass@32 0.800 over 30 problems -> {eval_dir(cfg, 'toy_fork_carry')}/metrics.json",
+        f"toy_fork_plain: avg@32 0.500, pass@32 0.900 over 30 problems -> {eval_dir(cfg, 'toy_fork_plain')}/metrics.json"]

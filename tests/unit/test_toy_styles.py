@@ -37,6 +37,11 @@ def test_rows_give_share_and_accuracy_per_style(tmp_path):
     header, rule, row = text.splitlines()
     assert header.endswith("| chain | steps | careful | direct |")
     assert row == "| toy | rl | base | toy_add | 0.500 | 0 / — | 0.75 / 0.67 | 0 / — | 0.25 / 0.00 |"
+    # Issue 30.7: the output had no legend; it names what a cell is and each style of the tables shown.
+    shown = toy_styles.legend(text).splitlines()
+    assert shown[0].startswith("cells: share of the samples / accuracy of those samples")
+    assert [line.split(":")[0].strip() for line in shown[1:]] == ["chain", "steps", "careful", "direct"]
+    assert "guessing" in shown[-1]
 
 
 def test_a_line_that_is_not_a_sample_is_named(tmp_path):
