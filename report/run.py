@@ -385,7 +385,8 @@ def paper_sft_sections(cfg: Config, sft: tuple[ResultTable, dict, dict], out_dir
             (out_dir / f"{spec.stem}.{suffix}").write_text(render(ablation), encoding="utf-8")
             run_.add_output(f"{spec.stem}.{suffix}", f"the paper's tab:{spec.key} ({suffix})")
         lines += [f"## {spec.caption} (paper: `tab:{spec.key}`)", "", f"{ablation.caption}.", "", to_markdown(ablation),
-                  TABLE_NOTE.format(delta=delta_label(ablation)),
+                  TABLE_NOTE.format(delta=delta_label(ablation)), "", INTERVALS_LEGEND,
+                  "The ablation tables declare no primary comparison: every Δ is exploratory.",
                   "Numbers in parentheses are the paper's for the same cell." if ablation.has_paper_values else
                   "The paper has no numbers for these models and benchmarks, so only ours are shown.", "",
                   f"Files: [{spec.stem}.md]({spec.stem}.md), [{spec.stem}.csv]({spec.stem}.csv), "
