@@ -45,7 +45,7 @@ def test_headroom_correlates_the_heldout_nll_and_pairs_arms_by_variant(tmp_path)
     headroom = manifest.metrics["headroom"]
     assert headroom["points"] == 4
     assert headroom["spearman_heldout_nll"] == pytest.approx(-1.5 / 22.5 ** 0.5)
-    assert "| held-out NLL on a held-out slice of the SFT set | -0.32 (4 of 4 pairs) |" in text
+    assert "| held-out NLL on a held-out slice of the SFT set | -0.32 [-1.00, +1.00] (4 of 4 pairs) |" in text
     assert "| Toy-Qwen3-0.8M | EKSFT (paper eq.) | 0 | 25.0 | 100.0 (4) | n/a | n/a | 1.500 | +75.0 |" in text
     assert "| Toy-Qwen3-0.8M | Base | 1 | 25.0 | 100.0 (4) | n/a | n/a | 1.900 | +25.0 |" in text
     assert "| SFT |" not in text.split("## RL headroom")[1]  # no RL arm: not a point
