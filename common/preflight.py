@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Iterable, Protocol
 
 from common.errors import UserError
 from common.locks import existing_parent
+from common.paths import selected_extra_benchmarks
 
 if TYPE_CHECKING:
     from common.config import Config
@@ -352,8 +353,6 @@ def check_data_paths(cfg: "Config") -> list[Problem]:
 def check_data(cfg: "Config") -> list[Problem]:
     """The training set and the benchmarks (with the extra benchmarks ``eval.benchmarks`` selects):
     :func:`check_data_paths`, or hub datasets cached or reachable."""
-    from common.paths import selected_extra_benchmarks
-
     data, problems, hub = cfg.data, check_data_paths(cfg), []
     if data.source == "hub":
         hub.append(("data.hub_id", data.hub_id, "dataset"))

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from common.config.common import ConfigError
+from common.config.common import PROFILES, ConfigError
 from common.config.sft import SFT_METHOD_SCHEMAS
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
@@ -67,8 +67,6 @@ def method_description(preset: str) -> str:
 
 def experiment_profiles(experiment: str) -> list[str]:
     """``experiment.profiles`` as the experiment's YAML sets it (the schema's default: every profile)."""
-    from common.config.common import PROFILES
-
     node = OmegaConf.load(CONF_DIR / "experiment" / f"{experiment}.yaml")  # @package _global_ or the group's own
     return list(node.get("experiment", node).get("profiles", PROFILES))
 
