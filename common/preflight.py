@@ -327,8 +327,8 @@ def unreadable(key: str, value: str, kind: str) -> str | None:
 
 
 def check_data_paths(cfg: "Config") -> list[Problem]:
-    """The local training set, benchmark files and system prompt the data stage reads: each a readable file or folder,
-    named by its config key."""
+    """The local training set, benchmark files (the extra benchmarks ``eval.benchmarks`` selects too) and system
+    prompt the data stage reads: each a readable file or folder, named by its config key."""
     data, problems, local = cfg.data, [], []
     if data.source == "local":
         local.append(("data.path", data.path, "file", "point data.path at the training set (parquet or jsonl)"))
@@ -344,6 +344,10 @@ def check_data_paths(cfg: "Config") -> list[Problem]:
             local += [(f"data.benchmarks.{name}.file", str(Path(data.benchmark_dir) / bench.file), "file",
                        f"put {bench.file} into data.benchmark_dir, or set data.benchmarks.{name}.file")
                       for name, bench in data.benchmarks.items()]
+            local += [(f"data.extra_benchmarks.{name}.file",
+                       str(Path(data.benchmark_dir) / data.extra_benchmarks[name].file), "file",
+                       f"put {data.extra_benchmarks[name].file} into data.benchmark_dir, or drop {name} from "
+                       f"eval.benchmarks") for name in selected_extra_benchmarks(cfg)]
     for key, value, kind, fix in local:
         if (reason := unreadable(key, value, kind)) is not None:
             problems.append(Problem("data", reason, fix))

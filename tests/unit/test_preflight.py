@@ -396,3 +396,16 @@ def test_local_path_keys_of_the_data_stage_are_checked_by_kind(tmp_path):
         f"data.path={tmp_path}/rows.parquet is a folder, not a file",
         f"data.system_prompt_path={tmp_path}/rows.parquet/x/prompt.txt does not exist",
         f"data.benchmarks.aime24.file={tmp_path}/benchmarks/aime24.jsonl does not exist"]
+
+
+def test_a_selected_extra_benchmark_file_is_checked_and_an_unselected_one_is_not(tmp_path):
+    (tmp_path / "rows.parquet").write_bytes(b"")
+    (tmp_path / "benchmarks").mkdir()
+    for name in ("aime24", "aime25", "amc", "hmmt25"):
+        (tmp_path / "benchmarks" / f"{name}.jsonl").write_text("")
+    settings = ["data=openr1_local", f"data.path={tmp_path}/rows.parquet", f"data.benchmark_dir={tmp_path}/benchmarks"]
+    assert preflight.check_data_paths(paper(*settings)) == []
+    problems = preflight.check_data_paths(paper(*settings, "eval.benchmarks=[aime24,aime26]"))
+    assert [p.message for p in problems] == [
+        f"data.extra_benchmarks.aime26.file={tmp_path}/benchmarks/aime26.jsonl does not exist"]
+    assert "drop aime26 from eval.benchmarks" in problems[0].fix
