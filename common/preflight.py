@@ -45,7 +45,6 @@ from typing import TYPE_CHECKING, Iterable, Protocol
 
 from common.errors import UserError
 from common.locks import existing_parent
-from common.paths import selected_extra_benchmarks
 
 if TYPE_CHECKING:
     from common.config import Config
@@ -329,6 +328,9 @@ def unreadable(key: str, value: str, kind: str) -> str | None:
 def check_data_paths(cfg: "Config") -> list[Problem]:
     """The local training set, benchmark files (the extra benchmarks ``eval.benchmarks`` selects too) and system
     prompt the data stage reads: each a readable file or folder, named by its config key."""
+    # Imported here, not at module level: `python -m common.preflight stack` runs in a bare venv without Hydra.
+    from common.paths import selected_extra_benchmarks
+
     data, problems, local = cfg.data, [], []
     if data.source == "local":
         local.append(("data.path", data.path, "file", "point data.path at the training set (parquet or jsonl)"))
@@ -357,6 +359,8 @@ def check_data_paths(cfg: "Config") -> list[Problem]:
 def check_data(cfg: "Config") -> list[Problem]:
     """The training set and the benchmarks (with the extra benchmarks ``eval.benchmarks`` selects):
     :func:`check_data_paths`, or hub datasets cached or reachable."""
+    from common.paths import selected_extra_benchmarks  # see check_data_paths
+
     data, problems, hub = cfg.data, check_data_paths(cfg), []
     if data.source == "hub":
         hub.append(("data.hub_id", data.hub_id, "dataset"))
