@@ -30,7 +30,7 @@ from typing import Any
 from common.config import Config, ConfigError, compose
 from common.config.common import check_name, computation_config
 from common.config.sft import SFT_METHOD_SCHEMAS, SFTMethod
-from common.manifest import MANIFEST_NAME, Manifest, StageInputError, config_hash, read_manifest
+from common.manifest import MANIFEST_NAME, Manifest, StageInputError, config_hash, is_current, read_manifest
 from common.numerics import numerics_identity
 
 BASE_VARIANT = "base"
@@ -145,6 +145,11 @@ class RunSpec:
     @property
     def config_hash(self) -> str:
         return config_hash(self.config)
+
+    def is_current(self) -> bool:
+        """Complete with this identity, its inputs unchanged and its outputs intact
+        (:func:`common.manifest.is_current`)."""
+        return is_current(self.directory, self.config_hash, self.inputs, optional_inputs=self.optional_inputs)
 
 
 def kernels_identity(cfg: Config) -> dict[str, Any]:

@@ -35,12 +35,13 @@ from common.benchmarks import system_prompt_of, write_benchmark
 from common.config import Config, stage_main
 from common.preflight import PreflightError, check_data, check_data_paths
 from common.config.data import TOOL_SOURCES
-from common.manifest import Manifest, is_current, read_manifest, sha256_path, sha256_text, stage_run
+from common.manifest import Manifest, read_manifest, sha256_path, sha256_text, stage_run
 from common.paths import (
     HELDOUT_ROWS_FILE,
     RL_TRAIN_FILE,
     RL_VAL_FILE,
     SFT_ROWS_FILE,
+    RunSpec,
     benchmark_file,
     data_dir,
     data_run,
@@ -125,21 +126,19 @@ def run(cfg: Config) -> Manifest:
     # Before anything is read: each local file and folder by its config key and, unless the data run is current, the
     # hub datasets cached or the hub answering within the preflight's probe timeout (offline: the hint, in seconds).
     spec = data_run(cfg)
-    current = is_current(spec.directory, spec.config_hash, spec.inputs, optional_inputs=spec.optional_inputs)
-    problems = check_data_paths(cfg) if current else check_data(cfg)
+    problems = check_data_paths(cfg) if spec.is_current() else check_data(cfg)
     if problems:
         raise PreflightError(problems)
-    manifest = write_data_run(cfg)
+    manifest = write_data_run(cfg, spec)
     if manifest.complete:
         for name in selected_extra_benchmarks(cfg):
             write_extra_benchmark(cfg, name)
     return manifest
 
 
-def write_data_run(cfg: Config) -> Manifest:
-    """The data run (:func:`common.paths.data_run`): the split, the RL rows and the benchmarks of
+def write_data_run(cfg: Config, spec: RunSpec) -> Manifest:
+    """The data run ``spec`` (:func:`common.paths.data_run`): the split, the RL rows and the benchmarks of
     ``data.benchmarks``."""
-    spec = data_run(cfg)
     out_dir = spec.directory
     with stage_run(out_dir, stage="data", variant=spec.variant, config=spec.config, inputs=spec.inputs,
                    seeds={"split_seed": cfg.data.split_seed}) as stage:

@@ -22,7 +22,7 @@ import threading
 import time
 from typing import IO
 
-from common.manifest import StageInputError, invalidate, is_current, read_manifest, write_json_atomic
+from common.manifest import StageInputError, invalidate, read_manifest, write_json_atomic
 from common.processes import owner_token, start_in_new_session, stop_owned, stop_tree
 from pipeline.stages import StageCommand
 from common.numerics import pinned_kernels_env
@@ -46,8 +46,7 @@ class StageFailed(RuntimeError):
 
 def is_done(command: StageCommand) -> bool:
     """True when every run the command writes is current (nothing it depends on changed since it completed)."""
-    return all(is_current(run.directory, run.config_hash, run.inputs, optional_inputs=run.optional_inputs)
-               for run in command.current_runs())
+    return all(run.is_current() for run in command.current_runs())
 
 
 def force_restart(command: StageCommand, reason: str) -> None:
