@@ -238,7 +238,15 @@ def run(cfg: Config, sampler_factory: Callable[..., Sampler] = make_sampler) -> 
     if cfg.eval.backend == "vllm" and cfg.profile.device == "cpu":
         configure_vllm_cpu_environment()  # before the tokenizer below imports torch
     if cfg.data.benchmark_source == "bfcl":  # the tool-use family, scored by BFCL's checker (docs/tool_use.md)
-        return run_bfcl(cfg, sampler_factory)
+        summary = run_bfcl(cfg, sampler_factory)
+    else:
+        summary = evaluate_answer_benchmarks(cfg, sampler_factory)
+    print("\n".join(f"results: {line}" for line in result_lines(cfg, summary)), flush=True)
+    return summary
+
+
+def evaluate_answer_benchmarks(cfg: Config, sampler_factory: Callable[..., Sampler]) -> Manifest:
+    """Every selected benchmark scored by its answers (math, toy; and the held-out NLL in phase sft); the summary."""
     benchmarks = benchmark_names(cfg)
     model_path, model_details = resolve_model(cfg)
     scores_heldout = cfg.eval.phase == "sft" and \
@@ -259,7 +267,6 @@ def run(cfg: Config, sampler_factory: Callable[..., Sampler] = make_sampler) -> 
     finally:
         engine.close()
     log_to_wandb(cfg, summary, model_details["model"], eval_dir(cfg, benchmarks[0]).parent)
-    print("\n".join(f"results: {line}" for line in result_lines(cfg, summary)), flush=True)
     return summary
 
 

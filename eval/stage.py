@@ -150,14 +150,16 @@ def add_benchmark(summary: Manifest, cfg: Config, benchmark: str, manifest: Mani
 
 
 def result_lines(cfg: Config, summary: Manifest) -> list[str]:
-    """Where one evaluation's results are, one line per benchmark: its headline numbers (avg@n, the unbiased pass@1,
-    and pass@n) and its ``metrics.json``."""
+    """Where one evaluation's results are, one line per benchmark: its headline numbers (avg@n and pass@n; a BFCL
+    category's accuracy and counts) and its ``metrics.json``."""
     lines = []
     for benchmark, metrics in summary.metrics.items():
         if benchmark == HELDOUT_NLL_DIR or "n" not in metrics:
             continue
         n = metrics["n"]
         headline = ", ".join(f"{key} {metrics[key]:.3f}" for key in (f"avg@{n}", f"pass@{n}") if key in metrics)
+        if "accuracy" in metrics:
+            headline = f"accuracy {metrics['accuracy']:.1f}% ({metrics['correct']}/{metrics['total']})"
         lines.append(f"{benchmark}: {headline} over {metrics['num_problems']} problems -> "
                      f"{eval_dir(cfg, benchmark) / EVAL_METRICS_FILE}")
     return lines

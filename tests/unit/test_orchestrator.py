@@ -16,6 +16,7 @@ from pipeline.launch import StageFailed, is_done, run_command
 from common.locks import DirectoryLock
 from common.manifest import Manifest, invalidate, read_manifest, stage_run, write_manifest
 from common.paths import RunSpec, eval_dir, experiment_dir, sft_dir, sft_run
+from eval.run import run as eval_run
 from eval.stage import result_lines
 from pipeline.run import critical_path_lengths, execute, run, stage_overrides, status_line
 from pipeline.stages import StageCommand, build_plan
@@ -412,3 +413,19 @@ def test_an_evaluation_ends_with_its_headline_numbers_and_metrics_files():
     assert result_lines(cfg, summary) == [
         f"toy_fork_carry: avg@32 0.412, pass@32 0.800 over 30 problems -> {eval_dir(cfg, 'toy_fork_carry')}/metrics.json",
         f"toy_fork_plain: avg@32 0.500, pass@32 0.900 over 30 problems -> {eval_dir(cfg, 'toy_fork_plain')}/metrics.json"]
+
+
+def test_a_bfcl_evaluation_ends_with_each_categorys_accuracy_and_metrics_file(monkeypatch, capsys):
+    cfg = compose(["experiment=bfcl", "profile=toy", "data=synthetic_tools", "eval.variant=tiny", "eval.model_path=/models/tiny",
+                   "eval.benchmarks=[live_simple,live_irrelevance]"])
+    summary = Manifest(stage="eval_sft", variant="tiny", status="complete", metrics={
+        "live_simple": {"num_problems": 4, "n": 1, "correct": 1, "total": 4, "accuracy": 25.0},
+        "live_irrelevance": {"num_problems": 2, "n": 1, "correct": 2, "total": 2, "accuracy": 100.0},
+        "bfcl": {"bfcl_live": 25.0, "bfcl_live_total": 4}})
+    monkeypatch.setattr("eval.run.run_bfcl", lambda *args: summary)
+    monkeypatch.setattr("eval.run.require_stage", lambda *args: None)
+    eval_run(cfg)
+    assert capsys.readouterr().out.splitlines() == [
+        f"results: live_simple: accuracy 25.0% (1/4) over 4 problems -> {eval_dir(cfg, 'live_simple')}/metrics.json",
+        f"results: live_irrelevance: accuracy 100.0% (2/2) over 2 problems -> "
+        f"{eval_dir(cfg, 'live_irrelevance')}/metrics.json"]
