@@ -272,7 +272,9 @@ def test_verl_that_hangs_after_its_final_checkpoint_has_finished_training(tmp_pa
     # Issue 32.7: verl saved its final checkpoint, then printed nothing until the stall watchdog stopped it; the stage
     # failed, and the rerun resumed but lost the last step's metrics.
     _fake_verl(monkeypatch, _finished_verl(tmp_path, print_last_step=False))
-    cfg = compose(["rl.total_steps=2", "rl.stall_timeout_s=1", "logging.progress=false"])
+    # 5 s, not 1: the fake's interpreter must print its first line within the timeout, and at load 40 on 2 cores a
+    # Python start took over 1 s (the watchdog then fired before the checkpoint, a different case)
+    cfg = compose(["rl.total_steps=2", "rl.stall_timeout_s=5", "logging.progress=false"])
     assert train.run_verl(cfg, "sft", tmp_path, 0) == 2
     assert [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [1, 2]
     from common.processes import owned_processes
