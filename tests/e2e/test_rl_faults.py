@@ -92,7 +92,9 @@ def test_kill_9_of_a_ray_process_mid_dapo_fails_the_stage_and_the_rerun_resumes(
     from common.paths import rl_dir
     from rl.train import run
 
-    cfg, overrides = _prepared(tmp_path, ["rl.total_steps=3", "rl.save_freq=1", "rl.stall_timeout_s=120"])
+    # 300 s, not 120: at load 50 on 2 cores vLLM's start printed nothing for over 120 s and the watchdog stopped the
+    # run before any kill
+    cfg, overrides = _prepared(tmp_path, ["rl.total_steps=3", "rl.save_freq=1", "rl.stall_timeout_s=300"])
     stage = rl_dir(cfg)
     process = _start_stage(overrides)
     try:
