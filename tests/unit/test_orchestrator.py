@@ -416,8 +416,8 @@ def test_an_evaluation_ends_with_its_headline_numbers_and_metrics_files():
 
 
 def test_a_bfcl_evaluation_ends_with_each_categorys_accuracy_and_metrics_file(monkeypatch, capsys):
-    cfg = compose(["experiment=bfcl", "profile=toy", "data=synthetic_tools", "eval.variant=tiny", "eval.model_path=/models/tiny",
-                   "eval.benchmarks=[live_simple,live_irrelevance]"])
+    cfg = compose(["experiment=bfcl", "profile=toy", "data=synthetic_tools", "eval.variant=tiny",
+                   "eval.model_path=/models/tiny", "eval.benchmarks=[live_simple,live_irrelevance]"])
     summary = Manifest(stage="eval_sft", variant="tiny", status="complete", metrics={
         "live_simple": {"num_problems": 4, "n": 1, "correct": 1, "total": 4, "accuracy": 25.0},
         "live_irrelevance": {"num_problems": 2, "n": 1, "correct": 2, "total": 2, "accuracy": 100.0},
