@@ -75,6 +75,8 @@ DAPO_PROGRESS = re.compile(re.escape(DAPO_PROGRESS_PREFIX) + r"step (\d+): gener
 RAY_START_FAILURE = "The current node timed out during startup"
 """ray.init's error when its raylet has not registered within Ray's fixed 30 s (ray/_private/node.py)."""
 RAY_START_ATTEMPTS = 3
+RAY_MEMORY_KILL = re.compile(r"were killed due to the node running low on memory\..*? was (\S+ used / \S+ limit)")
+"""Ray's memory monitor's error when it killed workers (ray.exceptions.OutOfMemoryError); group 1: used / limit."""
 
 
 class RLError(RuntimeError):
@@ -211,7 +213,8 @@ class _MetricsCopier:
 class _VerlConsole:
     """Follows verl's console output: tees it to ``verl.log``, shows each step and each generation batch of dynamic
     sampling on the progress bar, tells the stall watchdog about progress, starts the finish timer once the last
-    step is logged with its checkpoint saved, and remembers why verl stopped (dynamic sampling, Ray's start-up)."""
+    step is logged with its checkpoint saved, and remembers why verl stopped (dynamic sampling, Ray's start-up, Ray's
+    memory monitor)."""
 
     def __init__(self, cfg: Config, log, bar, copier: _MetricsCopier, watchdog: StallWatchdog,
                  finish: threading.Timer, checkpoints: Path):
@@ -219,6 +222,8 @@ class _VerlConsole:
         self.finish, self.checkpoints = finish, checkpoints
         self.ray_did_not_start = False
         self.sampling_stopped = ""
+        self.memory_used = ""
+        """Ray's "<used> used / <limit> limit" when its memory monitor killed verl's workers."""
 
     def follow(self, stream) -> None:
         for line in stream:
@@ -243,6 +248,8 @@ class _VerlConsole:
             self.bar.set_postfix_str(f"step {at_step}: generation batch {batch}, {kept}/{needed} groups kept")
         if DAPO_STOPPED_PREFIX in line:
             self.sampling_stopped = line.split(DAPO_STOPPED_PREFIX, 1)[1].strip()
+        if memory := RAY_MEMORY_KILL.search(line):
+            self.memory_used = memory.group(1)
         self.watchdog.saw_line(step is not None, is_progress=sampling is not None)
         self.ray_did_not_start = self.ray_did_not_start or (RAY_START_FAILURE in line and not self.watchdog.stepping)
 
@@ -313,6 +320,10 @@ def run_verl(cfg: Config, variant: str, stage: Path, already_done: int) -> int:
             reason = (f"verl showed no progress for {cfg.rl.stall_timeout_s:.0f} s (rl.stall_timeout_s: no output line "
                       "during start-up, no new step or generation batch after it) and was stopped; a Ray actor may "
                       "have died (e.g. killed for memory)" if watchdog.fired else f"verl exited with {returncode}")
+            if console.memory_used:
+                reason = (f"Ray killed verl's workers because the machine ran low on memory ({console.memory_used}): "
+                          "run fewer RL runs or other jobs beside this one (experiment.parallel=1); the rerun "
+                          + (f"resumes from the checkpoint of step {done}" if done else "starts it again"))
             failure = RayStartFailed if console.ray_did_not_start else RLError
             raise failure(f"{reason}; last lines of {log_path}:\n" + "\n".join(tail))
     return done

@@ -173,6 +173,26 @@ def test_other_verl_failures_and_start_up_timeouts_after_a_step_are_not_retried(
     assert runs.read_text() == "xx"
 
 
+def test_workers_ray_killed_for_memory_fail_the_stage_with_the_cause_and_the_fix_first(tmp_path, monkeypatch):
+    # Three DAPO runs at once on a 24 GiB machine: Ray's memory monitor killed verl's workers at step 14, and the
+    # stage's error showed the last 15 lines of verl's log, a traceback that never said "memory".
+    oom = ("ray.exceptions.OutOfMemoryError: 3 worker(s) were killed due to the node running low on memory. Memory on "
+           "the node (IP: 192.0.2.2, ID: 8d1b) was 21.90GB used / 23.54GB limit (0.930277)")
+    fake_verl = ("import pathlib\n"
+                 f"checkpoints = pathlib.Path({str(tmp_path / CHECKPOINT_SUBDIR)!r})\n"
+                 f"checkpoints.mkdir(); (checkpoints / {LATEST_ITERATION_FILE!r}).write_text('8')\n"
+                 f"print({oom!r})\n"
+                 "for _ in range(20): print('  File \"trainer_base.py\", line 1511, in _submit_batch_to_rollout')\n"
+                 "raise SystemExit(1)\n")
+    _fake_verl(monkeypatch, fake_verl)
+    with pytest.raises(train.RLError) as failure:
+        train.run_verl(compose(["logging.progress=false"]), "sft", tmp_path, 0)
+    assert str(failure.value).startswith(
+        "Ray killed verl's workers because the machine ran low on memory (21.90GB used / 23.54GB limit): run fewer "
+        "RL runs or other jobs beside this one (experiment.parallel=1); the rerun resumes from the checkpoint of step 8"
+        "; last lines of ")
+
+
 class RecordingBar:
     """A progress bar that records what it shows: (steps, note) at each update, and every note."""
 
