@@ -157,9 +157,10 @@ def result_lines(cfg: Config, summary: Manifest) -> list[str]:
         if benchmark == HELDOUT_NLL_DIR or "n" not in metrics:
             continue
         n = metrics["n"]
-        headline = ", ".join(f"{key} {metrics[key]:.3f}" for key in (f"avg@{n}", f"pass@{n}") if key in metrics)
         if "accuracy" in metrics:
             headline = f"accuracy {metrics['accuracy']:.1f}% ({metrics['correct']}/{metrics['total']})"
+        else:
+            headline = ", ".join(f"{key} {metrics[key]:.3f}" for key in (f"avg@{n}", f"pass@{n}") if key in metrics)
         lines.append(f"{benchmark}: {headline} over {metrics['num_problems']} problems -> "
                      f"{eval_dir(cfg, benchmark) / EVAL_METRICS_FILE}")
     return lines

@@ -317,13 +317,16 @@ def run_verl(cfg: Config, variant: str, stage: Path, already_done: int) -> int:
             if console.sampling_stopped:
                 raise RLError(console.sampling_stopped)
             tail = log_path.read_text(encoding="utf-8", errors="replace").splitlines()[-15:]
-            reason = (f"verl showed no progress for {cfg.rl.stall_timeout_s:.0f} s (rl.stall_timeout_s: no output line "
-                      "during start-up, no new step or generation batch after it) and was stopped; a Ray actor may "
-                      "have died (e.g. killed for memory)" if watchdog.fired else f"verl exited with {returncode}")
             if console.memory_used:
                 reason = (f"Ray killed verl's workers because the machine ran low on memory ({console.memory_used}): "
                           "run fewer RL runs or other jobs beside this one (experiment.parallel=1); the rerun "
                           + (f"resumes from the checkpoint of step {done}" if done else "starts it again"))
+            elif watchdog.fired:
+                reason = (f"verl showed no progress for {cfg.rl.stall_timeout_s:.0f} s (rl.stall_timeout_s: no output "
+                          "line during start-up, no new step or generation batch after it) and was stopped; a Ray "
+                          "actor may have died (e.g. killed for memory)")
+            else:
+                reason = f"verl exited with {returncode}"
             failure = RayStartFailed if console.ray_did_not_start else RLError
             raise failure(f"{reason}; last lines of {log_path}:\n" + "\n".join(tail))
     return done
