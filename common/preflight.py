@@ -48,6 +48,7 @@ from common.locks import existing_parent
 
 if TYPE_CHECKING:
     from common.config import Config
+    from common.config.data import BenchmarkSource
 
 
 class PlannedStage(Protocol):
@@ -325,12 +326,22 @@ def unreadable(key: str, value: str, kind: str) -> str | None:
     return None
 
 
-def check_data_paths(cfg: "Config") -> list[Problem]:
-    """The local training set, benchmark files (the extra benchmarks ``eval.benchmarks`` selects too) and system
-    prompt the data stage reads: each a readable file or folder, named by its config key."""
+def benchmarks_read(cfg: "Config") -> list[tuple[str, "BenchmarkSource", str]]:
+    """(config key, benchmark entry, the fix besides supplying its file) of every benchmark the data stage reads:
+    ``data.benchmarks`` and the extra benchmarks ``eval.benchmarks`` selects."""
     # Imported here, not at module level: `python -m common.preflight stack` runs in a bare venv without Hydra.
     from common.paths import selected_extra_benchmarks
 
+    data = cfg.data
+    return ([(f"data.benchmarks.{name}", bench, f"set data.benchmarks.{name}.file")
+             for name, bench in data.benchmarks.items()]
+            + [(f"data.extra_benchmarks.{name}", data.extra_benchmarks[name], f"drop {name} from eval.benchmarks")
+               for name in selected_extra_benchmarks(cfg)])
+
+
+def check_data_paths(cfg: "Config") -> list[Problem]:
+    """The local training set, benchmark files (the extra benchmarks ``eval.benchmarks`` selects too) and system
+    prompt the data stage reads: each a readable file or folder, named by its config key."""
     data, problems, local = cfg.data, [], []
     if data.source == "local":
         local.append(("data.path", data.path, "file", "point data.path at the training set (parquet or jsonl)"))
@@ -343,13 +354,9 @@ def check_data_paths(cfg: "Config") -> list[Problem]:
         folder_fix = "point data.benchmark_dir at the benchmark JSONL files"
         local.append(("data.benchmark_dir", data.benchmark_dir, "folder", folder_fix))
         if os.path.isdir(Path(data.benchmark_dir).expanduser()):
-            local += [(f"data.benchmarks.{name}.file", str(Path(data.benchmark_dir) / bench.file), "file",
-                       f"put {bench.file} into data.benchmark_dir, or set data.benchmarks.{name}.file")
-                      for name, bench in data.benchmarks.items()]
-            local += [(f"data.extra_benchmarks.{name}.file",
-                       str(Path(data.benchmark_dir) / data.extra_benchmarks[name].file), "file",
-                       f"put {data.extra_benchmarks[name].file} into data.benchmark_dir, or drop {name} from "
-                       f"eval.benchmarks") for name in selected_extra_benchmarks(cfg)]
+            local += [(f"{key}.file", str(Path(data.benchmark_dir) / bench.file), "file",
+                       f"put {bench.file} into data.benchmark_dir, or {alternative}")
+                      for key, bench, alternative in benchmarks_read(cfg)]
     for key, value, kind, fix in local:
         if (reason := unreadable(key, value, kind)) is not None:
             problems.append(Problem("data", reason, fix))
@@ -359,15 +366,11 @@ def check_data_paths(cfg: "Config") -> list[Problem]:
 def check_data(cfg: "Config") -> list[Problem]:
     """The training set and the benchmarks (with the extra benchmarks ``eval.benchmarks`` selects):
     :func:`check_data_paths`, or hub datasets cached or reachable."""
-    from common.paths import selected_extra_benchmarks  # see check_data_paths
-
     data, problems, hub = cfg.data, check_data_paths(cfg), []
     if data.source == "hub":
         hub.append(("data.hub_id", data.hub_id, "dataset"))
     if data.benchmark_source == "hub":
-        hub += [(f"data.benchmarks.{name}.hub_id", bench.hub_id, "dataset") for name, bench in data.benchmarks.items()]
-        hub += [(f"data.extra_benchmarks.{name}.hub_id", data.extra_benchmarks[name].hub_id, "dataset")
-                for name in selected_extra_benchmarks(cfg)]
+        hub += [(f"{key}.hub_id", bench.hub_id, "dataset") for key, bench, _ in benchmarks_read(cfg)]
     fix = (f"use local files: data=openr1_local data.path=<parquet|jsonl> data.benchmark_dir=<folder>; or "
            f"{OFFLINE_HINT}")
     return problems + hub_problems("data", hub, fix)
