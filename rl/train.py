@@ -164,11 +164,12 @@ class StallWatchdog:
     batch of dynamic sampling: start-up (Ray, workers, the vLLM server) takes minutes on a loaded machine but prints
     as it goes, while a run waiting on a dead Ray actor or a hung collective logs neither even if Ray keeps printing."""
 
-    def __init__(self, timeout_s: float, on_stall: Callable[[], None], poll_s: float = 5.0):
-        self.timeout_s, self.on_stall, self.poll_s = timeout_s, on_stall, poll_s
+    def __init__(self, timeout_s: float, on_stall: Callable[[], None], poll_s: float = 5.0,
+                 clock: Callable[[], float] = time.monotonic):
+        self.timeout_s, self.on_stall, self.poll_s, self.clock = timeout_s, on_stall, poll_s, clock
         self.fired = False
         self.stepping = False
-        self._last = time.monotonic()
+        self._last = clock()
         self._done = threading.Event()
         if timeout_s > 0:
             threading.Thread(target=self._watch, daemon=True).start()
@@ -176,14 +177,14 @@ class StallWatchdog:
     def saw_line(self, is_step: bool, is_progress: bool = False) -> None:
         self.stepping = self.stepping or is_step
         if is_step or is_progress or not self.stepping:
-            self._last = time.monotonic()
+            self._last = self.clock()
 
     def stop(self) -> None:
         self._done.set()
 
     def _watch(self) -> None:
         while not self._done.wait(min(self.poll_s, self.timeout_s)):
-            if time.monotonic() - self._last > self.timeout_s:
+            if self.clock() - self._last > self.timeout_s:
                 self.fired = True
                 self.on_stall()
                 return

@@ -87,21 +87,32 @@ def test_end_of_turn_token_of_chatml():
     assert end_of_turn_token(tokenizer) == "<|im_end|>"
 
 
+class FakeClock:
+    """The watchdog's clock, advanced by the test alone: what it decides does not depend on how the machine schedules
+    the test (at load 30, sleeps of 0.1 s took over 0.3 s and fired a 0.3 s watchdog during start-up)."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 def test_stall_watchdog_counts_any_line_during_start_up_and_only_steps_after_it():
-    stalled = threading.Event()
-    watchdog = train.StallWatchdog(0.3, stalled.set, poll_s=0.05)
-    for _ in range(8):  # start-up: a line every 0.1 s keeps it quiet for 0.8 s, past the 0.3 s limit
-        time.sleep(0.1)
+    stalled, clock = threading.Event(), FakeClock()
+    watchdog = train.StallWatchdog(3.0, stalled.set, poll_s=0.01, clock=clock)
+    for _ in range(8):  # start-up: a line every 1 s keeps it quiet for 8 s, past the 3 s limit
+        clock.now += 1.0
         watchdog.saw_line(is_step=False)
     watchdog.saw_line(is_step=True)
     for _ in range(2):
-        time.sleep(0.1)
+        clock.now += 1.0
         watchdog.saw_line(is_step=False)
+    time.sleep(0.05)  # the watchdog polls several times at these clock readings
     assert not stalled.is_set() and not watchdog.fired
-    for _ in range(6):  # after the first step, lines without a new step are no progress
-        time.sleep(0.1)
-        watchdog.saw_line(is_step=False)
-    assert stalled.wait(2.0) and watchdog.fired
+    clock.now += 2.0  # after the first step, lines without a new step are no progress: 4 s since the step
+    watchdog.saw_line(is_step=False)
+    assert stalled.wait(5.0) and watchdog.fired
     off = train.StallWatchdog(0.0, stalled.clear)
     time.sleep(0.1)
     assert not off.fired
@@ -262,14 +273,16 @@ def test_dynamic_sampling_that_cannot_fill_a_step_shows_its_batches_then_stops_w
 
 
 def test_generation_batches_are_progress_for_the_stall_watchdog_after_the_first_step():
-    stalled = threading.Event()
-    watchdog = train.StallWatchdog(0.3, stalled.set, poll_s=0.05)
+    stalled, clock = threading.Event(), FakeClock()
+    watchdog = train.StallWatchdog(3.0, stalled.set, poll_s=0.01, clock=clock)
     watchdog.saw_line(is_step=True)
-    for _ in range(8):  # a long step of dynamic sampling: generation batches every 0.1 s keep it quiet
-        time.sleep(0.1)
+    for _ in range(8):  # a long step of dynamic sampling: generation batches every 1 s keep it quiet for 8 s
+        clock.now += 1.0
         watchdog.saw_line(is_step=False, is_progress=True)
+    time.sleep(0.05)
     assert not stalled.is_set()
-    assert stalled.wait(2.0) and watchdog.fired
+    clock.now += 4.0
+    assert stalled.wait(5.0) and watchdog.fired
 
 
 def _finished_verl(tmp_path: Path, print_last_step: bool) -> str:
