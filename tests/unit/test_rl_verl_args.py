@@ -81,6 +81,8 @@ def test_toy_profile_adds_the_cpu_embedding():
     assert verl_env(cfg)["VERL_PLATFORM"] == "cpu"
     # Ray would start the actor and rollout workers at nice +15 (measured: a driver at nice 5 got workers at 19)
     assert verl_env(cfg)["RAY_worker_niceness"] == "0"
+    # verl's actors never reuse the idle workers Ray prestarts for the first driver (measured: 4 per DAPO run)
+    assert verl_env(cfg)["RAY_prestart_worker_first_driver"] == "0"
 
 
 @pytest.mark.parametrize("profile, verl_precision, dtype", [("paper", "bf16", "bfloat16"), ("toy", "fp32", "float32")])
