@@ -161,7 +161,11 @@ class Manifest:
     run_id: str = field(default_factory=_new_run_id)
     """New at every fresh start (kept on resume): downstream runs record it, so any upstream re-run makes them stale."""
     started_at: str = field(default_factory=_now)
+    """When the run's first attempt started (kept on resume)."""
     ended_at: str = ""
+    attempts: list[dict[str, str]] = field(default_factory=list)
+    """One ``{"started_at", "ended_at", "status"}`` per start of this run, resumes included: what each attempt took,
+    without the time between attempts. An attempt killed outright keeps status "running" and no ``ended_at``."""
     error: str = ""
     schema_version: int = SCHEMA_VERSION
 
@@ -392,9 +396,12 @@ def stage_run(directory: str | Path, *, stage: str, variant: str, config: dict[s
         manifest = Manifest(stage=stage, variant=variant, config_hash=chash, config=config, inputs=records,
                             seeds=dict(seeds or {}))
         resumed = state.action == "resume"
+        attempt = {"started_at": manifest.started_at, "ended_at": "", "status": "running"}
         if resumed:
             manifest.run_id, manifest.started_at = previous.run_id, previous.started_at
             manifest.details = dict(previous.details)
+            manifest.attempts = list(previous.attempts)
+        manifest.attempts.append(attempt)
         try:
             write_manifest(directory, manifest)
             yield StageRun(directory, manifest, resumed)
@@ -407,8 +414,10 @@ def stage_run(directory: str | Path, *, stage: str, variant: str, config: dict[s
             manifest.error = (f"interrupted by {interrupted_by() or 'Ctrl-C'}; re-run the same command to resume"
                               if signalled else f"{type(exc).__name__}: {exc}"[:2000])
             manifest.ended_at = _now()
+            attempt.update(ended_at=manifest.ended_at, status=manifest.status)
             write_manifest(directory, manifest)
             raise
         manifest.status = "complete"
         manifest.ended_at = _now()
+        attempt.update(ended_at=manifest.ended_at, status=manifest.status)
         write_manifest(directory, manifest)

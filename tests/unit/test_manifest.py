@@ -77,6 +77,32 @@ def test_incomplete_run_is_resumed_loudly(tmp_path):
     assert any("RESUMING" in m for m in messages)
 
 
+def test_every_attempt_of_a_resumed_run_keeps_its_own_start_and_end(tmp_path):
+    # A resumed run's started_at is its first attempt's, so ended_at - started_at counted the hours between attempts
+    # (a forking SFT run: 2563 s for ~140 s of work); each attempt's own times say what the run took.
+    killed = subprocess.Popen([sys.executable, "-c", (
+        "import time; from common.manifest import stage_run\n"
+        f"with stage_run({str(tmp_path)!r}, stage='s', variant='v', config={{'a': 1}}, announce=print):\n"
+        "    print('started', flush=True); time.sleep(60)")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert killed.stdout.readline().strip() == "started"
+    finally:
+        killed.kill()  # SIGKILL: the attempt never records its end
+        killed.wait()
+    with pytest.raises(KeyboardInterrupt):
+        with mf.stage_run(tmp_path, stage="s", variant="v", config={"a": 1}, announce=lambda _: None):
+            raise KeyboardInterrupt
+    with mf.stage_run(tmp_path, stage="s", variant="v", config={"a": 1}, announce=lambda _: None) as run:
+        assert run.resumed
+    manifest = mf.read_manifest(tmp_path)
+    assert [attempt["status"] for attempt in manifest.attempts] == ["running", "interrupted", "complete"]
+    assert manifest.attempts[0]["started_at"] == manifest.started_at and manifest.attempts[0]["ended_at"] == ""
+    assert manifest.attempts[1]["ended_at"] and manifest.attempts[2]["ended_at"] == manifest.ended_at
+    assert manifest.attempts[1]["started_at"] <= manifest.attempts[2]["started_at"]
+    _body_runs(tmp_path, {"a": 2})  # a fresh start (a new config) starts the list anew
+    assert [attempt["status"] for attempt in mf.read_manifest(tmp_path).attempts] == ["complete"]
+
+
 def test_failure_is_recorded_with_reason(tmp_path):
     with pytest.raises(ValueError):
         with mf.stage_run(tmp_path, stage="s", variant="v", config={}, announce=lambda _: None):
