@@ -22,6 +22,18 @@ def _body_runs(directory, config, inputs=None):
         return run
 
 
+def _inside_stage_run(directory, config: dict) -> subprocess.Popen:
+    """A child process inside ``stage_run(directory, ...)`` (holding its lock), returned once it is in the body."""
+    child = subprocess.Popen([sys.executable, "-c", (
+        "import time; from common.manifest import stage_run\n"
+        f"with stage_run({str(directory)!r}, stage='s', variant='v', config={config!r}, announce=lambda _: None):\n"
+        "    print('inside', flush=True); time.sleep(60)")], stdout=subprocess.PIPE, text=True)
+    if child.stdout.readline().strip() != "inside":
+        child.kill()
+        raise AssertionError(f"the child never entered stage_run (exit status {child.wait()})")
+    return child
+
+
 def test_manifest_written_atomically_keeps_old_file_on_crash(tmp_path, monkeypatch):
     mf.write_manifest(tmp_path, mf.Manifest(stage="s", variant="v", status="complete"))
     before = (tmp_path / "manifest.json").read_text()
@@ -80,15 +92,9 @@ def test_incomplete_run_is_resumed_loudly(tmp_path):
 def test_every_attempt_of_a_resumed_run_keeps_its_own_start_and_end(tmp_path):
     # A resumed run's started_at is its first attempt's, so ended_at - started_at counted the hours between attempts
     # (a forking SFT run: 2563 s for ~140 s of work); each attempt's own times say what the run took.
-    killed = subprocess.Popen([sys.executable, "-c", (
-        "import time; from common.manifest import stage_run\n"
-        f"with stage_run({str(tmp_path)!r}, stage='s', variant='v', config={{'a': 1}}, announce=print):\n"
-        "    print('started', flush=True); time.sleep(60)")], stdout=subprocess.PIPE, text=True)
-    try:
-        assert killed.stdout.readline().strip() == "started"
-    finally:
-        killed.kill()  # SIGKILL: the attempt never records its end
-        killed.wait()
+    killed = _inside_stage_run(tmp_path, {"a": 1})
+    killed.kill()  # SIGKILL: the attempt never records its end
+    killed.wait()
     with pytest.raises(KeyboardInterrupt):
         with mf.stage_run(tmp_path, stage="s", variant="v", config={"a": 1}, announce=lambda _: None):
             raise KeyboardInterrupt
@@ -215,12 +221,8 @@ def test_corrupt_json_names_its_path(tmp_path, name):
 
 def test_second_writer_fails_fast_naming_the_holder(tmp_path):
     # Issue 10.3: two processes "resumed" each other's live stage and wrote every sample twice.
-    holder = subprocess.Popen([sys.executable, "-c", (
-        "import sys, time; from common.manifest import stage_run\n"
-        f"with stage_run({str(tmp_path)!r}, stage='s', variant='v', config={{}}, announce=print):\n"
-        "    print('holding', flush=True); time.sleep(60)")], stdout=subprocess.PIPE, text=True)
+    holder = _inside_stage_run(tmp_path, {})
     try:
-        assert holder.stdout.readline().strip() == "holding"
         with pytest.raises(LockHeld, match=f"PID {holder.pid} on host"):
             with mf.stage_run(tmp_path, stage="s", variant="v", config={}, announce=lambda _: None):
                 pass
