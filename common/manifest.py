@@ -1,8 +1,9 @@
 """The run contract: ``manifest.json``, output integrity, and the one rule that decides skip / resume / restart.
 
-A manifest records stage, status (running | complete | failed | interrupted | invalidated), the stage's computation config and
-its hash, the identity of every input, seeds, package versions, git commit, outputs (with sizes and content
-fingerprints), headline metrics and start/end times. It is written atomically (temp file + fsync + ``os.replace``).
+A manifest records stage, status (running | complete | failed | interrupted | invalidated), the stage's computation
+config and its hash, the identity of every input, seeds, package versions, git commit, the machine, outputs (with
+sizes and content fingerprints), headline metrics, start/end times and each attempt's. It is written atomically (temp
+file + fsync + ``os.replace``).
 
 :func:`run_state` is the rule, used by the stages (through :func:`stage_run`) and by the orchestrator alike: a run is
 *current* only when its manifest is complete, its config hash matches, every input still has the identity it
@@ -16,10 +17,12 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import functools
 import hashlib
 import importlib.metadata
 import json
 import os
+import re
 import subprocess
 import sys
 import uuid
@@ -125,6 +128,37 @@ def git_state(repo: Path = REPO_ROOT) -> dict[str, Any]:
         return {"commit": "unknown", "dirty": None}
 
 
+KERNEL_ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
+"""The ``/proc/cpuinfo`` flags a reader needs to tell the CPU kinds apart whose native kernels differ."""
+
+
+@functools.cache
+def machine_state() -> dict[str, Any]:
+    """Where this process runs, for the reader of a manifest: CPU model, CPUs it may use, which of
+    :data:`KERNEL_ISA_FLAGS` the CPU has, memory, and the NVIDIA GPUs' models. No computation reads it: the kernels
+    are fixed by ``profile.cpu_isa`` (common/numerics.py), the dtypes by the config. Fields this OS does not expose
+    are left out."""
+    machine: dict[str, Any] = {"cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                               else os.cpu_count()}
+    with contextlib.suppress(OSError):
+        cpuinfo = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+        fields = dict(line.split(":", 1) for line in cpuinfo.split("\n\n", 1)[0].splitlines() if ":" in line)
+        fields = {key.strip(): value.strip() for key, value in fields.items()}
+        machine["cpu"] = fields.get("model name", "")
+        present = set(fields.get("flags", "").split())
+        machine["cpu_flags"] = [flag for flag in KERNEL_ISA_FLAGS if flag in present]
+    with contextlib.suppress(ValueError, OSError, AttributeError):
+        machine["memory_gib"] = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30)
+    gpus = []
+    for info in sorted(Path("/proc/driver/nvidia/gpus").glob("*/information")):
+        with contextlib.suppress(OSError):
+            model = re.search(r"^Model:\s*(.+)$", info.read_text(encoding="utf-8", errors="replace"), re.MULTILINE)
+            gpus.append(model.group(1).strip() if model else "NVIDIA GPU")
+    if gpus:
+        machine["gpus"] = gpus
+    return machine
+
+
 def _now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
@@ -151,6 +185,8 @@ class Manifest:
     seeds: dict[str, int] = field(default_factory=dict)
     packages: dict[str, str] = field(default_factory=package_versions)
     git: dict[str, Any] = field(default_factory=git_state)
+    machine: dict[str, Any] = field(default_factory=dict)
+    """Where the latest attempt ran (:func:`machine_state`); empty in manifests written before it was recorded."""
     outputs: dict[str, dict[str, Any]] = field(default_factory=dict)
     """relative path -> ``{"description", "verify"}`` plus, once complete, ``{"size", "files", "digest"}`` for
     every output with ``verify`` (the hand-offs; checkpoints and logs are listed without a fingerprint)."""
@@ -394,7 +430,7 @@ def stage_run(directory: str | Path, *, stage: str, variant: str, config: dict[s
             announce(f"[{stage}/{variant}] RESUMING the run in {directory} ({state.reason}, started "
                      f"{previous.started_at})")
         manifest = Manifest(stage=stage, variant=variant, config_hash=chash, config=config, inputs=records,
-                            seeds=dict(seeds or {}))
+                            seeds=dict(seeds or {}), machine=machine_state())
         resumed = state.action == "resume"
         attempt = {"started_at": manifest.started_at, "ended_at": "", "status": "running"}
         if resumed:

@@ -30,6 +30,8 @@ others, are its inputs (:func:`common.paths.report_run`). It writes into ``repor
   ``plots/case_study_*.png`` (per-token probabilities of one SFT solution under each model), and
   ``sweep_<model>_<phase>_<method>_<fields>.{md,csv,tex}`` with ``plots/sweep_*.png`` (one per method evaluated
   with ≥ 2 labels; a two-field sweep also gets ``plots/sweep_*_heatmap_*.png``);
+* the commits, machines and run times the input runs' manifests record (:mod:`report.run_times`: ``report.md``'s
+  "Runs" section and ``run_times.csv``);
 * ``report.md`` linking the tables, plots and every eval manifest used; ``manifest.json``.
 
 Missing evaluations show as "–" and are listed; a phase without any evaluation is left out.
@@ -51,6 +53,7 @@ from report.analyses.drift import compare_checkpoints, fraction_above, plot_drif
 from report.analyses.iou import iou_markdown, iou_series, plot_iou, read_metrics_log
 from report.analyses.curves import SFT_PANELS, logged_panels, plot_curves, read_runs, rl_panels
 from report.bfcl import run as bfcl_report
+from report.run_times import CSV_NAME, read_run_times, run_times_section
 from eval.intervals import ClusteredCorrelation, cluster_spearman, per_problem_values
 from eval.metrics import MEAN_TOKEN_ENTROPY, mixed_group_rate
 from report.ablation_tables import ablation_tables
@@ -101,6 +104,7 @@ from common.paths import (
     TRAINING_METRICS_FILE,
     Arm,
     base_run,
+    data_dir,
     eval_run,
     heldout_nll_run,
     hf_export_dir,
@@ -834,6 +838,12 @@ def run(cfg: Config) -> Manifest:
         more, analysis_metrics["headroom"] = headroom_section(collected, heldout_nll_per_seed(models, rows["rl"]),
                                                              cfg.rl.rollout_n)
         lines += ["## RL headroom: what predicts the RL gain", "", *more]
+        data = data_dir(cfg)
+        more, analysis_metrics["runs"] = run_times_section(
+            read_run_times({str(data.relative_to(cfg.experiment.run_root)): data, **spec.inputs}), out_dir)
+        if analysis_metrics["runs"]:
+            run_.add_output(CSV_NAME, "per run: stage, status, commit, machine, attempts, seconds of work")
+        lines += ["## Runs", "", *more]
         curves = curve_benchmarks(collected["sft"][2]) if "sft" in collected else []
         lines[2:2] = artefact_lines(list(run_.manifest.outputs), [model_title(m.cfg) for m in models], curves)
         (out_dir / "report.md").write_text("\n".join(lines), encoding="utf-8")

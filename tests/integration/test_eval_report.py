@@ -13,7 +13,7 @@ import pytest
 from eval.intervals import cluster_spearman
 from report import run as report
 from common.config import compose
-from common.manifest import is_current, read_manifest
+from common.manifest import Manifest, is_current, read_manifest, write_manifest
 from common.paths import RL_DISCARDED_GROUPS, RL_GROUPS_KEPT, arm_named, eval_run, report_dir, report_run
 
 pytestmark = pytest.mark.integration
@@ -113,6 +113,29 @@ def test_a_table_caption_names_the_seeds_it_holds(tmp_path):
     text = (report_dir(cfg) / "report.md").read_text()
     assert "mean [95% interval] over seed 3 and problems" in text
     assert "Seeds missing (cells use the seeds present): Toy-Qwen3-0.8M / Base / Toy-Add: seed 7" in text
+
+
+def test_report_sums_the_run_times_its_evaluations_record(tmp_path):
+    # Two evaluations with manifests: base one attempt of 30 s; sft interrupted after 20 s and resumed an hour later
+    # for 10 s. Work 30 + 30; working time 60 s (no overlap), not the hour between the sft attempts.
+    cfg = compose([f"experiment.run_root={tmp_path}", "experiment.methods=[sft]", "eval.analysis.run=[]",
+                   "eval.benchmarks=[toy_add]"])
+    attempts = {"base": [("10:00:00", "10:00:30", "complete")],
+                "sft": [("10:01:00", "10:01:20", "interrupted"), ("11:01:00", "11:01:10", "complete")]}
+    for variant, spans in attempts.items():
+        _write_metrics(cfg, "sft", variant, "toy_add", {"p": 1})
+        folder = eval_run(cfg, "sft", variant, "toy_add", arm_named(cfg, variant).model("sft")).directory
+        stamps = [{"started_at": f"2026-11-26T{start}+00:00", "ended_at": f"2026-11-26T{end}+00:00",
+                   "status": status} for start, end, status in spans]
+        write_manifest(folder, Manifest(stage="eval_sft", variant=variant, status="complete", attempts=stamps,
+                                        git={"commit": "0123456789abcdef", "dirty": False},
+                                        machine={"cpu": "AMD EPYC", "cpus": 2, "cpu_flags": ["avx2"]}))
+    manifest = report.run(cfg)
+    text = (report_dir(cfg) / "report.md").read_text()
+    runs = text[text.index("## Runs"):]
+    assert "* Commit: 0123456 (all 2 runs)" in runs and "* Machine: AMD EPYC, 2 CPUs (avx2) (all 2 runs)" in runs
+    assert "* Working time: **1.0 min** (60 s)" in runs and "| eval_sft | 2 | 3 | 60 | 30 |" in runs
+    assert manifest.metrics["runs"]["working_s"] == 60 and "run_times.csv" in manifest.outputs
 
 
 def test_report_counts_the_samples_left_unjudged_under_each_table(tmp_path):
