@@ -26,7 +26,7 @@ import re
 import subprocess
 import sys
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
@@ -142,10 +142,10 @@ def machine_state() -> dict[str, Any]:
                                else os.cpu_count()}
     with contextlib.suppress(OSError):
         cpuinfo = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
-        fields = dict(line.split(":", 1) for line in cpuinfo.split("\n\n", 1)[0].splitlines() if ":" in line)
-        fields = {key.strip(): value.strip() for key, value in fields.items()}
-        machine["cpu"] = fields.get("model name", "")
-        present = set(fields.get("flags", "").split())
+        first_cpu = (line.split(":", 1) for line in cpuinfo.split("\n\n", 1)[0].splitlines() if ":" in line)
+        described = {key.strip(): value.strip() for key, value in first_cpu}
+        machine["cpu"] = described.get("model name", "")
+        present = set(described.get("flags", "").split())
         machine["cpu_flags"] = [flag for flag in KERNEL_ISA_FLAGS if flag in present]
     with contextlib.suppress(ValueError, OSError, AttributeError):
         machine["memory_gib"] = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30)
@@ -260,6 +260,10 @@ def read_manifest(directory: str | Path) -> Manifest | None:
         version = data.get("schema_version") if isinstance(data, dict) else None
         raise StageInputError(f"{path}: manifest schema_version {version} is not {SCHEMA_VERSION} (written by an "
                               "older version of the pipeline); delete that folder to re-run the stage")
+    unknown = sorted(set(data) - {f.name for f in fields(Manifest)})
+    if unknown:
+        raise StageInputError(f"{path}: fields {', '.join(unknown)} are unknown to this version of the pipeline "
+                              "(written by a newer one); run that version, or delete that folder to re-run the stage")
     return Manifest(**data)
 
 

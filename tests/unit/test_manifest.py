@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import asdict
 
 import pytest
 
@@ -217,6 +218,16 @@ def test_corrupt_json_names_its_path(tmp_path, name):
     if name == "manifest.json":
         with pytest.raises(mf.StageInputError, match="corrupt manifest"):
             mf.read_manifest(tmp_path)
+
+
+def test_a_manifest_from_a_newer_pipeline_names_its_unknown_fields(tmp_path):
+    # A bench's orchestrator, started before `machine` existed, read a manifest its stages wrote after the field was
+    # added and died with "TypeError: Manifest.__init__() got an unexpected keyword argument 'machine'".
+    data = asdict(mf.Manifest(stage="s", variant="v", status="complete"))
+    (tmp_path / "manifest.json").write_text(json.dumps({**data, "gpu_clock": 1, "zone": "a"}))
+    with pytest.raises(mf.StageInputError, match=r"manifest.json: fields gpu_clock, zone are unknown to this version "
+                                                 r"of the pipeline \(written by a newer one\)"):
+        mf.read_manifest(tmp_path)
 
 
 def test_second_writer_fails_fast_naming_the_holder(tmp_path):
