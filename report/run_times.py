@@ -72,8 +72,7 @@ def attempts_of(manifest: Manifest) -> tuple[Attempt, ...]:
 
 def commit_text(git: Mapping[str, Any]) -> str:
     """``7ac42f9`` (clean), ``7ac42f9+dirty``, or ``unknown``."""
-    commit = str(git.get("commit") or "unknown")
-    short = commit[:7] if commit != "unknown" else commit
+    short = str(git.get("commit") or "unknown")[:7]
     return f"{short}+dirty" if git.get("dirty") else short
 
 
