@@ -27,7 +27,7 @@ BENCH_STACK := $(call stack,$(if $(findstring cuda,$(ARGS)),gpu,cpu))
 BENCH_HEAD_CPU := $(if $(findstring cuda,$(ARGS)),,--tokens 1024 --hidden 512 --vocab 32768 --dtype fp32)
 CPU_PY := $(call python_of,cpu)
 
-.PHONY: env env-cpu env-gpu lock lock-gpu demo test test-e2e test-all test-gpu gpu-smoke reproduce-table1 reproduce-table2 \
+.PHONY: env env-cpu env-gpu lock lock-gpu demo test test-e2e test-all test-gpu gpu-smoke gpu-perf reproduce-table1 reproduce-table2 \
 	reproduce-ablations \
 	dry-run list \
 	bench smollm2 clean-demo bfcl-env \
@@ -73,6 +73,11 @@ test-gpu: env-gpu
 ## and transformers, not vLLM or verl). ARGS="--dry-run" checks it on any machine in under a minute.
 gpu-smoke:
 	PYTHON=$(call python_of,$(call stack,$(if $(findstring dry-run,$(ARGS)),cpu,gpu))) scripts/gpu_smoke.sh $(ARGS)
+
+## EKSFT's step time over SFT (live and cached reference), SFT's MFU and static bytes per parameter at the Qwen3-1.7B
+## shape on one GPU (scripts/gpu_perf.py, ~3 min on an H200, one results file); ARGS="--dry-run" runs it on a CPU.
+gpu-perf:
+	$(call python_of,$(call stack,$(if $(findstring dry-run,$(ARGS)),cpu,gpu))) scripts/gpu_perf.py $(ARGS)
 
 reproduce-table1:
 	@$(call setup,$(PROFILE_STACK))

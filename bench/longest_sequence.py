@@ -26,7 +26,7 @@ import time
 
 import torch
 
-from bench.sft_step_time import SIZES, build_trainer, random_micro_batches
+from bench.sft_step_time import SIZES, add_trainer_options, build_trainer, random_micro_batches
 
 GIB = 2 ** 30
 
@@ -74,6 +74,7 @@ def main() -> None:
     parser.add_argument("--no-gradient-checkpointing", dest="gradient_checkpointing", action="store_false")
     parser.add_argument("--world-sizes", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--gpu-gib", type=float, default=80.0, help="the GPU the estimate is for (H100: 80)")
+    add_trainer_options(parser)
     args = parser.parse_args()
     args.mixed_precision = "bf16" if args.device == "cuda" else "fp32"
     args.micro_batch_size, args.grad_accum = 1, 1

@@ -7,9 +7,10 @@ Needs a CUDA torch, transformers and the project's base dependencies (no vLLM, n
   (chunk 256) and of plain bf16 autograd against fp64 (``bench.head_grad_accuracy``). Passes when the chunked
   head's error is within 2x plain autograd's (:data:`HEAD_TOLERANCE`).
 * B, memory and time: the trainer's step (``sft.trainer.train_step``, FSDP2 on one rank, bf16 mixed precision,
-  activation checkpointing, chunk 256) on one 20,480-token sequence, EKSFT (live reference) and PSFT (old policy),
-  2 and 4 layers of the Qwen3-8B shape (untied head), inside ``sdpa_kernel(FLASH_ATTENTION)`` so that a fallback
-  from the flash kernel raises. Memory splits as in ``bench.longest_sequence``; the sharded part and the activation
+  the frozen models stored in bf16 as in the paper profile, activation checkpointing, chunk 256) on one
+  20,480-token sequence, EKSFT (live reference) and PSFT (old policy), each trainer released before the next
+  (``bench.sft_step_time.release``), 2 and 4 layers of the Qwen3-8B shape (untied head), inside
+  ``sdpa_kernel(FLASH_ATTENTION)`` so that a fallback from the flash kernel raises. Memory splits as in ``bench.longest_sequence``; the sharded part and the activation
   part are extrapolated linearly in the layer count to 36 layers and divided as FSDP2 divides them on 8 GPUs.
   Passes when that per-GPU estimate is under 70 GB.
 * C, trainer: ``sft.train`` under torchrun (1 rank, NCCL) for 2 EKSFT steps on an untied random Qwen3 with the real
@@ -41,7 +42,7 @@ sys.path[:0] = [str(REPO), str(REPO / "tests" / "integration")]  # the project, 
 
 from bench.head_grad_accuracy import head_grad_errors  # noqa: E402
 from bench.longest_sequence import measure  # noqa: E402
-from bench.sft_step_time import SIZES, build_model, build_trainer  # noqa: E402
+from bench.sft_step_time import SIZES, build_model, build_trainer, release  # noqa: E402
 
 GB = 1e9
 QWEN3_VOCAB = 151_936
@@ -154,7 +155,8 @@ def part_b(device: str, dry_run: bool) -> dict:
             for layers in STEP_LAYERS:
                 args = argparse.Namespace(size=size, layers=layers, chunk_size=HEAD_CHUNK, micro_batch_size=1,
                                           grad_accum=1, gradient_checkpointing=True,
-                                          mixed_precision="bf16" if device == "cuda" else "fp32")
+                                          mixed_precision="bf16" if device == "cuda" else "fp32",
+                                          compile_layers=False, compile_statistics=False, frozen_dtype="bf16")
                 root, optimizer, sft = build_trainer(method, args, env)
                 gradients = sum(p.numel() * p.element_size() for p in root.policy.parameters() if p.requires_grad)
                 with flash_only(device):
@@ -164,9 +166,8 @@ def part_b(device: str, dry_run: bool) -> dict:
                 print(f"[B] {method.name:5s} {layers} layers: step {row['seconds']:.2f} s, forward/backward peak "
                       f"{row['peak_backward'] / GB:.1f} GB, optimiser peak {row['peak_optimizer'] / GB:.1f} GB",
                       flush=True)
-                del root, optimizer
-                if device == "cuda":
-                    torch.cuda.empty_cache()
+                del root, optimizer, sft
+                release(env)
             estimate = extrapolate(rows)
             ok = device != "cuda" or estimate["per_gpu_gb"] < LIMIT_GB
             passed &= ok

@@ -22,9 +22,28 @@ from sft.distributed import DistEnv
 from sft.token_stats import LossResult, TokenStats, TokenWeights, chunked_loss, chunked_statistics
 
 
-def freeze(model: PreTrainedModel) -> PreTrainedModel:
+FROZEN_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+"""``sft.frozen_dtype`` → storage dtype of the frozen models (reference, its cached head, PSFT's old policy)."""
+
+
+def freeze(model: nn.Module, dtype: str = "fp32") -> nn.Module:
+    """``model`` without gradients, in eval mode, its parameters stored in ``dtype`` (:data:`FROZEN_DTYPES`).
+
+    Buffers keep their dtype (RoPE's fp32 ``inv_freq``), as under FSDP2's bf16 ``MixedPrecisionPolicy``, which casts
+    parameters only: on a GPU with bf16 mixed precision a bf16-stored frozen model computes exactly what the fp32 one
+    computes after FSDP2's cast, with 2 bytes per parameter instead of 4."""
     model.requires_grad_(False)
+    for param in model.parameters():
+        param.data = param.data.to(FROZEN_DTYPES[dtype])
     return model.eval()
+
+
+def compile_decoder_layers(model: PreTrainedModel) -> None:
+    """Each decoder layer's ``forward`` under ``torch.compile``, per block as torchtitan compiles: its RMSNorms, RoPE,
+    SwiGLU and residual adds fuse into a few kernels. The module itself is kept, so FSDP2's hooks and activation
+    checkpointing run around the compiled forward and parameter names (checkpoints, exports) do not change."""
+    for layer in model.get_decoder().layers:
+        layer.forward = torch.compile(layer.forward)
 
 
 def final_hidden_states(model: PreTrainedModel, input_ids: torch.Tensor,
@@ -43,7 +62,7 @@ class PolicyWithTokenLoss(nn.Module):
 
     def __init__(self, policy: PreTrainedModel, token_loss: Any, chunk_size: int,
                  reference: PreTrainedModel | None = None, old_policy: PreTrainedModel | None = None,
-                 reference_head: nn.Module | None = None):
+                 reference_head: nn.Module | None = None, compile_statistics: bool = False):
         super().__init__()
         if reference is not None and reference_head is not None:
             raise ValueError("give the reference model or its cached head, not both")
@@ -53,6 +72,7 @@ class PolicyWithTokenLoss(nn.Module):
         self.old_policy = old_policy
         self.token_loss = token_loss
         self.chunk_size = chunk_size
+        self.compile_statistics = compile_statistics
 
     def models(self) -> list[PreTrainedModel]:
         return [m for m in (self.policy, self.reference, self.old_policy) if m is not None]
@@ -81,11 +101,11 @@ class PolicyWithTokenLoss(nn.Module):
             with torch.no_grad():
                 hidden = final_hidden_states(self.policy, input_ids, attention_mask)
                 stats = chunked_statistics(self.token_loss, hidden, head_weight, labels, chunk_size=self.chunk_size,
-                                           **frozen)
+                                           compile_statistics=self.compile_statistics, **frozen)
             return StepStatistics(stats, frozen.get("ref_hidden"))
         hidden = final_hidden_states(self.policy, input_ids, attention_mask)
         return chunked_loss(self.token_loss, hidden, head_weight, labels, chunk_size=self.chunk_size,
-                            weights=weights, **frozen)
+                            weights=weights, compile_statistics=self.compile_statistics, **frozen)
 
     @torch.no_grad()
     def frozen_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
@@ -145,12 +165,12 @@ def autocast_context(env: DistEnv, mixed_precision: str):
     return nullcontext()
 
 
-def sharded_reference_trunk(reference: PreTrainedModel, env: DistEnv,
-                            mixed_precision: str) -> Callable[[torch.Tensor], torch.Tensor]:
+def sharded_reference_trunk(reference: PreTrainedModel, env: DistEnv, mixed_precision: str,
+                            frozen_dtype: str = "fp32") -> Callable[[torch.Tensor], torch.Tensor]:
     """The frozen reference's trunk sharded on its own (each decoder layer, then the trunk) as a no-grad function
     ``input_ids [B, L] → final hidden states``, under the training autocast and parameter dtype: the live
     reference's forward inside :class:`PolicyWithTokenLoss`, for building ``sft.reference_cache``."""
-    trunk = freeze(reference).get_decoder()
+    trunk = freeze(reference, frozen_dtype).get_decoder()
     mesh = init_device_mesh(env.device.type, (env.world_size,))
     policy = mixed_precision_policy(env, mixed_precision)
     for layer in trunk.layers:
@@ -165,13 +185,13 @@ def sharded_reference_trunk(reference: PreTrainedModel, env: DistEnv,
     return hidden_states
 
 
-def frozen_head_copy(model: PreTrainedModel) -> nn.Linear:
-    """A frozen ``nn.Linear`` holding a copy of ``model``'s LM-head weight (tied or not)."""
+def frozen_head_copy(model: PreTrainedModel, dtype: str = "fp32") -> nn.Linear:
+    """A frozen ``nn.Linear`` holding a copy of ``model``'s LM-head weight (tied or not), stored in ``dtype``."""
     weight = model.get_output_embeddings().weight
     head = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device=weight.device, dtype=weight.dtype)
     with torch.no_grad():
         head.weight.copy_(weight)
-    return head.requires_grad_(False).eval()
+    return freeze(head, dtype)
 
 
 @torch.no_grad()

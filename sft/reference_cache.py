@@ -64,13 +64,15 @@ def storage_dtype(mixed_precision: str) -> torch.dtype:
 
 
 def cache_identity(*, base_model_sha256: str, sft_tokens_sha256: str, attn_implementation: str | None,
-                   gguf_file: str | None, device_type: str, mixed_precision: str,
-                   kernels: dict[str, Any]) -> dict[str, Any]:
-    """Everything the cached hidden states depend on; ``config_hash`` of it names the cache folder."""
+                   gguf_file: str | None, device_type: str, mixed_precision: str, kernels: dict[str, Any],
+                   frozen_dtype: str = "fp32") -> dict[str, Any]:
+    """Everything the cached hidden states depend on; ``config_hash`` of it names the cache folder. The reference's
+    storage dtype (``sft.frozen_dtype``) is named only when not fp32, so caches built before it existed keep their
+    folders."""
     return {"base_model_sha256": base_model_sha256, "sft_tokens_sha256": sft_tokens_sha256,
             "attn_implementation": attn_implementation, "gguf_file": gguf_file, "device_type": device_type,
             "mixed_precision": mixed_precision, "dtype": str(storage_dtype(mixed_precision)).removeprefix("torch."),
-            **kernels}
+            **({} if frozen_dtype == "fp32" else {"frozen_dtype": frozen_dtype}), **kernels}
 
 
 def identity_key(identity: dict[str, Any]) -> str:

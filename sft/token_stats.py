@@ -8,7 +8,9 @@ A token loss (``sft.losses``) never sees the vocabulary. It names the per-token 
 * pass A (no graph, fp32 unless the loss asks for the model dtype): the loss's statistics, a few floats per row;
   skipped entirely (no head matmul) when the loss names none (plain SFT, DFT). It runs its chunks last to first
   and hands the first chunk's policy and reference logits to pass B, which starts with that chunk: the same
-  matmuls are not done twice (with one chunk per micro-batch each head's forward matmul runs once);
+  matmuls are not done twice (with one chunk per micro-batch each head's forward matmul runs once). With
+  ``sft.compile_statistics`` each chunk's statistics run compiled (:func:`compiled_chunk_statistics`), the
+  policy's and the reference's logits read in a few fused passes;
 * selection and weighting on those ``N`` scalars (``TokenLoss.weigh``);
 * pass B: ``Σ_rows Σ_terms coef · term`` with gradients, as a custom autograd function that forms each chunk's
   logit gradient in the forward from the closed forms below (in the chunk's own logits buffer) and accumulates
@@ -49,8 +51,9 @@ gradients are the closed forms ``−p(log p + H)`` and ``p(log p − log q − K
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Protocol, Sequence
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import torch
 from torch import Tensor
@@ -337,7 +340,7 @@ def dense_loss(loss: TokenLossLike, logits: Tensor, labels: Tensor, *, ref_logit
 def chunked_loss(loss: TokenLossLike, hidden: Tensor, head_weight: Tensor, labels: Tensor, *, chunk_size: int,
                  ref_hidden: Tensor | None = None, ref_head_weight: Tensor | None = None,
                  old_hidden: Tensor | None = None, old_head_weight: Tensor | None = None,
-                 weights: TokenWeights | None = None) -> LossResult:
+                 weights: TokenWeights | None = None, compile_statistics: bool = False) -> LossResult:
     """``loss`` on the LM head ``hidden [B, L, d] @ head_weight[V, d]ᵀ``, ``chunk_size`` rows at a time.
 
     ``hidden`` are the policy's final hidden states (after the final norm), with grad; gradients flow into
@@ -346,7 +349,8 @@ def chunked_loss(loss: TokenLossLike, hidden: Tensor, head_weight: Tensor, label
     Never holds more than one chunk of policy and reference logits; matches :func:`dense_loss` on
     ``hidden @ head_weightᵀ`` to fp32 round-off. ``weights``: this micro-batch's share of a selection made over the
     whole optimiser step (``TokenLoss.selects_over_step``, one coefficient per row of :func:`chunked_statistics`);
-    pass A and ``weigh`` are then skipped.
+    pass A and ``weigh`` are then skipped. ``compile_statistics``: pass A's per-chunk statistics through
+    :func:`compiled_chunk_statistics` (a few fused passes over each chunk) instead of eager ``row_terms``.
     """
     head = _head_inputs(loss, hidden, head_weight, labels, chunk_size, ref_hidden, ref_head_weight, old_hidden,
                         old_head_weight)
@@ -356,7 +360,8 @@ def chunked_loss(loss: TokenLossLike, hidden: Tensor, head_weight: Tensor, label
     if weights is None:
         with torch.no_grad():
             values, first_chunk = _chunked_stats(loss, head.hidden_nd.detach(), head.weight_cd, rows.targets,
-                                                 chunk_size, head.ref_nd, head.ref_w, head.old_nd, head.old_w)
+                                                 chunk_size, head.ref_nd, head.ref_w, head.old_nd, head.old_w,
+                                                 compile_statistics)
         weights = loss.weigh(_token_stats(rows, values, head_weight.shape[0]))
     elif any(coef.shape != rows.targets.shape for coef in weights.coefs.values()):
         shapes = sorted({tuple(coef.shape) for coef in weights.coefs.values()})
@@ -373,14 +378,15 @@ def chunked_loss(loss: TokenLossLike, hidden: Tensor, head_weight: Tensor, label
 
 def chunked_statistics(loss: TokenLossLike, hidden: Tensor, head_weight: Tensor, labels: Tensor, *, chunk_size: int,
                        ref_hidden: Tensor | None = None, ref_head_weight: Tensor | None = None,
-                       old_hidden: Tensor | None = None, old_head_weight: Tensor | None = None) -> TokenStats:
+                       old_hidden: Tensor | None = None, old_head_weight: Tensor | None = None,
+                       compile_statistics: bool = False) -> TokenStats:
     """Pass A of :func:`chunked_loss` alone (no graph): ``loss.stats`` of every row of a micro-batch, what a loss that
     selects over the whole optimiser step is given for all micro-batches at once (:meth:`TokenStats.concat`)."""
     head = _head_inputs(loss, hidden, head_weight, labels, chunk_size, ref_hidden, ref_head_weight, old_hidden,
                         old_head_weight)
     with torch.no_grad():
         values, _ = _chunked_stats(loss, head.hidden_nd.detach(), head.weight_cd, head.rows.targets, chunk_size,
-                                   head.ref_nd, head.ref_w, head.old_nd, head.old_w)
+                                   head.ref_nd, head.ref_w, head.old_nd, head.old_w, compile_statistics)
     return _token_stats(head.rows, values, head_weight.shape[0])
 
 
@@ -466,17 +472,38 @@ class _FirstChunkLogits:
     reference: Tensor | None
 
 
+def chunk_statistics(logits: Tensor, targets: Tensor, names: tuple[str, ...], stats_dtype: torch.dtype, *,
+                     ref_logits: Tensor | None = None, old_logits: Tensor | None = None,
+                     **term_options: Any) -> dict[str, Tensor]:
+    """Pass A's statistics ``names`` of one chunk: ``row_terms`` of the compute-dtype logits ``[C, V]`` (and the
+    reference's and old policy's) cast to ``stats_dtype``."""
+    return row_terms(logits.to(stats_dtype), targets, names, ref_logits=_maybe_to(ref_logits, stats_dtype),
+                     old_logits=_maybe_to(old_logits, stats_dtype), **term_options)
+
+
+@functools.cache
+def compiled_chunk_statistics(dynamic: bool = False) -> Callable[..., dict[str, Tensor]]:
+    """:func:`chunk_statistics` under ``torch.compile``: the casts, log-sum-exps, softmax and row sums of a chunk fuse
+    into a few passes over it instead of one memory round trip per elementwise op (``bench.statistics_pass``). Static
+    shapes: pass A pads a short last chunk to ``chunk_size`` rows, so each set of ``names`` compiles once per chunk
+    shape and the kernels know their row count (``dynamic=True``, the row count symbolic, is slower on a GPU: the
+    bench prints both)."""
+    return torch.compile(chunk_statistics, dynamic=dynamic, fullgraph=True)
+
+
 def _chunked_stats(loss: TokenLossLike, hidden_nd: Tensor, weight: Tensor, targets: Tensor, chunk_size: int,
                    ref_nd: Tensor | None, ref_w: Tensor | None, old_nd: Tensor | None,
-                   old_w: Tensor | None) -> tuple[dict[str, Tensor], _FirstChunkLogits | None]:
+                   old_w: Tensor | None, compile_statistics: bool) -> tuple[dict[str, Tensor], _FirstChunkLogits | None]:
     """Pass A: ``loss.stats`` for every row, chunk by chunk, without a graph; fp32 unless the loss asks for the
     compute dtype. The head weights come already cast to the compute dtype. The chunks run last to first (each
     row's statistics do not depend on the order), so the first chunk's logits are the last computed and are
-    returned for pass B; ``({}, None)`` when the loss names no statistics."""
-    names = loss.stats
+    returned for pass B; ``({}, None)`` when the loss names no statistics. Compiled, a short chunk is padded with
+    zero rows to ``chunk_size`` (:func:`compiled_chunk_statistics`) and their statistics dropped."""
+    names = tuple(loss.stats)
     if not names:
         return {}, None
     stats_dtype = weight.dtype if loss.stats_in_model_dtype else torch.float32
+    statistics = compiled_chunk_statistics() if compile_statistics else chunk_statistics
     needs_ref = bool(REFERENCE_TERMS & set(names))
     needs_old = bool(OLD_POLICY_TERMS & set(names))
     starts = range(0, hidden_nd.shape[0], chunk_size)
@@ -485,18 +512,27 @@ def _chunked_stats(loss: TokenLossLike, hidden_nd: Tensor, weight: Tensor, targe
     with torch.autocast(hidden_nd.device.type, enabled=False):
         for start in reversed(starts):
             chunk = slice(start, start + chunk_size)
-            logits = _head_logits(hidden_nd[chunk], weight)
-            ref_logits = _head_logits(ref_nd[chunk], ref_w) if needs_ref else None
-            values = row_terms(
-                logits.to(stats_dtype), targets[chunk], names,
-                ref_logits=ref_logits.to(stats_dtype) if needs_ref else None,
-                old_logits=_head_logits(old_nd[chunk], old_w).to(stats_dtype) if needs_old else None,
-                **loss.term_options)
+            rows = min(chunk_size, hidden_nd.shape[0] - start)
+            shape = chunk_size if compile_statistics else rows
+            logits = _head_logits(_pad_rows(hidden_nd[chunk], shape), weight)
+            ref_logits = _head_logits(_pad_rows(ref_nd[chunk], shape), ref_w) if needs_ref else None
+            values = statistics(logits, _pad_rows(targets[chunk], shape), names, stats_dtype, ref_logits=ref_logits,
+                                old_logits=_head_logits(_pad_rows(old_nd[chunk], shape), old_w) if needs_old else None,
+                                **loss.term_options)
             for name in names:
-                parts[name].append(values[name].float())
+                parts[name].append(values[name][:rows].float())
     empty = hidden_nd.new_zeros(0, dtype=torch.float32)
     stats = {name: torch.cat(chunks[::-1]) if chunks else empty for name, chunks in parts.items()}
-    return stats, None if logits is None else _FirstChunkLogits(policy=logits, reference=ref_logits)
+    if logits is None:
+        return stats, None
+    rows = min(chunk_size, hidden_nd.shape[0])
+    return stats, _FirstChunkLogits(policy=logits[:rows], reference=None if ref_logits is None else ref_logits[:rows])
+
+
+def _pad_rows(tensor: Tensor, rows: int) -> Tensor:
+    """``tensor`` with zero rows appended up to ``rows`` (itself when it has them)."""
+    missing = rows - tensor.shape[0]
+    return tensor if missing == 0 else torch.cat([tensor, tensor.new_zeros(missing, *tensor.shape[1:])])
 
 
 @dataclass

@@ -53,7 +53,14 @@ from sft.export import export_hf
 from sft.calibration import calibrate_token_loss
 from sft.losses import build_loss
 from sft.optim import build_optimizer, build_scheduler, total_optimizer_steps
-from sft.policy import PolicyWithTokenLoss, freeze, frozen_head_copy, shard_models, sharded_reference_trunk
+from sft.policy import (
+    PolicyWithTokenLoss,
+    compile_decoder_layers,
+    freeze,
+    frozen_head_copy,
+    shard_models,
+    sharded_reference_trunk,
+)
 from sft.reference_cache import ReferenceCache, build_reference_cache, cache_identity, identity_key
 from sft.trainer import fit, keep_metrics_up_to
 
@@ -145,7 +152,7 @@ def load_reference_trunk(cfg: Config, model_dir: str,
     ``input_ids → final hidden states`` function."""
     base = load_base_on_main(cfg, model_dir, env)
     reference = base.empty_copy()
-    hidden_states = sharded_reference_trunk(reference, env, cfg.sft.mixed_precision)
+    hidden_states = sharded_reference_trunk(reference, env, cfg.sft.mixed_precision, cfg.sft.frozen_dtype)
     trunk = reference.get_decoder()
     load_from_main(trunk, [(trunk, base.full.get_decoder() if env.is_main else None)], env)
     return reference, hidden_states
@@ -162,7 +169,8 @@ def prepare_reference_cache(cfg: Config, model_dir: str, tokens_path: Path, rows
     identity = broadcast_from_main(cache_identity(
         base_model_sha256=sha256_path(base_input), sft_tokens_sha256=sha256_path(tokens_path),
         attn_implementation=cfg.model.attn_implementation, gguf_file=cfg.model.gguf_file,
-        device_type=env.device.type, mixed_precision=cfg.sft.mixed_precision, kernels=kernels_identity(cfg))
+        device_type=env.device.type, mixed_precision=cfg.sft.mixed_precision, frozen_dtype=cfg.sft.frozen_dtype,
+        kernels=kernels_identity(cfg))
         if env.is_main else None)
     folder = reference_cache_dir(cfg, identity_key(identity))
     manifest = read_manifest(folder) if env.is_main else None
@@ -193,10 +201,16 @@ def build_root(cfg: Config, model_dir: str, env: DistEnv, cached_reference: bool
     if cfg.sft.gradient_checkpointing:
         policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     live_reference = token_loss.needs_reference and not cached_reference
-    root = PolicyWithTokenLoss(policy, token_loss, cfg.sft.chunk_size,
-                               reference=freeze(base.empty_copy()) if live_reference else None,
-                               old_policy=freeze(base.empty_copy()) if token_loss.needs_old_policy else None,
-                               reference_head=frozen_head_copy(base.empty_copy()) if cached_reference else None)
+    frozen_dtype = cfg.sft.frozen_dtype
+    root = PolicyWithTokenLoss(
+        policy, token_loss, cfg.sft.chunk_size,
+        reference=freeze(base.empty_copy(), frozen_dtype) if live_reference else None,
+        old_policy=freeze(base.empty_copy(), frozen_dtype) if token_loss.needs_old_policy else None,
+        reference_head=frozen_head_copy(base.empty_copy(), frozen_dtype) if cached_reference else None,
+        compile_statistics=cfg.sft.compile_statistics)
+    if cfg.sft.compile_layers:
+        for model in root.models():
+            compile_decoder_layers(model)
     shard_models(root, env, cfg.sft.mixed_precision)
     full = base.full
     load_from_main(root, [(root.policy, full), (root.reference, full), (root.old_policy, full),

@@ -18,6 +18,7 @@ os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 bound_openmp_spin()
 pinned_kernels_env(os.environ, "cpu", CPU_ISAS[0])
 os.environ.setdefault("WANDB_MODE", "disabled")
+os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")  # torch.compile in-process: no pool of compile workers
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 

@@ -395,6 +395,16 @@ class SFTConfig:
     """bf16 (autocast on CPU, FSDP2 MixedPrecisionPolicy on GPU) or fp32."""
     gradient_checkpointing: bool = False
     """Recompute decoder activations in backward."""
+    compile_layers: bool = field(default=False, metadata=IDENTITY_WHEN_SET)
+    """Each decoder layer's forward under ``torch.compile`` (``sft.policy.compile_decoder_layers``): fused
+    elementwise kernels, the same computation up to fp32 round-off."""
+    compile_statistics: bool = field(default=False, metadata=IDENTITY_WHEN_SET)
+    """The loss head's statistics pass under ``torch.compile`` (``sft.token_stats.compiled_chunk_statistics``): a
+    few fused passes over each logits chunk, the same statistics up to fp32 round-off."""
+    frozen_dtype: str = field(default="fp32", metadata=IDENTITY_WHEN_SET)
+    """fp32 or bf16: storage of the frozen reference, its cached head and PSFT's old policy (``sft.policy.freeze``).
+    Under bf16 mixed precision on a GPU FSDP2 casts them to bf16 for every forward anyway, so bf16 changes no number
+    there and saves 2 bytes per parameter."""
     reference_cache: bool = False
     """Losses that need the frozen reference read its final hidden states from a cache written once per (base model,
     tokenised split, precision) instead of running its trunk every step (``sft/reference_cache.py``; disk: tokens ×
@@ -445,6 +455,9 @@ class SFTConfig:
         check_choice("sft.loss_norm", self.loss_norm, LOSS_NORMS)
         check_range("sft.chunk_size", self.chunk_size, 1)
         check_choice("sft.mixed_precision", self.mixed_precision, ("bf16", "fp32"))
+        check_choice("sft.compile_layers", self.compile_layers, (False, True))
+        check_choice("sft.compile_statistics", self.compile_statistics, (False, True))
+        check_choice("sft.frozen_dtype", self.frozen_dtype, ("fp32", "bf16"))
         check_choice("sft.reference_cache", self.reference_cache, (False, True))
         check_range("sft.checkpoint_every", self.checkpoint_every, 0)
         check_range("sft.keep_checkpoints", self.keep_checkpoints, 1)

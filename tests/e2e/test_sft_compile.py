@@ -1,0 +1,61 @@
+"""The compiled trainer against the eager one on CPU where compiling takes too long for the default suite (``make
+test-e2e``): the statistics pass of every loss of the registry (``sft.compile_statistics``; 5-30 s each on 2 cores),
+and compiled decoder layers (``sft.compile_layers``; inductor compiles a Qwen3 layer's forward and backward in
+about a minute)."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from bench.sft_step_time import build_trainer, parse_args, release
+from common.config.sft import EKSFTMethod
+from sft.distributed import close_distributed, init_distributed
+from sft.losses import build_loss
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
+from test_sft_compiled import STATISTICS_CONFIGS, check_compiled_statistics, relative_error  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo_cache():
+    torch._dynamo.reset()  # each config compiles its own kernels, never the recompile limit's eager fallback
+    yield
+
+
+@pytest.mark.parametrize("cfg", STATISTICS_CONFIGS, ids=lambda c: f"{c.name}-{'-'.join(build_loss(c).stats)}")
+def test_compiled_statistics_pass_equals_the_eager_pass(cfg):
+    check_compiled_statistics(cfg)
+
+
+def test_compiled_decoder_layers_match_eager_loss_and_gradients():
+    """``compile_decoder_layers`` (inductor on CPU): the EKSFT trainer's loss and policy gradients equal the eager
+    trainer's within fp32 round-off; parameter names do not change."""
+    env = init_distributed("cpu")
+    try:
+        outcomes = []
+        for compiled in (False, True):
+            args = parse_args(["--mixed-precision", "fp32", "--seq-len", "16", "--micro-batch-size", "2",
+                               "--grad-accum", "1", "--chunk-size", "8"] + (["--compile-layers"] if compiled else []))
+            root, _, _ = build_trainer(EKSFTMethod(), args, env)
+            names = [name for name, _ in root.named_parameters()]
+            input_ids = torch.randint(0, 512, (2, 16), generator=torch.Generator().manual_seed(0))
+            labels = input_ids.clone()
+            labels[:, :4] = -100
+            result = root(input_ids=input_ids, labels=labels)
+            result.loss.backward()
+            grads = {name: p.grad.full_tensor() for name, p in root.policy.named_parameters()}
+            outcomes.append((names, result.loss.detach(), grads))
+            del root
+            release(env)
+        (eager_names, eager_loss, eager_grads), (names, loss, grads) = outcomes
+        assert names == eager_names
+        assert relative_error(loss, eager_loss) < 1e-5
+        for name, grad in eager_grads.items():
+            assert relative_error(grads[name], grad) < 1e-4, name
+    finally:
+        close_distributed(env)
+
+

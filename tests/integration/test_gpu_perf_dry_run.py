@@ -1,0 +1,26 @@
+"""``scripts/gpu_perf.py --dry-run`` in CI: the GPU measurement's own code at the tiny CPU size (the statistics pass
+eager and compiled, static bytes per parameter, one step-time configuration); one results file."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_gpu_perf_dry_run_measures_and_writes_its_results(tmp_path):
+    out = tmp_path / "results.json"
+    result = subprocess.run([sys.executable, str(REPO / "scripts" / "gpu_perf.py"), "--dry-run", "--configurations",
+                             "eager", "--out", str(out)], capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    results = json.loads(out.read_text())
+    assert results["static_bytes_per_parameter"] == {"fp32": pytest.approx(16.0), "bf16": pytest.approx(14.0)}
+    assert set(results["statistics"]["64"]["statistics_s"]) == {"eager", "compiled", "dynamic"}
+    eager = results["step_time"]["eager"]
+    assert set(eager["ratios"]) == {"eksft", "eksft_cache"} and eager["ratios"]["eksft"] > 0
+    assert "live/SFT" in result.stdout

@@ -1,0 +1,137 @@
+"""The trainer's speed and memory options against the eager trainer they replace (CPU, tiny shapes): the compiled
+statistics pass (``sft.compile_statistics``), frozen models stored in bf16 (``sft.frozen_dtype``), released
+trainers, and where compiled decoder layers go (``sft.compile_layers``; their numbers: tests/e2e, a minute's
+compile on 2 cores)."""
+from __future__ import annotations
+
+import argparse
+import gc
+import weakref
+
+import pytest
+import torch
+
+from bench.sft_step_time import build_trainer, parse_args, release, static_bytes_per_parameter
+from bench.tiny_model import random_qwen3
+from common.config.sft import SFT_METHOD_SCHEMAS, EKSFTMethod
+from sft.distributed import close_distributed, init_distributed
+from sft.losses import build_loss
+from sft.policy import compile_decoder_layers
+from sft.token_stats import chunked_loss
+
+pytestmark = pytest.mark.integration
+
+LABELS = torch.tensor([[-100, -100, 4, 7, 1, 9, 2, 3], [-100, 5, 6, 0, 8, -100, -100, -100]])
+"""14 prediction rows with prompt masks and right padding (chunk 5: the last chunk is padded when compiled)."""
+VOCAB, HIDDEN = 13, 6
+METHOD_CONFIGS = [schema() for schema in SFT_METHOD_SCHEMAS.values()] + [
+    EKSFTMethod(compat="official_code"), EKSFTMethod(compat="official_code", stats_dtype="fp32")]
+STATISTICS_CONFIGS = list({(build_loss(cfg).stats, repr(build_loss(cfg).term_options)): cfg
+                           for cfg in METHOD_CONFIGS if build_loss(cfg).stats}.values())
+"""One method config per distinct (statistics, term options) of the registry: each compiles its own pass."""
+
+
+def head_inputs() -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(0)
+    hidden = torch.randn(2, 8, HIDDEN, generator=generator)
+    weight = torch.randn(VOCAB, HIDDEN, generator=generator)
+    return {"hidden": hidden, "weight": weight,
+            "ref_hidden": hidden + 0.5 * torch.randn(2, 8, HIDDEN, generator=generator),
+            "ref_weight": weight + 0.2 * torch.randn(VOCAB, HIDDEN, generator=generator),
+            "old_hidden": hidden + 0.2 * torch.randn(2, 8, HIDDEN, generator=generator)}
+
+
+def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    return ((actual - expected).abs().max() / expected.abs().max().clamp(min=1e-12)).item()
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo_cache():
+    torch._dynamo.reset()  # each config compiles its own kernels, never the recompile limit's eager fallback
+    yield
+
+
+def test_compiled_statistics_pass_equals_the_eager_pass_for_eksft():
+    """The paper's EKSFT here; every other loss's statistics in tests/e2e/test_sft_compile.py (each set compiles for
+    5-30 s on 2 cores)."""
+    check_compiled_statistics(EKSFTMethod())
+
+
+def check_compiled_statistics(cfg) -> None:
+    """Loss, metrics and both gradients of the chunked head with pass A compiled equal the eager head's (fp32, 1e-6);
+    chunk 5 of 14 prediction rows pads the last chunk to the compiled shape."""
+    inputs = head_inputs()
+    loss = build_loss(cfg)
+    results = {}
+    for compiled in (False, True):
+        h, w = inputs["hidden"].clone().requires_grad_(), inputs["weight"].clone().requires_grad_()
+        frozen = {}
+        if loss.needs_reference:
+            frozen = {"ref_hidden": inputs["ref_hidden"], "ref_head_weight": inputs["ref_weight"]}
+        if loss.needs_old_policy:
+            frozen = {"old_hidden": inputs["old_hidden"], "old_head_weight": inputs["weight"]}
+        result = chunked_loss(loss, h, w, LABELS, chunk_size=5, compile_statistics=compiled, **frozen)
+        result.loss.backward()
+        results[compiled] = (result, h.grad, w.grad)
+    (eager, eager_h, eager_w), (fused, fused_h, fused_w) = results[False], results[True]
+    assert relative_error(fused.loss.detach(), eager.loss.detach()) < 1e-6
+    assert relative_error(fused_h, eager_h) < 1e-6
+    assert relative_error(fused_w, eager_w) < 1e-6
+    assert eager.metrics.keys() == fused.metrics.keys()
+    for name, value in eager.metrics.items():
+        assert relative_error(fused.metrics[name], value) < 1e-6, name
+
+
+def tiny_args(**options) -> argparse.Namespace:
+    flags = ["--frozen-dtype", options.get("frozen_dtype", "fp32"), "--mixed-precision", "fp32", "--seq-len", "16",
+             "--micro-batch-size", "2", "--grad-accum", "1", "--chunk-size", "8"]
+    return parse_args(flags + (["--compile-layers"] if options.get("compile_layers") else []))
+
+
+def test_an_eksft_trainer_with_a_bf16_reference_holds_14_bytes_per_parameter():
+    """fp32 policy (4) + AdamW moments (8) + the frozen reference (4 in fp32, 2 in bf16), per parameter."""
+    env = init_distributed("cpu")
+    try:
+        assert static_bytes_per_parameter(tiny_args(frozen_dtype="fp32"), env) == pytest.approx(16.0)
+        assert static_bytes_per_parameter(tiny_args(frozen_dtype="bf16"), env) == pytest.approx(14.0)
+    finally:
+        close_distributed(env)
+
+
+def test_a_released_trainer_is_freed_before_the_next_is_built():
+    """An FSDP2 root sits in reference cycles: after ``del`` its reference model lives until ``release`` collects it
+    (the GPU smoke's second trainer used to add to the first's memory)."""
+    env = init_distributed("cpu")
+    try:
+        gc.disable()  # collections only where the test calls them
+        root, optimizer, sft = build_trainer(EKSFTMethod(), tiny_args(), env)
+        reference = weakref.ref(root.reference)
+        del root, optimizer, sft
+        assert reference() is not None  # the cycle keeps it
+        release(env)
+        assert reference() is None
+    finally:
+        gc.enable()
+        close_distributed(env)
+
+
+def test_compile_decoder_layers_compiles_each_layer_forward_in_place():
+    model = random_qwen3(vocab_size=64, hidden_size=64, num_layers=2, seed=0)
+    names = [name for name, _ in model.named_parameters()]
+    compile_decoder_layers(model)
+    assert [name for name, _ in model.named_parameters()] == names
+    assert all(hasattr(layer.forward, "_torchdynamo_orig_callable") or "compile" in repr(layer.forward).lower()
+               for layer in model.get_decoder().layers)
+
+
+def test_the_sft_config_keys_are_validated_and_join_the_identity_only_when_set():
+    from common.config import ConfigError, compose
+    from common.config.common import computation_config
+
+    default = compose([])
+    assert {"compile_layers", "compile_statistics", "frozen_dtype"}.isdisjoint(computation_config(default.sft))
+    changed = compose(["sft.frozen_dtype=bf16", "sft.compile_statistics=true"])
+    assert computation_config(changed.sft)["frozen_dtype"] == "bf16"
+    assert computation_config(changed.sft)["compile_statistics"] is True
+    with pytest.raises(ConfigError, match="sft.frozen_dtype"):
+        compose(["sft.frozen_dtype=fp16"])
