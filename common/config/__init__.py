@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import sys
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -58,6 +59,7 @@ __all__ = [
     "check_range",
     "compose",
     "override_value",
+    "refusing_unknown_choices",
     "require_writable_run_root",
     "stage_main",
     "to_config",
@@ -145,7 +147,7 @@ def _register() -> None:
 
 
 _register()
-from common.config.catalogue import refuse_schema_choices  # noqa: E402  (registers the ``catalogue`` resolver)
+from common.config.catalogue import refuse_schema_choices, refuse_unknown_choices  # noqa: E402  (registers the ``catalogue`` resolver)
 
 
 def to_config(cfg: DictConfig) -> Config:
@@ -208,7 +210,20 @@ def stage_main(run: Callable[[Config], Any]) -> Callable[[], None]:
             require_writable_run_root(config)
             run(config)
 
-    return main
+    return refusing_unknown_choices(main)
+
+
+def refusing_unknown_choices(main: Callable[[], None]) -> Callable[[], None]:
+    """A Hydra entry point that first refuses a command-line choice naming no option of its group, in one line
+    (:func:`common.config.catalogue.refuse_unknown_choices`)."""
+
+    @functools.wraps(main)
+    def checked() -> None:
+        with user_errors_in_one_line():
+            refuse_unknown_choices(sys.argv[1:])
+        main()
+
+    return checked
 
 
 def override_value(value: Any) -> str:
@@ -245,7 +260,7 @@ def compose_dict(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    refuse_schema_choices(overrides)
+    refuse_unknown_choices(overrides)
     if GlobalHydra.instance().is_initialized():
         return hydra_compose(config_name="config", overrides=list(overrides))
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
