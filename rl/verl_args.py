@@ -187,6 +187,8 @@ def _trainer_keys(cfg: Config) -> dict[str, Any]:
     if not rl.use_dynamic_bsz:
         keys["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"] = rl.micro_batch_size_per_gpu
         keys["actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu"] = rl.micro_batch_size_per_gpu
+        if rl.use_kl_loss or rl.use_kl_in_reward:  # the reference policy's log-probs (verl's need_reference_policy)
+            keys["actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu"] = rl.micro_batch_size_per_gpu
     if rl.filter_groups:
         keys.update(_dapo_sampler_keys(cfg))
     return keys
