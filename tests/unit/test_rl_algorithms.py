@@ -3,6 +3,8 @@ validated naming the key (verl's own validation of each preset: tests/integratio
 default DAPO argv byte for byte: test_rl_dapo_golden.py)."""
 from __future__ import annotations
 
+import re
+import shlex
 import subprocess
 import sys
 from dataclasses import fields
@@ -159,3 +161,13 @@ def test_the_dry_run_prints_the_gspo_loss():
     verl_lines = [line for line in result.stdout.splitlines() if line.strip().startswith("verl:")]
     assert len(verl_lines) == 2  # base and sft
     assert all(f"{ACTOR}policy_loss.loss_mode=gspo" in line for line in verl_lines)
+
+
+def test_the_readme_sweep_composes_at_every_point():
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    (command,) = re.findall(r"`python -m pipeline\.run -m ([^`]*rl/algorithm=[^`]+)`", text)
+    overrides = shlex.split(command)
+    (sweep,) = [override for override in overrides if override.startswith("rl/algorithm=")]
+    rest = [override for override in overrides if override != sweep]
+    for name in sweep.split("=", 1)[1].split(","):
+        assert compose([*rest, f"rl/algorithm={name}"]).rl.algorithm == name
