@@ -576,7 +576,7 @@ def report_run(cfg: Config) -> RunSpec:
               "rl": {"rollout_n": cfg.rl.rollout_n, "kept_groups_per_step": cfg.rl.kept_groups_per_step},
               "device": cfg.profile.device, "data": data_run(cfg).directory.name}
     inputs = {str(folder.relative_to(cfg.experiment.run_root)): folder for folder in folders}
-    return RunSpec("report", "", experiment_dir(cfg) / "report", config, inputs, optional_inputs=True)
+    return RunSpec("report", "", report_dir(cfg), config, inputs, optional_inputs=True)
 
 
 # ------------------------------------------------------------------------------- folders (shorthands)
@@ -614,7 +614,8 @@ def eval_dir(cfg: Config, benchmark: str) -> Path:
 
 
 def report_dir(cfg: Config) -> Path:
-    return experiment_dir(cfg) / "report"
+    """``report``, or ``report+<algorithm>`` for an RL algorithm other than DAPO (``RLConfig.algorithm_suffix``)."""
+    return experiment_dir(cfg) / f"report{cfg.rl.algorithm_suffix}"
 
 
 def benchmark_file(name: str) -> str:

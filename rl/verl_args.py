@@ -168,7 +168,7 @@ def _trainer_keys(cfg: Config) -> dict[str, Any]:
         "+reward.reward_kwargs.max_resp_len": rl.max_response_length,
         # trainer: steps, checkpoints in the stage folder (resume_mode=auto picks up the latest one)
         "trainer.project_name": cfg.logging.wandb_project,
-        "trainer.experiment_name": f"{cfg.experiment.name}-{cfg.model.name}-{variant}{algorithm_suffix(cfg)}",
+        "trainer.experiment_name": f"{cfg.experiment.name}-{cfg.model.name}-{variant}{rl.algorithm_suffix}",
         "trainer.logger": ["console", "file"] + (["wandb"] if cfg.logging.wandb_mode != "disabled" else []),
         "trainer.nnodes": cfg.profile.nnodes,
         "trainer.n_gpus_per_node": cfg.profile.nproc_per_node,
@@ -244,11 +244,6 @@ def _policy_loss_keys(rl: RLConfig) -> dict[str, Any]:
     for name, key in LOSS_MODE_KEYS.get(rl.policy_loss_mode, {}).items():
         keys[f"actor_rollout_ref.actor.{key}"] = getattr(rl, name)
     return keys
-
-
-def algorithm_suffix(cfg: Config) -> str:
-    """``+<algorithm>`` after a run's name for every algorithm but the default DAPO (whose names stay as they were)."""
-    return "" if cfg.rl.algorithm == RLConfig.algorithm else f"+{cfg.rl.algorithm}"
 
 
 def _dapo_sampler_keys(cfg: Config) -> dict[str, Any]:

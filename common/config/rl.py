@@ -170,6 +170,12 @@ class RLConfig(SamplingConfig):
     """Extra verl keys passed through unchanged (``key: value``; prefix ``+`` for keys not in verl's schema); they win."""
 
     @property
+    def algorithm_suffix(self) -> str:
+        """``+<algorithm>`` after the names of an RL run and of the report for every algorithm but the default DAPO
+        (whose names stay as they were), so a sweep over ``rl/algorithm`` keeps one report per point."""
+        return "" if self.algorithm == RLConfig.algorithm else f"+{self.algorithm}"
+
+    @property
     def kept_groups_per_step(self) -> int | None:
         """Prompt groups a DAPO step trains on when it filters groups (``train_batch_size``; dynamic sampling refills
         the ones it drops); None without group filtering."""

@@ -16,7 +16,7 @@ from common.config import CONF_DIR, ConfigError, RLConfig, compose
 from common.config.catalogue import options
 from common.config.common import computation_config
 from common.config.rl import ALGORITHM_TITLES
-from common.paths import configured_rl_run
+from common.paths import configured_rl_run, report_dir, report_run
 from rl.verl_args import build_overrides
 
 REPO = Path(__file__).resolve().parents[2]
@@ -63,6 +63,9 @@ def test_another_algorithm_is_in_the_run_identity_and_the_run_name():
     assert configured_rl_run(gspo).config["rl"]["algorithm"] == "gspo"  # the manifest's config is the identity
     assert _keys(["rl/algorithm=gspo"])["trainer.experiment_name"].endswith("-eksft+gspo")
     assert _keys([])["trainer.experiment_name"].endswith("-eksft")
+    # a sweep over rl/algorithm keeps one report per point
+    assert (report_dir(dapo).name, report_dir(gspo).name) == ("report", "report+gspo")
+    assert report_run(gspo).directory == report_dir(gspo)
 
 
 def test_gspo_sets_the_sequence_level_loss_and_its_tight_clip():
