@@ -200,7 +200,7 @@ LOSS_MODE_KEYS = {"sapo": {"tau_pos": "tau_pos", "tau_neg": "tau_neg"},
                                "clip_cov_ub": "policy_loss.clip_cov_ub"},
                   "kl_cov": {"kl_cov_ratio": "policy_loss.kl_cov_ratio", "ppo_kl_coef": "policy_loss.ppo_kl_coef"}}
 """Per policy loss, the ``rl.*`` fields only it reads -> their keys under ``actor_rollout_ref.actor`` (SAPO reads its
-temperatures from the actor config, not from ``policy_loss``: verl's own example sets the wrong ones)."""
+temperatures from the actor config, not from ``policy_loss``)."""
 
 
 def _objective_keys(rl: RLConfig) -> dict[str, Any]:

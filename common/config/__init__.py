@@ -147,7 +147,8 @@ def _register() -> None:
 
 
 _register()
-from common.config.catalogue import refuse_schema_choices, refuse_unknown_choices  # noqa: E402  (registers the ``catalogue`` resolver)
+# imported after the schemas are registered; the import registers the ``catalogue`` resolver
+from common.config.catalogue import refuse_schema_choices, refuse_unknown_choices  # noqa: E402
 
 
 def to_config(cfg: DictConfig) -> Config:

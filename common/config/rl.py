@@ -111,7 +111,8 @@ class RLConfig(SamplingConfig):
     tau_neg: float = field(default=1.05, metadata=IDENTITY_WHEN_SET)
     """SAPO's temperature for negative advantages."""
     clip_cov_ratio: float = field(default=2e-4, metadata=IDENTITY_WHEN_SET)
-    """Clip-Cov: share of tokens (those with cov(log π, Â) in [clip_cov_lb, clip_cov_ub]) detached from the gradient."""
+    """Clip-Cov: share of the tokens (those with cov(log π, Â) in [clip_cov_lb, clip_cov_ub]) kept out of the
+    gradient."""
     clip_cov_lb: float = field(default=1.0, metadata=IDENTITY_WHEN_SET)
     """Clip-Cov: lower bound of the covariance band."""
     clip_cov_ub: float = field(default=5.0, metadata=IDENTITY_WHEN_SET)
@@ -195,8 +196,8 @@ class RLConfig(SamplingConfig):
         check_choice("rl.loss_agg_mode", self.loss_agg_mode, LOSS_AGG_MODES)
         if self.loss_scale_factor is not None:
             if self.loss_agg_mode != "seq-mean-token-sum-norm":
-                raise ConfigError(f"rl.loss_scale_factor={self.loss_scale_factor} is read only by "
-                                  f"rl.loss_agg_mode=seq-mean-token-sum-norm (got {self.loss_agg_mode}); set it to null")
+                raise ConfigError(f"rl.loss_scale_factor={self.loss_scale_factor} is read only by rl.loss_agg_mode="
+                                  f"seq-mean-token-sum-norm (got {self.loss_agg_mode}); set it to null")
             check_range("rl.loss_scale_factor", self.loss_scale_factor, 1)
         check_range("rl.kl_loss_coef", self.kl_loss_coef, 0.0)
         check_choice("rl.kl_loss_type", self.kl_loss_type.removesuffix("+"), KL_ESTIMATORS)
