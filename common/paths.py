@@ -7,7 +7,9 @@
     <run_root>/<experiment>/sft/<model>/<method-label>-<id>/               checkpoints/, hf/, metrics.jsonl
     <run_root>/<experiment>/rl/<model>/<variant>-<id>/                     verl checkpoints, hf/, metrics.jsonl
     <run_root>/<experiment>/eval/<model>/<phase>/<variant>-<id>/<benchmark>/   samples.jsonl, metrics.json
-    <run_root>/<experiment>/report/                                        tables, plots, report.md
+    <run_root>/<experiment>/report[+<algorithm>]/                          tables, plots, report.md
+
+``+<algorithm>``: an ``rl/algorithm`` other than DAPO (:func:`report_dir`).
 
 Every folder holds a ``manifest.json``. ``<id>`` is the first 8 hex digits of the hash of the run's *identity*: its
 computation config (:func:`common.config.common.computation_config`: seeds, optimiser, budgets, method fields,
