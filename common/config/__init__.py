@@ -122,6 +122,7 @@ class Config:
         self.toy.validate()
         self.sft.validate()
         self.rl.validate()
+        self.check_rl_algorithm_name()
         self.eval.validate()
         for name in self.eval.benchmarks:
             check_choice("eval.benchmarks[] (a name from data.benchmarks or data.extra_benchmarks)", name,
@@ -130,6 +131,17 @@ class Config:
         if self.model.source == "toy" and self.profile.name != "toy":
             raise ConfigError(f"model=toy needs profile=toy; got profile={self.profile.name}")
         return self
+
+
+    def check_rl_algorithm_name(self) -> None:
+        """``rl.algorithm`` names the preset whose estimator and policy loss run: ``rl.algorithm=gspo`` (a dot) would
+        only rename DAPO, in the run identity and in Table 2."""
+        preset = group_node("rl/algorithm", self.rl.algorithm)
+        for key in ("adv_estimator", "policy_loss_mode"):
+            if getattr(self.rl, key) != preset[key]:
+                raise ConfigError(f"rl.algorithm={self.rl.algorithm} runs rl.{key}={getattr(self.rl, key)}, not its "
+                                  f"preset's {preset[key]}: choose an algorithm with rl/algorithm=<name> (a slash), "
+                                  f"and change rl.{key} only with the preset that has it")
 
 
 def _register() -> None:
@@ -148,7 +160,7 @@ def _register() -> None:
 
 _register()
 # imported after the schemas are registered; the import registers the ``catalogue`` resolver
-from common.config.catalogue import refuse_schema_choices, refuse_unknown_choices  # noqa: E402
+from common.config.catalogue import group_node, refuse_schema_choices, refuse_unknown_choices  # noqa: E402
 
 
 def to_config(cfg: DictConfig) -> Config:

@@ -174,3 +174,13 @@ def test_the_readme_sweep_composes_at_every_point():
     rest = [override for override in overrides if override != sweep]
     for name in sweep.split("=", 1)[1].split(","):
         assert compose([*rest, f"rl/algorithm={name}"]).rl.algorithm == name
+
+
+def test_the_name_field_cannot_relabel_another_algorithm():
+    """``rl.algorithm=gspo`` (a dot) sets the name only: DAPO's loss would run under GSPO's name and identity."""
+    with pytest.raises(ConfigError, match=r"^rl\.algorithm=gspo runs rl\.policy_loss_mode=vanilla, not its preset's "
+                                          r"gspo: choose an algorithm with rl/algorithm=<name>"):
+        compose(["rl.algorithm=gspo"])
+    with pytest.raises(ConfigError, match=r"^rl\.algorithm=grpo runs rl\.policy_loss_mode=gspo"):
+        compose(["rl/algorithm=grpo", "rl.policy_loss_mode=gspo"])
+    assert compose(["rl/algorithm=gspo", "rl.clip_ratio_high=0.0005"]).rl.clip_ratio_high == 0.0005
