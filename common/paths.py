@@ -7,7 +7,9 @@
     <run_root>/<experiment>/sft/<model>/<method-label>-<id>/               checkpoints/, hf/, metrics.jsonl
     <run_root>/<experiment>/rl/<model>/<variant>-<id>/                     verl checkpoints, hf/, metrics.jsonl
     <run_root>/<experiment>/eval/<model>/<phase>/<variant>-<id>/<benchmark>/   samples.jsonl, metrics.json
-    <run_root>/<experiment>/report/                                        tables, plots, report.md
+    <run_root>/<experiment>/report[+<algorithm>]/                          tables, plots, report.md
+
+``+<algorithm>``: an ``rl/algorithm`` other than DAPO (:func:`report_dir`).
 
 Every folder holds a ``manifest.json``. ``<id>`` is the first 8 hex digits of the hash of the run's *identity*: its
 computation config (:func:`common.config.common.computation_config`: seeds, optimiser, budgets, method fields,
@@ -576,7 +578,7 @@ def report_run(cfg: Config) -> RunSpec:
               "rl": {"rollout_n": cfg.rl.rollout_n, "kept_groups_per_step": cfg.rl.kept_groups_per_step},
               "device": cfg.profile.device, "data": data_run(cfg).directory.name}
     inputs = {str(folder.relative_to(cfg.experiment.run_root)): folder for folder in folders}
-    return RunSpec("report", "", experiment_dir(cfg) / "report", config, inputs, optional_inputs=True)
+    return RunSpec("report", "", report_dir(cfg), config, inputs, optional_inputs=True)
 
 
 # ------------------------------------------------------------------------------- folders (shorthands)
@@ -614,7 +616,8 @@ def eval_dir(cfg: Config, benchmark: str) -> Path:
 
 
 def report_dir(cfg: Config) -> Path:
-    return experiment_dir(cfg) / "report"
+    """``report``, or ``report+<algorithm>`` for an RL algorithm other than DAPO (``RLConfig.algorithm_suffix``)."""
+    return experiment_dir(cfg) / f"report{cfg.rl.algorithm_suffix}"
 
 
 def benchmark_file(name: str) -> str:

@@ -92,6 +92,7 @@ from report.tables import (
     unjudged_note,
 )
 from common.config import Config, stage_main
+from common.config.rl import ALGORITHM_TITLES
 from common.config.sft import SFTMethod
 from common.manifest import Manifest, StageInputError, read_manifest, stage_run
 from common.models import local_model_dir
@@ -122,7 +123,7 @@ from common.paths import (
 from common.tracking import dapo_groups_kept, progress, start_wandb
 
 PHASES = {"sft": ("table1", "Method", "Table 1 (stage 1: without RL)"),
-          "rl": ("table2", "Method(+DAPO)", "Table 2 (stage 2: after RL)")}
+          "rl": ("table2", "Method(+{algorithm})", "Table 2 (stage 2: after RL)")}
 TABLE_NOTE = ("Each cell: mean over seeds and problems [95% bootstrap interval: seeds, then problems, resampled "
               "2000 times with a fixed seed; docs/evaluation.md]. **Bold** / <u>underline</u>: best / second best "
               "whose interval lies above the other rows' (the second: above the rows below it); n.s.: the top value's "
@@ -183,6 +184,7 @@ def collect(cfg: Config, phase: str, models: list[ModelRuns], labels: list[str]
     Curves map (model title, benchmark) to {row label: {seed: metrics.json}}.
     """
     name, header, stage = PHASES[phase]
+    header = header.format(algorithm=ALGORITHM_TITLES[cfg.rl.algorithm])  # Method(+DAPO), Method(+GSPO), ...
     names = report_benchmarks(cfg)
     titles = {bench: cfg.eval.benchmark_labels.get(bench, bench) for bench in names}
     extra_columns = [titles[bench] for bench in names if bench in cfg.data.extra_benchmarks]

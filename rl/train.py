@@ -433,7 +433,8 @@ def run(cfg: Config) -> Manifest:
                   f"(verl and its Ray cluster; PIDs {', '.join(map(str, strays))})", flush=True)
         checkpoint_dir = stage / CHECKPOINT_SUBDIR
         done = latest_checkpoint_step(checkpoint_dir)
-        current.manifest.details.update({"init": variant, "init_model": str(model_path), **facts,
+        current.manifest.details.update({"init": variant, "init_model": str(model_path), "algorithm": cfg.rl.algorithm,
+                                         **facts,
                                          "sft_method": asdict(method) if method is not None else None,
                                          "verl_command": build_command(cfg),
                                          "verl_env": verl_env(cfg)})

@@ -2,7 +2,9 @@
 
 DAPO in verl 0.9.1 is plain ``main_ppo`` (V1 trainer) with GRPO advantages, clip-higher, token-mean, no KL,
 group filtering (``algorithm.filter_groups``), the ``dapo`` reward manager with the overlong buffer, and our
-reward function (``rl/reward.py``, which calls ``eval.scoring.verify``). The key table is in docs/rl.md.
+reward function (``rl/reward.py``, which calls ``eval.scoring.verify``). The key table is in docs/rl.md. Another
+algorithm (``rl/algorithm=<name>``) changes only the keys of :func:`_objective_keys` and :func:`_policy_loss_keys`,
+the one place its fields map to verl's keys (docs/rl_algorithms.md); the reward and the sampler stay.
 
 Order of precedence: our keys, then the CPU-embedding keys (``profile.device=cpu``), then the user's
 ``rl.verl_overrides`` (a user key replaces ours with the same name, with or without a ``+``).
@@ -17,7 +19,7 @@ from typing import Any
 
 from common.config import Config
 from common.config import override_value as format_value
-from common.config.rl import REWARD_STYLES
+from common.config.rl import REWARD_STYLES, RLConfig
 from common.paths import (
     RL_TRAIN_FILE,
     RL_VAL_FILE,
@@ -94,7 +96,7 @@ def override_key(override: str) -> str:
     return override.split("=", 1)[0].lstrip("+~")
 
 
-def _dapo_keys(cfg: Config) -> dict[str, Any]:
+def _trainer_keys(cfg: Config) -> dict[str, Any]:
     rl = cfg.rl
     variant, stage = resolve_variant(cfg), rl_dir(cfg)
     train_file, val_file = data_files(cfg)
@@ -111,19 +113,9 @@ def _dapo_keys(cfg: Config) -> dict[str, Any]:
         "data.filter_overlong_prompts": True,
         "data.truncation": "left",
         "data.seed": derive_seed(cfg.seed, "rl/data"),
-        # GRPO advantages, no KL anywhere
-        "algorithm.adv_estimator": "grpo",
-        "algorithm.use_kl_in_reward": False,
-        "algorithm.kl_ctrl.kl_coef": 0.0,
-        "actor_rollout_ref.actor.use_kl_loss": False,
-        "actor_rollout_ref.actor.kl_loss_coef": 0.0,
-        "actor_rollout_ref.actor.entropy_coeff": 0,
-        # dynamic sampling (the V1 trainer ignores max_num_gen_batches; max_inflight_gen_batches bounds refills, our
-        # replay buffer the generation batches of a step: _dapo_sampler_keys)
-        "algorithm.filter_groups.enable": rl.filter_groups,
-        "algorithm.filter_groups.metric": rl.filter_groups_metric,
-        "algorithm.filter_groups.max_inflight_gen_batches": rl.max_inflight_gen_batches,
-        # actor: clip-higher, token-mean, optimiser
+        # the algorithm: advantages, KL, entropy, dynamic sampling
+        **_objective_keys(rl),
+        # actor: the policy loss (clip, aggregation, loss mode), optimiser
         "actor_rollout_ref.model.path": _model_path(cfg),
         "actor_rollout_ref.model.enable_gradient_checkpointing": rl.gradient_checkpointing,
         # actor and reference (they share the model config): ours, never verl's flash_attention_2 default, which
@@ -135,11 +127,7 @@ def _dapo_keys(cfg: Config) -> dict[str, Any]:
         "actor_rollout_ref.actor.optim.lr_warmup_steps": rl.lr_warmup_steps,
         "actor_rollout_ref.actor.optim.weight_decay": rl.weight_decay,
         "actor_rollout_ref.actor.grad_clip": rl.grad_clip,
-        "actor_rollout_ref.actor.clip_ratio_low": rl.clip_ratio_low,
-        "actor_rollout_ref.actor.clip_ratio_high": rl.clip_ratio_high,
-        "actor_rollout_ref.actor.clip_ratio_c": rl.clip_ratio_c,
-        "actor_rollout_ref.actor.loss_agg_mode": rl.loss_agg_mode,
-        "actor_rollout_ref.actor.policy_loss.loss_mode": "vanilla",
+        **_policy_loss_keys(rl),
         "actor_rollout_ref.actor.ppo_mini_batch_size": rl.ppo_mini_batch_size,
         "actor_rollout_ref.actor.ppo_epochs": rl.ppo_epochs,
         "actor_rollout_ref.actor.use_dynamic_bsz": rl.use_dynamic_bsz,
@@ -180,7 +168,7 @@ def _dapo_keys(cfg: Config) -> dict[str, Any]:
         "+reward.reward_kwargs.max_resp_len": rl.max_response_length,
         # trainer: steps, checkpoints in the stage folder (resume_mode=auto picks up the latest one)
         "trainer.project_name": cfg.logging.wandb_project,
-        "trainer.experiment_name": f"{cfg.experiment.name}-{cfg.model.name}-{variant}",
+        "trainer.experiment_name": f"{cfg.experiment.name}-{cfg.model.name}-{variant}{rl.algorithm_suffix}",
         "trainer.logger": ["console", "file"] + (["wandb"] if cfg.logging.wandb_mode != "disabled" else []),
         "trainer.nnodes": cfg.profile.nnodes,
         "trainer.n_gpus_per_node": cfg.profile.nproc_per_node,
@@ -199,8 +187,62 @@ def _dapo_keys(cfg: Config) -> dict[str, Any]:
     if not rl.use_dynamic_bsz:
         keys["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"] = rl.micro_batch_size_per_gpu
         keys["actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu"] = rl.micro_batch_size_per_gpu
+        if rl.use_kl_loss or rl.use_kl_in_reward:  # the reference policy's log-probs (verl's need_reference_policy)
+            keys["actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu"] = rl.micro_batch_size_per_gpu
     if rl.filter_groups:
         keys.update(_dapo_sampler_keys(cfg))
+    return keys
+
+
+# ------------------------------------------------------------------------------ the algorithm (rl/algorithm=<name>)
+LOSS_MODE_KEYS = {"sapo": {"tau_pos": "tau_pos", "tau_neg": "tau_neg"},
+                  "clip_cov": {"clip_cov_ratio": "policy_loss.clip_cov_ratio", "clip_cov_lb": "policy_loss.clip_cov_lb",
+                               "clip_cov_ub": "policy_loss.clip_cov_ub"},
+                  "kl_cov": {"kl_cov_ratio": "policy_loss.kl_cov_ratio", "ppo_kl_coef": "policy_loss.ppo_kl_coef"}}
+"""Per policy loss, the ``rl.*`` fields only it reads -> their keys under ``actor_rollout_ref.actor`` (SAPO reads its
+temperatures from the actor config, not from ``policy_loss``)."""
+
+
+def _objective_keys(rl: RLConfig) -> dict[str, Any]:
+    """The advantage estimator, the KL terms, the entropy bonus and dynamic sampling of the algorithm; a key only
+    some algorithms read (Dr.GRPO's unscaled advantages, a KL estimator) follows when it is in use."""
+    keys: dict[str, Any] = {
+        "algorithm.adv_estimator": rl.adv_estimator,
+        "algorithm.use_kl_in_reward": rl.use_kl_in_reward,
+        "algorithm.kl_ctrl.kl_coef": rl.kl_in_reward_coef,
+        "actor_rollout_ref.actor.use_kl_loss": rl.use_kl_loss,
+        "actor_rollout_ref.actor.kl_loss_coef": rl.kl_loss_coef,
+        # the int 0 when off, as DAPO's argv has always written it (tests/assets/dapo_argv_*.txt)
+        "actor_rollout_ref.actor.entropy_coeff": rl.entropy_coeff or 0,
+        # dynamic sampling (the V1 trainer ignores max_num_gen_batches; max_inflight_gen_batches bounds refills, our
+        # replay buffer the generation batches of a step: _dapo_sampler_keys)
+        "algorithm.filter_groups.enable": rl.filter_groups,
+        "algorithm.filter_groups.metric": rl.filter_groups_metric,
+        "algorithm.filter_groups.max_inflight_gen_batches": rl.max_inflight_gen_batches,
+    }
+    if not rl.norm_adv_by_std:
+        keys["algorithm.norm_adv_by_std_in_grpo"] = False
+    if rl.use_kl_in_reward:
+        keys["algorithm.kl_penalty"] = rl.kl_penalty
+    if rl.use_kl_loss:
+        keys["actor_rollout_ref.actor.kl_loss_type"] = rl.kl_loss_type
+    return keys
+
+
+def _policy_loss_keys(rl: RLConfig) -> dict[str, Any]:
+    """The policy loss of the algorithm: the clip ratios, the aggregation (and its constant), the loss mode and the
+    settings only that mode reads (:data:`LOSS_MODE_KEYS`)."""
+    keys: dict[str, Any] = {
+        "actor_rollout_ref.actor.clip_ratio_low": rl.clip_ratio_low,
+        "actor_rollout_ref.actor.clip_ratio_high": rl.clip_ratio_high,
+        "actor_rollout_ref.actor.clip_ratio_c": rl.clip_ratio_c,
+        "actor_rollout_ref.actor.loss_agg_mode": rl.loss_agg_mode,
+        "actor_rollout_ref.actor.policy_loss.loss_mode": rl.policy_loss_mode,
+    }
+    if rl.loss_scale_factor is not None:
+        keys["actor_rollout_ref.actor.loss_scale_factor"] = rl.loss_scale_factor
+    for name, key in LOSS_MODE_KEYS.get(rl.policy_loss_mode, {}).items():
+        keys[f"actor_rollout_ref.actor.{key}"] = getattr(rl, name)
     return keys
 
 
@@ -244,7 +286,7 @@ def _cpu_keys(cfg: Config) -> dict[str, Any]:
 
 def build_overrides(cfg: Config) -> list[str]:
     """The ``main_ppo`` overrides for RL from ``rl.init`` / ``rl.init_run`` (:func:`common.paths.rl_start`)."""
-    keys = _dapo_keys(cfg)
+    keys = _trainer_keys(cfg)
     if cfg.profile.device == "cpu":
         keys.update(_cpu_keys(cfg))
     user_keys = {override_key(key) for key in cfg.rl.verl_overrides}

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import sys
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -58,6 +59,7 @@ __all__ = [
     "check_range",
     "compose",
     "override_value",
+    "refusing_unknown_choices",
     "require_writable_run_root",
     "stage_main",
     "to_config",
@@ -120,6 +122,7 @@ class Config:
         self.toy.validate()
         self.sft.validate()
         self.rl.validate()
+        self.check_rl_algorithm_name()
         self.eval.validate()
         for name in self.eval.benchmarks:
             check_choice("eval.benchmarks[] (a name from data.benchmarks or data.extra_benchmarks)", name,
@@ -128,6 +131,17 @@ class Config:
         if self.model.source == "toy" and self.profile.name != "toy":
             raise ConfigError(f"model=toy needs profile=toy; got profile={self.profile.name}")
         return self
+
+
+    def check_rl_algorithm_name(self) -> None:
+        """``rl.algorithm`` names the preset whose estimator and policy loss run: ``rl.algorithm=gspo`` (a dot) would
+        only rename DAPO, in the run identity and in Table 2."""
+        preset = group_node("rl/algorithm", self.rl.algorithm)
+        for key in ("adv_estimator", "policy_loss_mode"):
+            if getattr(self.rl, key) != preset[key]:
+                raise ConfigError(f"rl.algorithm={self.rl.algorithm} runs rl.{key}={getattr(self.rl, key)}, not its "
+                                  f"preset's {preset[key]}: choose an algorithm with rl/algorithm=<name> (a slash), "
+                                  f"and change rl.{key} only with the preset that has it")
 
 
 def _register() -> None:
@@ -145,7 +159,8 @@ def _register() -> None:
 
 
 _register()
-from common.config.catalogue import refuse_schema_choices  # noqa: E402  (registers the ``catalogue`` resolver)
+# imported after the schemas are registered; the import registers the ``catalogue`` resolver
+from common.config.catalogue import group_node, refuse_schema_choices, refuse_unknown_choices  # noqa: E402
 
 
 def to_config(cfg: DictConfig) -> Config:
@@ -208,7 +223,20 @@ def stage_main(run: Callable[[Config], Any]) -> Callable[[], None]:
             require_writable_run_root(config)
             run(config)
 
-    return main
+    return refusing_unknown_choices(main)
+
+
+def refusing_unknown_choices(main: Callable[[], None]) -> Callable[[], None]:
+    """A Hydra entry point that first refuses a command-line choice naming no option of its group, in one line
+    (:func:`common.config.catalogue.refuse_unknown_choices`)."""
+
+    @functools.wraps(main)
+    def checked() -> None:
+        with user_errors_in_one_line():
+            refuse_unknown_choices(sys.argv[1:])
+        main()
+
+    return checked
 
 
 def override_value(value: Any) -> str:
@@ -245,7 +273,7 @@ def compose_dict(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    refuse_schema_choices(overrides)
+    refuse_unknown_choices(overrides)
     if GlobalHydra.instance().is_initialized():
         return hydra_compose(config_name="config", overrides=list(overrides))
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):

@@ -1,5 +1,6 @@
 """What can be run, read from the config tree itself: the experiments (with the profiles each is meant for), the
-profiles, the SFT methods and the benchmarks, each with a one-line description, and the orchestrator's flags.
+profiles, the SFT methods, the RL algorithms and the benchmarks, each with a one-line description, and the
+orchestrator's flags.
 
 ``python -m pipeline.run --help`` shows it (Hydra's help template in ``conf/config.yaml`` calls the
 ``catalogue`` resolver registered here), and so does ``make list``. A
@@ -106,6 +107,9 @@ def catalogue() -> str:
     lines += rows({name: one_line(leading_comment(CONF_DIR / "profile" / f"{name}.yaml")) for name in options("profile")})
     lines += ["", "SFT methods (experiment.methods=[...], or sft/method=... for one stage):"]
     lines += rows({name: method_description(name) for name in options("sft/method")})
+    lines += ["", "RL algorithms (rl/algorithm=...; default dapo):"]
+    lines += rows({name: one_line(leading_comment(CONF_DIR / "rl" / "algorithm" / f"{name}.yaml"))
+                   for name in options("rl/algorithm")})
     lines += ["", "Benchmarks (eval.benchmarks=[...]; default: every one of data.benchmarks; +: an extra benchmark, "
                   "evaluated only when named):"]
     lines += rows({f"data={preset}": ", ".join(names) for preset, names in benchmarks().items()})
@@ -123,6 +127,20 @@ def refuse_schema_choices(overrides: list[str] | tuple[str, ...]) -> None:
         key, _, value = override.lstrip("+~").partition("=")
         if value.startswith(SCHEMA_PREFIX) and (CONF_DIR / key).is_dir():
             raise ConfigError(f"{key}={value} is a schema, not an option; choose one of: {', '.join(options(key))}")
+
+
+def refuse_unknown_choices(overrides: list[str] | tuple[str, ...]) -> None:
+    """Raises :class:`ConfigError` in one line for a ``group=name`` override (or a sweep ``group=a,b``) naming no
+    option of the group, before Hydra would print its own several-line error (a schema entry gets
+    :func:`refuse_schema_choices`'s)."""
+    refuse_schema_choices(overrides)
+    for override in overrides:
+        key, _, value = override.lstrip("+~").partition("=")
+        if not value or "(" in value or not (CONF_DIR / key).is_dir():
+            continue
+        unknown = [name for name in value.split(",") if name not in (*options(key), "null")]
+        if unknown:
+            raise ConfigError(f"{key}={unknown[0]} is not an option; choose one of: {', '.join(options(key))}")
 
 
 def _help_resolver() -> str:
