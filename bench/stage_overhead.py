@@ -3,6 +3,9 @@ throughput against its compute bound, measured in one run.
 
     python -m bench.stage_overhead                      # a small demo-shaped pipeline in a tmp run root (~10 min)
     python -m bench.stage_overhead --run-root /tmp/so   # keep (and re-read) the runs; --report-only re-reads them
+    python -m bench.stage_overhead --compare-size 2 toy.pretrain_steps=20 sft.max_steps=2 rl.total_steps=1 ...
+
+Trailing Hydra overrides follow the bench's own (smaller budgets: the test suite's tiny run).
 
 The pipeline is the forking world's (toy profile) at small budgets, one seed, EKSFT only, run by the orchestrator one command at a
 time (``experiment.parallel=1``), so each stage's wall time is its own. Per command:
@@ -18,10 +21,10 @@ each step's ``timing_s/gen`` and its generated tokens ≈ (groups kept + groups 
 matmuls would allow at the machine's measured single-thread fp32 GEMM rate (the engines sample with one thread):
 FLOPs per generated token = 2 × (decoder weights + LM head) + 4 × layers × attention width × mean context.
 
-Last, the evaluation's batch settings in one run: the SFT model's Fork-Carry prompts (32 problems × n = 32) sampled
-with the settings evaluation used before (8 problems per generate call, vLLM's default 256 sequences at once) and
-with the toy profile's (32 problems per call, ``eval.max_num_seqs=1024``), their tokens/s ratio, and whether the
-sampled tokens agree.
+Last, the evaluation's batch settings in one run: the SFT model's Fork-Carry prompts (32 problems × n = 32, or
+``--compare-size`` of each) sampled with the settings evaluation used before (8 problems per generate call, vLLM's
+default 256 sequences at once) and with the toy profile's (32 problems per call, ``eval.max_num_seqs=1024``), their
+tokens/s ratio, and whether the sampled tokens agree.
 """
 from __future__ import annotations
 
@@ -46,9 +49,9 @@ MEAN_CONTEXT = 100
 ~40-110)."""
 
 
-def run_pipeline(run_root: Path) -> float:
+def run_pipeline(run_root: Path, overrides: list[str]) -> float:
     started = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "pipeline.run", *OVERRIDES, f"experiment.run_root={run_root}"],
+    subprocess.run([sys.executable, "-m", "pipeline.run", *OVERRIDES, *overrides, f"experiment.run_root={run_root}"],
                    check=True)
     return time.perf_counter() - started
 
@@ -130,7 +133,7 @@ BATCH_SETTINGS = {"before: 8 problems per call, 256 sequences": (8, 256),
 """Evaluation batch settings compared by :func:`compare_batch_settings`: (problems per generate call, max_num_seqs)."""
 
 
-def compare_batch_settings(run_root: Path, problems: int = 32, n: int = 32) -> None:
+def compare_batch_settings(run_root: Path, overrides: list[str], problems: int = 32, n: int = 32) -> None:
     """Samples the same prompts under each of :data:`BATCH_SETTINGS` in this process (one engine after the other) and
     prints tokens/s, the ratio to the first, and whether the sampled texts are the same."""
     from common.config import compose
@@ -149,7 +152,7 @@ def compare_batch_settings(run_root: Path, problems: int = 32, n: int = 32) -> N
           "tokens per wall second, and per CPU second of this process):")
     first, texts = None, None
     for name, (per_call, max_num_seqs) in BATCH_SETTINGS.items():
-        cfg = compose([*OVERRIDES, f"eval.max_num_seqs={max_num_seqs}"])
+        cfg = compose([*OVERRIDES, *overrides, f"eval.max_num_seqs={max_num_seqs}"])
         sampler = VLLMSampler(model, cfg, max_model_len=cfg.eval.max_tokens + max(map(len, prompts)))
         wall, cpu, sampled = time.perf_counter(), time.process_time(), []
         for start in range(0, problems, per_call):
@@ -195,15 +198,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--run-root", type=Path, help="where the runs go (default: a temporary folder)")
     parser.add_argument("--report-only", action="store_true", help="re-read the runs under --run-root")
+    parser.add_argument("--compare-size", type=int, default=32,
+                        help="Fork-Carry problems, and samples of each, in the batch-settings comparison")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides after the bench's own (e.g. smaller budgets)")
     args = parser.parse_args()
     if args.report_only:
         report(args.run_root, None)
-        compare_batch_settings(args.run_root)
+        compare_batch_settings(args.run_root, args.overrides, args.compare_size, args.compare_size)
         return
     with tempfile.TemporaryDirectory() as tmp:
         run_root = args.run_root or Path(tmp)
-        report(run_root, run_pipeline(run_root))
-        compare_batch_settings(run_root)
+        report(run_root, run_pipeline(run_root, args.overrides))
+        compare_batch_settings(run_root, args.overrides, args.compare_size, args.compare_size)
 
 
 if __name__ == "__main__":

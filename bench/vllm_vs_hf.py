@@ -1,7 +1,7 @@
 """vLLM vs transformers ``generate`` throughput on the same model and workload, in one run; prints the ratio.
 
-    python bench/vllm_vs_hf.py                         # builds a tiny random Qwen3 (hidden 256, 4 layers) in a tmp dir
-    python bench/vllm_vs_hf.py --model /path/to/hf --device cuda --prompts 64 --n 32 --max-tokens 1024
+    python -m bench.vllm_vs_hf                         # builds a tiny random Qwen3 (hidden 256, 4 layers) in a tmp dir
+    python -m bench.vllm_vs_hf --model /path/to/hf --device cuda --prompts 64 --n 32 --max-tokens 1024
 
 Both sides run the evaluation stage's own samplers (``eval.sample.VLLMSampler`` and ``HFSampler``): P chat prompts x
 n samples at temperature 1.0, top-p 1.0, one seed per prompt. On CPU each side gets one thread (vLLM in-process
