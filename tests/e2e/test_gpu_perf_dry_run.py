@@ -1,5 +1,7 @@
-"""``scripts/gpu_perf.py --dry-run`` in CI: the GPU measurement's own code at the tiny CPU size (the statistics pass
-eager and compiled, static bytes per parameter, one step-time configuration); one results file."""
+"""``scripts/gpu_perf.py --dry-run``: the GPU measurement's own code at the tiny CPU size (the statistics pass eager
+and compiled, static bytes per parameter, one step-time configuration); one results file. About 5 minutes on 2 busy
+cores (three compilations, five trainers), so in the e2e tier; its parts run in the default suite through
+tests/integration/test_bench_commands.py and tests/integration/test_sft_compiled.py."""
 from __future__ import annotations
 
 import json
@@ -9,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
 
 
