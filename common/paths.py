@@ -544,7 +544,7 @@ def sweep_arms(cfg: Config) -> list[Arm]:
 def report_arms(cfg: Config) -> list[Arm]:
     """The arms the report reads for ``cfg``'s model and seed: the experiment's, then (with the sweep analysis) the
     sweep points of :func:`sweep_arms`."""
-    return arms(cfg) + (sweep_arms(cfg) if "sweep" in cfg.eval.analysis.run else [])
+    return arms(cfg) + (sweep_arms(cfg) if "sweep" in cfg.report.analysis.run else [])
 
 
 def seed_configs(cfg: Config) -> dict[int, Config]:
@@ -570,6 +570,7 @@ def report_run(cfg: Config) -> RunSpec:
                     folders.append(heldout.directory)
     config = {"eval": {k: v for k, v in computation_config(cfg.eval).items()
                        if k not in ("phase", "variant", "model_path", "model_run")},
+              "report": computation_config(cfg.report),
               "experiment": {"methods": method_labels(cfg), "seeds": cfg.run_seeds(),
                              "stages": list(cfg.experiment.stages)},
               "models": {m.model.name: m.model.display_name for m in model_configs(cfg)},

@@ -137,11 +137,8 @@ def _sft_settings(cfg: Config) -> dict[str, object]:
 
 
 def _eval_settings(cfg: Config) -> dict[str, object]:
-    """The sampling settings; the command's own phase and variant are on its command line, the report's labels,
-    analyses and primary endpoints are not sampling."""
-    shown = {key: value for key, value in vars(cfg.eval).items()
-             if key not in ("phase", "variant", "model_run", "benchmark_labels", "row_labels", "analysis",
-                            "primary_endpoints", "primary_arms")}
+    """The sampling settings; the command's own phase and variant are on its command line."""
+    shown = {key: value for key, value in vars(cfg.eval).items() if key not in ("phase", "variant", "model_run")}
     return {"sampling": shown}
 
 

@@ -93,7 +93,7 @@ def model_table(cfg: Config, mcfg: Config, paper: dict[str, Any]) -> tuple[list[
             shown += [MISSING if value is None else f"{value.mean:.1f}",
                       MISSING if value is None else f"[{value.low:.1f}, {value.high:.1f}]",
                       MISSING if published is None else f"{published:.1f}"]
-        label = cfg.eval.row_labels.get(variant, variant)
+        label = cfg.report.row_labels.get(variant, variant)
         lines.append(f"| {label} | " + " | ".join(shown) + " |")
         numbers[f"{title}/{label}"] = {column: None if cells[column] is None else
                                        {"accuracy": cells[column].mean, "interval": [cells[column].low,

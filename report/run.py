@@ -8,7 +8,7 @@ others, are its inputs (:func:`common.paths.report_run`). It writes into ``repor
 * ``table1.{md,csv,tex}`` (phase sft) and ``table2.{md,csv,tex}`` (phase rl) in the paper's layout
   (:mod:`report.tables`): each cell the mean over seeds and problems with its 95% bootstrap interval
   (:mod:`eval.intervals`) and its seed-level t-interval, a paired ``Δ vs SFT`` line per row (Holm-adjusted p for
-  the primary comparisons of ``eval.primary_endpoints``, the rest exploratory), marks only where intervals
+  the primary comparisons of ``report.primary_endpoints``, the rest exploratory), marks only where intervals
   separate, the paper's own numbers in parentheses where the cell exists in the paper, each seed's value in the
   CSV; under each table the count of samples left without a verdict by the scorer's time limit;
 * ``plots/passk_<model>_<phase>_<benchmark>.png``: pass@k curves with 95% bands, one line per method
@@ -23,7 +23,7 @@ others, are its inputs (:func:`common.paths.report_run`). It writes into ``repor
   RL gain of each arm with its intervals and minus SFT's (:func:`report.tables.rl_gains`), and the RL-headroom table
   (Spearman ρ of pre-RL pass@1 / pass@n / mean sample entropy / held-out NLL with the RL gain, across arms and
   seeds, with an interval that resamples arms);
-* the analyses of ``eval.analysis.run`` (:mod:`report.analyses`, :mod:`report.sweep`), each skipped with a note in
+* the analyses of ``report.analysis.run`` (:mod:`report.analyses`, :mod:`report.sweep`), each skipped with a note in
   ``report.md`` when its inputs are missing: ``drift_<model>_<phase>.{json,csv}`` and ``plots/drift_*.png``
   (parameter drift of every SFT / RL export vs the base model), ``iou_<model>.{md,json}`` and ``plots/iou_*.png``
   (IoU(M_H, M_KL) and mask sizes over the SFT steps of each EKSFT run), ``case_study_<model>.{html,json}`` and
@@ -138,8 +138,8 @@ INTERVALS_LEGEND = ("[ ]: 95% bootstrap interval over seeds and problems (with f
 
 
 def row_label(cfg: Config, variant: str) -> str:
-    """``eval.row_labels`` title of a variant; a sweep label ``eksft_rho0.1`` becomes ``EKSFT (paper eq.) (rho0.1)``."""
-    titles = cfg.eval.row_labels
+    """``report.row_labels`` title of a variant; a sweep label ``eksft_rho0.1`` becomes ``EKSFT (paper eq.) (rho0.1)``."""
+    titles = cfg.report.row_labels
     if variant in titles:
         return titles[variant]
     name, _, suffix = variant.partition("_")
@@ -184,7 +184,7 @@ def collect(cfg: Config, phase: str, models: list[ModelRuns], labels: list[str]
     """
     name, header, stage = PHASES[phase]
     names = report_benchmarks(cfg)
-    titles = {bench: cfg.eval.benchmark_labels.get(bench, bench) for bench in names}
+    titles = {bench: cfg.report.benchmark_labels.get(bench, bench) for bench in names}
     extra_columns = [titles[bench] for bench in names if bench in cfg.data.extra_benchmarks]
     columns = [titles[bench] for bench in names if bench not in cfg.data.extra_benchmarks]
     docs: dict[tuple[int, str, str], dict[int, dict]] = {}
@@ -200,7 +200,7 @@ def collect(cfg: Config, phase: str, models: list[ModelRuns], labels: list[str]
                         docs.setdefault((m, variant, bench), {})[seed] = json.loads(path.read_text(encoding="utf-8"))
                         inputs[f"{model.cfg.model.name}/{phase}/{variant}/{bench}/seed{seed}"] = path
     # The second column is pass@table_k unless some evaluation drew fewer samples than that.
-    k = min([cfg.eval.table_k, *(doc["n"] for by_seed in docs.values() for doc in by_seed.values())])
+    k = min([cfg.report.table_k, *(doc["n"] for by_seed in docs.values() for doc in by_seed.values())])
     present = sorted({seed for by_seed in docs.values() for seed in by_seed}) or cfg.run_seeds()
     table = ResultTable(caption=f"{stage}: pass@1 (avg@n) and pass@{k} in percent, mean [95% interval] over "
                                 f"{_seeds_text(present)} and problems",
@@ -229,10 +229,10 @@ def _seeds_text(seeds: list[int]) -> str:
 
 
 def primary_arms(cfg: Config) -> set[str]:
-    """The variants whose ``Δ vs SFT`` are primary comparisons: the labels of ``eval.primary_arms`` among
+    """The variants whose ``Δ vs SFT`` are primary comparisons: the labels of ``report.primary_arms`` among
     ``experiment.methods``, or (empty) of every method but SFT."""
     labels = dict(zip(cfg.experiment.methods, method_labels(cfg)))
-    chosen = cfg.eval.primary_arms or list(labels)
+    chosen = cfg.report.primary_arms or list(labels)
     return {labels[name] for name in chosen if name in labels} - {REFERENCE_VARIANT}
 
 
@@ -275,7 +275,7 @@ def drift_section(cfg: Config, model: ModelRuns, out_dir: Path, run_) -> tuple[l
     mcfg = model.cfg
     title = model_title(mcfg)
     name = _slug(title)
-    threshold = cfg.eval.analysis.drift_threshold
+    threshold = cfg.report.analysis.drift_threshold
     lines, metrics = [f"### Parameter drift: {title}", ""], {}
     base, _ = base_model_folder(mcfg)
     if base is None:
@@ -348,7 +348,7 @@ def case_study_section(cfg: Config, model: ModelRuns, out_dir: Path, run_) -> li
     mcfg = model.cfg
     title = model_title(mcfg)
     name = _slug(title)
-    analysis = cfg.eval.analysis
+    analysis = cfg.report.analysis
     lines = [f"### Token-probability case study: {title}", ""]
     base, _ = base_model_folder(mcfg)
     exports = trained_exports(model.first_seed, "sft")
@@ -395,7 +395,7 @@ def paper_sft_sections(cfg: Config, sft: tuple[ResultTable, dict, dict], out_dir
                   "The paper has no numbers for these models and benchmarks, so only ours are shown.", "",
                   f"Files: [{spec.stem}.md]({spec.stem}.md), [{spec.stem}.csv]({spec.stem}.csv), "
                   f"[{spec.stem}.tex]({spec.stem}.tex)", ""]
-    benchmarks = {bench: cfg.eval.benchmark_labels.get(bench, bench) for bench in curve_benchmarks(curves)}
+    benchmarks = {bench: cfg.report.benchmark_labels.get(bench, bench) for bench in curve_benchmarks(curves)}
     figures = write_base_vs_sft(table, benchmarks, out_dir)
     for figure in figures:
         run_.add_output(figure.png, f"Base vs SFT pass@k (paper Figure 1), {figure.model}, {figure.benchmark}")
@@ -453,7 +453,7 @@ def rl_gain_section(collected: dict, kept: dict[tuple[int, str], dict[int, float
                     arms: set[str]) -> tuple[list[str], dict]:
     """Per RL arm: Table 2 − Table 1 of the same arm in each Table 2 metric's Avg column, paired on seeds and
     problems, and that gain minus SFT's (:func:`report.tables.rl_gains`), each with its seed-level t-interval; the
-    ``Δ vs SFT`` of ``arms`` in ``endpoints`` (``eval.primary_endpoints.rl_gain``) are primary comparisons with
+    ``Δ vs SFT`` of ``arms`` in ``endpoints`` (``report.primary_endpoints.rl_gain``) are primary comparisons with
     Holm-adjusted p-values (:func:`report.tables.primary_gains`), the others exploratory; beside them the share of
     the prompt groups DAPO kept in the arm's RL runs (``kept``: (model index, variant) → seed → share,
     :func:`groups_kept_per_seed`)."""
@@ -751,7 +751,7 @@ def run(cfg: Config) -> Manifest:
     out_dir = report_dir(cfg)
     models = model_runs(cfg)
     labels = list(dict.fromkeys(variant for model in models for variant in variants(model.cfg)))
-    analyses = cfg.eval.analysis.run
+    analyses = cfg.report.analysis.run
     rows = {"sft": labels,
             "rl": list(dict.fromkeys(variant for model in models for variant in rl_variants(model.cfg)))}
     collected = {phase: collect(cfg, phase, models, rows[phase]) for phase in PHASES}
@@ -759,7 +759,7 @@ def run(cfg: Config) -> Manifest:
     if not collected:
         raise StageInputError(f"no eval metrics found for experiment '{cfg.experiment.name}' "
                               f"(models {cfg.profile.models}, variants {labels}); run the eval stages first")
-    endpoints = {phase: list(cfg.eval.primary_endpoints.get(phase, [])) for phase in (*PHASES, "rl_gain")}
+    endpoints = {phase: list(cfg.report.primary_endpoints.get(phase, [])) for phase in (*PHASES, "rl_gain")}
     absent = {phase: mark_primary(table, endpoints[phase], primary_arms(cfg))
               for phase, (table, _, _) in collected.items()}
     sweeps = sweep_tables(cfg, models) if "sweep" in analyses else []
@@ -776,7 +776,7 @@ def run(cfg: Config) -> Manifest:
                 run_.add_output(f"{name}.{suffix}", f"{stage} ({suffix})")
             lines += [f"## {stage}", "", f"{table.caption}.", "", to_markdown(table),
                       TABLE_NOTE.format(delta=delta_label(table)), "", INTERVALS_LEGEND, "",
-                      primary_note(table, f"eval.primary_endpoints.{phase}", endpoints[phase], absent[phase]), "",
+                      primary_note(table, f"report.primary_endpoints.{phase}", endpoints[phase], absent[phase]), "",
                       unjudged_note(table), ""]
             lines.append("Numbers in parentheses are the paper's for the same cell." if table.has_paper_values else
                          "The paper has no numbers for these models and benchmarks, so only ours are shown.")
@@ -793,7 +793,7 @@ def run(cfg: Config) -> Manifest:
             numbers = []
             for (title, bench), by_method in curves.items():
                 stem = f"passk_{_slug(title)}_{phase}_{bench}"
-                column = cfg.eval.benchmark_labels.get(bench, bench)
+                column = cfg.report.benchmark_labels.get(bench, bench)
                 plot_pass_at_k(by_method, f"{title} · {column} · {stage}", out_dir / f"plots/{stem}.png")
                 write_passk_csv(by_method, out_dir / f"{stem}.csv")
                 run_.add_output(f"plots/{stem}.png", f"pass@k curves, {title}, {bench}, phase {phase}")
@@ -863,7 +863,7 @@ def log_to_wandb(cfg: Config, manifest: Manifest, out_dir: Path) -> None:
     (``table1/<model>/<row>/Avg pass@1``, ...)."""
     tracker = start_wandb(cfg.logging.wandb_mode, project=cfg.logging.wandb_project, group=cfg.experiment.name,
                           name=cfg.logging.run_name or f"{cfg.experiment.name}/report",
-                          config={"eval": asdict(cfg.eval), "models": list(cfg.profile.models)}, directory=out_dir)
+                          config={"eval": asdict(cfg.eval), "report": asdict(cfg.report), "models": list(cfg.profile.models)}, directory=out_dir)
     if tracker is None:
         return
     import wandb

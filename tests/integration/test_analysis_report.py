@@ -59,7 +59,7 @@ def _export(base, folder, scale, seed):
 
 def _build_tree(tmp_path):
     cfg = compose([f"experiment.run_root={tmp_path}", "experiment.methods=[sft,eksft]", "logging.progress=false",
-                   "eval.analysis.case_study_max_tokens=12"])
+                   "report.analysis.case_study_max_tokens=12"])
     base = build_tiny_qwen3(base_model_path(cfg), dtype="float32")
     _complete(toy_base_dir(cfg), "base")
     for label, scale in (("sft", 0.05), ("eksft", 0.005)):

@@ -42,7 +42,7 @@ TOY_COUNTS = {"base": {"p1": 1, "p2": 1}, "sft": {"p1": 3, "p2": 0}, "eksft": {"
 
 
 def test_the_toy_ablations_report(tmp_path):
-    cfg = compose(["experiment=ablations", f"experiment.run_root={tmp_path}", "eval.analysis.run=[]"])
+    cfg = compose(["experiment=ablations", f"experiment.run_root={tmp_path}", "report.analysis.run=[]"])
     for variant in variants(cfg):
         for bench in ("toy_add", "toy_mixed"):
             _write_metrics(cfg, variant, bench, TOY_COUNTS.get(variant, {"p1": 2, "p2": 2}), 4)
@@ -72,7 +72,7 @@ def test_the_toy_ablations_report(tmp_path):
 
 
 def test_the_paper_ablations_report_beside_the_papers_numbers_with_the_extra_benchmarks(tmp_path):
-    cfg = compose(["experiment=ablations", "profile=paper", f"experiment.run_root={tmp_path}", "eval.analysis.run=[]",
+    cfg = compose(["experiment=ablations", "profile=paper", f"experiment.run_root={tmp_path}", "report.analysis.run=[]",
                    "eval.benchmarks=[aime24,aime25,amc,hmmt25,aime26,hmmt_feb26]"])
     for mcfg in model_configs(cfg):
         for variant in variants(mcfg):
