@@ -43,7 +43,7 @@ import io
 import json
 import math
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -102,23 +102,16 @@ from common.paths import (
     RL_DISCARDED_GROUPS,
     RL_GROUPS_KEPT,
     TRAINING_METRICS_FILE,
-    Arm,
     base_run,
     data_dir,
     eval_run,
     heldout_nll_run,
     hf_export_dir,
-    method_labels,
-    model_configs,
-    report_arms,
     report_benchmarks,
     report_dir,
-    report_run,
-    rl_variants,
-    seed_configs,
     sft_tokens_path,
-    variants,
 )
+from common.grid import Arm, ModelGrid, experiment_grid, method_labels, report_run
 from common.tracking import dapo_groups_kept, progress, start_wandb
 
 PHASES = {"sft": ("table1", "Method", "Table 1 (stage 1: without RL)"),
@@ -146,36 +139,12 @@ def row_label(cfg: Config, variant: str) -> str:
     return f"{titles[name]} ({suffix})" if name in titles and suffix else variant
 
 
-@dataclass
-class ModelRuns:
-    """One model of the report: its config and, per seed, the arms the report reads (``common.paths.report_arms``:
-    the experiment's, then sweep points), by variant."""
-
-    cfg: Config
-    arms: dict[int, dict[str, Arm]]
-
-    @property
-    def first_seed(self) -> dict[str, Arm]:
-        """The arms of the first seed (the analyses that compare single checkpoints read these)."""
-        return next(iter(self.arms.values()))
-
-    def has(self, variant: str) -> bool:
-        """Whether this model has an arm ``variant`` (``experiment.first_model_only`` arms: the first model only)."""
-        return variant in self.first_seed
-
-
-def model_runs(cfg: Config) -> list[ModelRuns]:
-    """Every model of ``profile.models`` with its arms per seed of ``cfg.run_seeds()``."""
-    return [ModelRuns(mcfg, {seed: {a.variant: a for a in report_arms(scfg)}
-                             for seed, scfg in seed_configs(mcfg).items()}) for mcfg in model_configs(cfg)]
-
-
 def metrics_path(cfg: Config, phase: str, a: Arm, benchmark: str) -> Path:
     """The ``metrics.json`` of arm ``a``'s evaluation in ``phase`` on ``benchmark`` (``cfg``: the model and seed)."""
     return eval_run(cfg, phase, a.variant, benchmark, a.model(phase)).directory / EVAL_METRICS_FILE
 
 
-def collect(cfg: Config, phase: str, models: list[ModelRuns], labels: list[str]
+def collect(cfg: Config, phase: str, models: list[ModelGrid], labels: list[str]
             ) -> tuple[ResultTable, dict[str, Path], dict[tuple[str, str], dict]]:
     """The phase's table over ``models`` x ``labels`` x seeds (``cfg.run_seeds()``) with intervals and paired
     differences, the metrics files it read (by ``model/phase/variant/benchmark/seed<s>``), and pass@k curves.
@@ -190,7 +159,7 @@ def collect(cfg: Config, phase: str, models: list[ModelRuns], labels: list[str]
     docs: dict[tuple[int, str, str], dict[int, dict]] = {}
     inputs: dict[str, Path] = {}
     for m, model in enumerate(models):
-        for seed, scfg in seed_configs(model.cfg).items():
+        for seed, scfg in model.seeds.items():
             for variant in labels:
                 if variant not in model.arms[seed]:
                     continue
@@ -269,7 +238,7 @@ def base_model_folder(cfg: Config) -> tuple[Path | None, Path | None]:
         return None, None
 
 
-def drift_section(cfg: Config, model: ModelRuns, out_dir: Path, run_) -> tuple[list[str], dict]:
+def drift_section(cfg: Config, model: ModelGrid, out_dir: Path, run_) -> tuple[list[str], dict]:
     """Parameter drift of each phase's exports (the first seed's) vs the base model: Markdown lines and
     {phase: {method: fraction}}."""
     mcfg = model.cfg
@@ -306,7 +275,7 @@ def drift_section(cfg: Config, model: ModelRuns, out_dir: Path, run_) -> tuple[l
     return lines, metrics
 
 
-def iou_section(cfg: Config, model: ModelRuns, out_dir: Path, run_) -> tuple[list[str], dict]:
+def iou_section(cfg: Config, model: ModelGrid, out_dir: Path, run_) -> tuple[list[str], dict]:
     """IoU(M_H, M_KL) over the SFT steps of every run that logged it, each seed's run on its own row (``<method>,
     seed <s>`` when there are several seeds): Markdown lines and {run: min/avg/max}."""
     title = model_title(model.cfg)
@@ -343,7 +312,7 @@ def iou_section(cfg: Config, model: ModelRuns, out_dir: Path, run_) -> tuple[lis
     return lines + ["", f"Files: [{stem}.md]({stem}.md), [{stem}.json]({stem}.json)", ""], summaries
 
 
-def case_study_section(cfg: Config, model: ModelRuns, out_dir: Path, run_) -> list[str]:
+def case_study_section(cfg: Config, model: ModelGrid, out_dir: Path, run_) -> list[str]:
     """Per-token probabilities of one SFT solution under the base model and each SFT export (the first seed's)."""
     mcfg = model.cfg
     title = model_title(mcfg)
@@ -416,7 +385,7 @@ def paper_iou_section(runs: dict[str, dict[str, dict]], out_dir: Path, run_) -> 
             "Files: [tab_iou.md](tab_iou.md), [tab_iou.csv](tab_iou.csv), [tab_iou.tex](tab_iou.tex)", ""]
 
 
-def curves_section(cfg: Config, model: ModelRuns, labels: list[str], out_dir: Path, run_) -> list[str]:
+def curves_section(cfg: Config, model: ModelGrid, labels: list[str], out_dir: Path, run_) -> list[str]:
     """Training curves of the SFT runs and RL runs of ``labels`` (every seed), from their ``metrics.jsonl``."""
     title = model_title(model.cfg)
     lines = [f"### {title}", ""]
@@ -501,7 +470,7 @@ def rl_gain_section(collected: dict, kept: dict[tuple[int, str], dict[int, float
                         f"`{RL_DISCARDED_GROUPS}` in each run's `{TRAINING_METRICS_FILE}`.", ""], metrics
 
 
-def groups_kept_per_seed(models: list[ModelRuns], labels: list[str]) -> dict[tuple[int, str], dict[int, float]]:
+def groups_kept_per_seed(models: list[ModelGrid], labels: list[str]) -> dict[tuple[int, str], dict[int, float]]:
     """(model index, variant) → seed → share of the prompt groups DAPO kept (:func:`common.tracking.dapo_groups_kept`)
     in every RL run of ``labels`` with group filtering that logged a step."""
     result: dict[tuple[int, str], dict[int, float]] = {}
@@ -624,12 +593,12 @@ def rho_text(rho: ClusteredCorrelation) -> str:
     return text + (f" ({rho.undefined} of the resamples had a constant side and are left out)" if rho.undefined else "")
 
 
-def heldout_nll_per_seed(models: list[ModelRuns], labels: list[str]) -> dict[tuple[int, str], dict[int, float]]:
+def heldout_nll_per_seed(models: list[ModelGrid], labels: list[str]) -> dict[tuple[int, str], dict[int, float]]:
     """(model index, variant) → seed → pre-RL held-out NLL, from every complete held-out NLL run
     (:func:`common.paths.heldout_nll_run`) of ``labels``."""
     result: dict[tuple[int, str], dict[int, float]] = {}
     for m, model in enumerate(models):
-        for seed, scfg in seed_configs(model.cfg).items():
+        for seed, scfg in model.seeds.items():
             for variant in filter(model.has, labels):
                 spec = heldout_nll_run(scfg, variant, model.arms[seed][variant].sft)
                 manifest = read_manifest(spec.directory) if spec is not None else None
@@ -696,15 +665,15 @@ def sweep_heatmaps(sweep: Sweep, table: ResultTable, title: str, stem: str, out_
     return [" ".join(links), ""]
 
 
-def evaluated_methods(model: ModelRuns, phase: str, benchmarks: list[str]) -> dict[str, SFTMethod]:
+def evaluated_methods(model: ModelGrid, phase: str, benchmarks: list[str]) -> dict[str, SFTMethod]:
     """Label → SFT method of every arm of ``model`` (the experiment's and the sweep points) with an evaluation in
     ``phase``; the method is the one its SFT run's manifest records."""
-    return {variant: a.method for seed, scfg in seed_configs(model.cfg).items()
+    return {variant: a.method for seed, scfg in model.seeds.items()
             for variant, a in model.arms[seed].items()
             if a.method is not None and any(metrics_path(scfg, phase, a, bench).exists() for bench in benchmarks)}
 
 
-def sweep_tables(cfg: Config, models: list[ModelRuns]
+def sweep_tables(cfg: Config, models: list[ModelGrid]
                  ) -> list[tuple[Config, str, Sweep, ResultTable, dict[str, Path]]]:
     """(model config, phase, sweep, table, metrics files) for every method evaluated with ≥ 2 labels."""
     found = []
@@ -749,11 +718,11 @@ def run(cfg: Config) -> Manifest:
     if cfg.data.benchmark_source == "bfcl":  # a tool-use experiment: the BFCL appendix tables (docs/tool_use.md)
         return bfcl_report(cfg)
     out_dir = report_dir(cfg)
-    models = model_runs(cfg)
-    labels = list(dict.fromkeys(variant for model in models for variant in variants(model.cfg)))
+    grid = experiment_grid(cfg)
+    models = grid.models
+    labels = grid.variants
     analyses = cfg.report.analysis.run
-    rows = {"sft": labels,
-            "rl": list(dict.fromkeys(variant for model in models for variant in rl_variants(model.cfg)))}
+    rows = {"sft": labels, "rl": grid.rl_variants}
     collected = {phase: collect(cfg, phase, models, rows[phase]) for phase in PHASES}
     collected = {phase: c for phase, c in collected.items() if c[1]}
     if not collected:

@@ -15,18 +15,8 @@ from report import run as report
 from common.config import compose
 from common.config.sft import EKSFTMethod
 from common.manifest import stage_run
-from common.paths import (
-    arm,
-    arm_named,
-    base_model_path,
-    eval_run,
-    hf_export_dir,
-    report_dir,
-    sft_run,
-    sft_tokens_path,
-    toy_base_dir,
-    with_method,
-)
+from common.paths import base_model_path, eval_run, hf_export_dir, report_dir, sft_run, sft_tokens_path, toy_base_dir
+from common.grid import arm, arm_named, experiment_grid, with_method
 
 pytestmark = pytest.mark.integration
 
@@ -157,7 +147,7 @@ def test_iou_gives_every_seed_its_own_row(tmp_path):
         log = [{"step": step, "stats/iou": iou} for step, iou in enumerate(ious, 1)]
         (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in log))
     out = tmp_path / "report"
-    _, summaries = report.iou_section(cfg, report.model_runs(cfg)[0], out, _Outputs())
+    _, summaries = report.iou_section(cfg, experiment_grid(cfg).models[0], out, _Outputs())
     assert {label: (s["min"], s["max"]) for label, s in summaries.items()} == {
         "EKSFT (paper eq.), seed 0": (0.2, 0.6), "EKSFT (paper eq.), seed 1": (0.5, 0.7)}
     assert "| EKSFT (paper eq.), seed 1 | 2 | 0.50 | 0.60 | 0.70 |" in (out / "iou_Toy-Qwen3-0.8M.md").read_text()

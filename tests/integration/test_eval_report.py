@@ -11,7 +11,8 @@ from eval.intervals import cluster_spearman
 from report import run as report
 from common.config import compose
 from common.manifest import Manifest, is_current, read_manifest, write_manifest
-from common.paths import RL_DISCARDED_GROUPS, RL_GROUPS_KEPT, arm_named, eval_run, report_dir, report_run
+from common.paths import RL_DISCARDED_GROUPS, RL_GROUPS_KEPT, eval_run, report_dir
+from common.grid import arm_named, report_run
 
 pytestmark = pytest.mark.integration
 

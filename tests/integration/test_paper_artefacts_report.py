@@ -10,7 +10,8 @@ import json
 import pytest
 
 from common.config import compose
-from common.paths import arm_named, eval_run, model_configs, report_dir, variants
+from common.paths import eval_run, report_dir
+from common.grid import arm_named, model_configs, variants
 from report import run as report
 
 pytestmark = pytest.mark.integration

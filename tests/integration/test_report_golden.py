@@ -41,17 +41,17 @@ def _write_metrics(folder: Path, counts: dict[str, int], n: int, **extra) -> Non
 
 def _math_grid(cfg, benchmarks: list[str], n: int = 8) -> None:
     """An evaluation of every arm of every model and seed the report reads, both phases (rl: the RL arms)."""
-    from common.paths import eval_run, model_configs, report_arms, rl_variants, seed_configs
+    from common.paths import eval_run
+    from common.grid import experiment_grid
 
-    for mcfg in model_configs(cfg):
-        for seed, scfg in seed_configs(mcfg).items():
-            rl_arms = set(rl_variants(scfg))
-            for a in report_arms(scfg):
+    for model in experiment_grid(cfg).models:
+        for seed, scfg in model.seeds.items():
+            for a in model.arms[seed].values():
                 for phase in ("sft", "rl"):
-                    if phase == "rl" and a.variant not in rl_arms:
+                    if phase == "rl" and a.variant not in model.rl_variants:
                         continue
                     for bench in benchmarks:
-                        key = (mcfg.model.name, seed, a.variant, phase, bench)
+                        key = (model.cfg.model.name, seed, a.variant, phase, bench)
                         rng = random.Random(zlib.crc32(repr(key).encode()))
                         _write_metrics(eval_run(scfg, phase, a.variant, bench, a.model(phase)).directory,
                                        _counts(*key, n=n), n, mean_token_entropy_nats=round(rng.uniform(0.2, 1.5), 3),
@@ -60,7 +60,8 @@ def _math_grid(cfg, benchmarks: list[str], n: int = 8) -> None:
 
 def _training_logs(cfg) -> None:
     """SFT logs of the EKSFT arm and RL logs of the SFT arm, every seed."""
-    from common.paths import RL_DISCARDED_GROUPS, arm_named, seed_configs
+    from common.paths import RL_DISCARDED_GROUPS
+    from common.grid import arm_named, seed_configs
 
     for seed, scfg in seed_configs(cfg).items():
         folder = arm_named(scfg, "eksft").sft
@@ -83,7 +84,8 @@ def _sweep_points(cfg) -> None:
     commit, machine and times fixed (the report's "Runs" section shows them)."""
     from common.config.sft import EKSFTMethod
     from common.manifest import read_manifest, stage_run, write_manifest
-    from common.paths import seed_configs, sft_run, with_method
+    from common.paths import sft_run
+    from common.grid import seed_configs, with_method
 
     for seed, scfg in seed_configs(cfg).items():
         for minute, rho in enumerate((0.1, 0.4)):
@@ -133,7 +135,8 @@ def build_bfcl(run_root: Path):
     """``experiment=bfcl`` on the paper profile: the BFCL appendix tables of both models."""
     from common.config import compose
     from common.config.data import LIVE_CATEGORIES
-    from common.paths import arms, eval_run, model_configs
+    from common.paths import eval_run
+    from common.grid import arms, model_configs
 
     cfg = compose(["experiment=bfcl", "profile=paper", f"experiment.run_root={run_root}", "logging.progress=false"])
     for mcfg in model_configs(cfg):

@@ -10,7 +10,8 @@ import pytest
 from report import run as report
 from common.config import compose
 from common.manifest import stage_run
-from common.paths import HELDOUT_NLL, arm_named, eval_run, heldout_nll_run
+from common.paths import HELDOUT_NLL, eval_run, heldout_nll_run
+from common.grid import arm_named
 
 pytestmark = pytest.mark.integration
 

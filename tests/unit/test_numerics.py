@@ -9,7 +9,8 @@ import torch
 from common.config import ConfigError, compose
 from common.manifest import Manifest, read_manifest, write_manifest
 from common.numerics import check_kernels, numerics_identity
-from common.paths import arm_named, base_run, eval_run
+from common.paths import base_run, eval_run
+from common.grid import arm_named
 
 TOY = ["experiment=demo", "profile=toy", "experiment.methods=[sft]"]
 
