@@ -216,11 +216,12 @@ def experiment_grid(cfg: Config, sweep_points: bool | None = None) -> Grid:
     return Grid(cfg, [model_grid(mcfg, sweep_points) for mcfg in model_configs(cfg)])
 
 
-def report_run(cfg: Config) -> RunSpec:
+def report_run(cfg: Config, grid: Grid | None = None) -> RunSpec:
     """The experiment's report. Its inputs are the runs the current config reads, no others: per model and seed of
-    :func:`experiment_grid`, each arm's SFT and RL runs, their evaluations and held-out NLL, and the base model's and
-    the tokenised split's runs. A config switched back therefore reads, and renders, what it read before."""
-    grid = experiment_grid(cfg)
+    ``grid`` (default: :func:`experiment_grid` of ``cfg``), each arm's SFT and RL runs, their evaluations and held-out
+    NLL, and the base model's and the tokenised split's runs. A config switched back therefore reads, and renders,
+    what it read before."""
+    grid = grid or experiment_grid(cfg)
     folders: list[Path] = []
     for model in grid.models:
         if (base := base_run(model.cfg)) is not None:

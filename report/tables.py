@@ -577,3 +577,17 @@ def to_latex(table: ResultTable) -> str:
         lines.append("\\hline")
     lines += ["\\end{tabular}%", "}", f"\\caption{{{_latex_escape(table.caption)}}}", "\\end{table*}"]
     return "\n".join(lines) + "\n"
+
+
+TABLE_NOTE = ("Each cell: mean over seeds and problems [95% bootstrap interval: seeds, then problems, resampled "
+              "2000 times with a fixed seed; docs/evaluation.md]. **Bold** / <u>underline</u>: best / second best "
+              "whose interval lies above the other rows' (the second: above the rows below it); n.s.: the top value's "
+              "interval overlaps another row's, so no rank is marked from there on. <sub>{delta}</sub>: the paired "
+              "difference (same seeds, same problems, same resamples) in points; pairing removes the problems' shared "
+              "difficulty, so a Δ interval can exclude 0 where the two cells' intervals overlap.")
+"""The note under every table: what a cell, a mark and a Δ are."""
+INTERVALS_LEGEND = ("[ ]: 95% bootstrap interval over seeds and problems (with few seeds it understates the "
+                    "seed-to-seed spread); ⟨ ⟩: seed-level 95% t-interval over the per-seed means (df = seeds − 1; "
+                    "docs/evaluation.md, \"Intervals with few seeds\"); p(Holm): a primary comparison's Holm-adjusted "
+                    "p; expl.: exploratory, no test.")
+"""The one-line legend under every table with both intervals."""

@@ -12,6 +12,7 @@ import torch
 
 from bench.tiny_model import build_tiny_qwen3
 from report import run as report
+from report.sections.iou import iou_section
 from common.config import compose
 from common.config.sft import EKSFTMethod
 from common.manifest import stage_run
@@ -147,7 +148,7 @@ def test_iou_gives_every_seed_its_own_row(tmp_path):
         log = [{"step": step, "stats/iou": iou} for step, iou in enumerate(ious, 1)]
         (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in log))
     out = tmp_path / "report"
-    _, summaries = report.iou_section(cfg, experiment_grid(cfg).models[0], out, _Outputs())
+    _, summaries = iou_section(cfg, experiment_grid(cfg).models[0], out, _Outputs())
     assert {label: (s["min"], s["max"]) for label, s in summaries.items()} == {
         "EKSFT (paper eq.), seed 0": (0.2, 0.6), "EKSFT (paper eq.), seed 1": (0.5, 0.7)}
     assert "| EKSFT (paper eq.), seed 1 | 2 | 0.50 | 0.60 | 0.70 |" in (out / "iou_Toy-Qwen3-0.8M.md").read_text()
