@@ -81,7 +81,7 @@ def test_base_pretraining_dtype_comes_from_the_config_not_the_cpu(cpu_kind, monk
 
 
 def test_a_base_pretrained_under_cpu_chosen_bf16_is_rebuilt(tmp_path, capsys):
-    from pipeline.run import retire_cpu_chosen_bf16_bases
+    from pipeline.migrations import retire_cpu_chosen_bf16_bases
     from pipeline.stages import build_plan
 
     overrides = [*TOY, f"experiment.run_root={tmp_path}", "experiment.stages=[base]"]
