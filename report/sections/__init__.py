@@ -1,6 +1,7 @@
 """The sections of ``report.md``, one module each, one shape: ``render(grid, collected) -> Section`` reads the
-experiment's grid (:func:`common.grid.experiment_grid`) and what the report collected (:class:`report.collect.Collected`),
-writes its files into the report folder and returns its lines, those files and its manifest metrics.
+experiment's grid (:func:`common.grid.experiment_grid`) and what the report collected
+(:class:`report.collect.Collected`), writes its files into the report folder and returns its lines, those files and
+its manifest metrics.
 ``report.run.SECTIONS`` lists them in the order ``report.md`` shows them."""
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The paper's ablation tables that Table 1's evaluations hold arms for (:mod:`report.ablation_tables`) and its Figure 1,
-Base vs SFT pass@k (:func:`report.paper_figures.write_base_vs_sft`)."""
+"""The paper's ablation tables that Table 1's evaluations hold arms for (:mod:`report.ablation_tables`) and its
+Figure 1, Base vs SFT pass@k (:func:`report.paper_figures.write_base_vs_sft`)."""
 from __future__ import annotations
 
 from pathlib import Path

@@ -27,8 +27,8 @@ def render(grid: Grid, collected: Collected) -> Section:
     return Section(["## RL gain per arm", "", *more], metrics={"rl_gain": metrics})
 
 
-def rl_gain_section(collected: dict[str, PhaseTable], kept: dict[tuple[int, str], dict[int, float]], endpoints: list[str],
-                    arms: set[str]) -> tuple[list[str], dict]:
+def rl_gain_section(collected: dict[str, PhaseTable], kept: dict[tuple[int, str], dict[int, float]],
+                    endpoints: list[str], arms: set[str]) -> tuple[list[str], dict]:
     """Per RL arm: Table 2 − Table 1 of the same arm in each Table 2 metric's Avg column, paired on seeds and
     problems, and that gain minus SFT's (:func:`report.tables.rl_gains`), each with its seed-level t-interval; the
     ``Δ vs SFT`` of ``arms`` in ``endpoints`` (``report.primary_endpoints.rl_gain``) are primary comparisons with

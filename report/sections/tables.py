@@ -32,12 +32,13 @@ def render(grid: Grid, collected: Collected) -> Section:
     lines = section.lines
     for phase, (table, files, curves) in collected.tables.items():
         name, _, stage = PHASES[phase]
-        for suffix, render in (("md", to_markdown), ("csv", to_csv), ("tex", to_latex)):
-            (out_dir / f"{name}.{suffix}").write_text(render(table), encoding="utf-8")
+        for suffix, write in (("md", to_markdown), ("csv", to_csv), ("tex", to_latex)):
+            (out_dir / f"{name}.{suffix}").write_text(write(table), encoding="utf-8")
             section.add_output(f"{name}.{suffix}", f"{stage} ({suffix})")
         lines += [f"## {stage}", "", f"{table.caption}.", "", to_markdown(table),
                   TABLE_NOTE.format(delta=delta_label(table)), "", INTERVALS_LEGEND, "",
-                  primary_note(table, f"report.primary_endpoints.{phase}", collected.endpoints[phase], collected.absent[phase]), "",
+                  primary_note(table, f"report.primary_endpoints.{phase}", collected.endpoints[phase],
+                               collected.absent[phase]), "",
                   unjudged_note(table), ""]
         lines.append("Numbers in parentheses are the paper's for the same cell." if table.has_paper_values else
                      "The paper has no numbers for these models and benchmarks, so only ours are shown.")

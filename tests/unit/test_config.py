@@ -81,7 +81,8 @@ def test_invalid_value_names_the_key(override, key):
 
 @pytest.mark.parametrize("override, new", [
     ("eval.table_k=16", "report.table_k=16"), ("eval.analysis.run=[]", "report.analysis.run=[]"),
-    ("eval.row_labels.sft=Plain", "report.row_labels.sft=Plain"), ("eval.primary_arms=[dft]", "report.primary_arms=[dft]"),
+    ("eval.row_labels.sft=Plain", "report.row_labels.sft=Plain"),
+    ("eval.primary_arms=[dft]", "report.primary_arms=[dft]"),
     ("eval.benchmark_labels={toy_add:Add}", "report.benchmark_labels={toy_add:Add}"),
     ("eval.primary_endpoints.rl=[]", "report.primary_endpoints.rl=[]"),
 ])
