@@ -94,6 +94,19 @@ def test_a_report_key_under_its_old_eval_name_is_refused_naming_the_new_one(over
     compose([new])
 
 
+def test_the_report_settings_are_in_the_reports_identity_and_not_the_evaluations(tmp_path):
+    from common.grid import report_run
+    from common.paths import eval_run
+
+    default = compose([f"experiment.run_root={tmp_path}"])
+    changed = compose([f"experiment.run_root={tmp_path}", "report.table_k=8", "report.row_labels.sft=Plain"])
+    assert not {"table_k", "row_labels", "analysis", "primary_endpoints"} & set(vars(default.eval))
+    assert eval_run(default, "sft", "base", "toy_add", None).directory == \
+        eval_run(changed, "sft", "base", "toy_add", None).directory
+    assert report_run(default).config["report"]["table_k"] == 32
+    assert report_run(default).config_hash != report_run(changed).config_hash
+
+
 @pytest.mark.parametrize("override, key", [("+sft.lr_rate=0.1", "sft.lr_rate"), ("+sft.method.rhoo=0.1", "sft.method.rhoo"),
                                            ("+unknown.key=1", "unknown")])
 def test_unknown_keys_added_with_plus_are_refused(override, key):
