@@ -20,19 +20,19 @@ run ids and output fingerprints, before any skip.
 
 ``variant`` is ``base`` (the untrained base model) or an SFT method label; ``phase`` is ``sft`` (Table 1) or
 ``rl`` (Table 2). A label is a readable name only: what a stage reads is the upstream run folder the plan hands it
-(``rl.init_run``, ``eval.model_run``; an :class:`Arm` holds them), and a method's config is read from that run's
+(``rl.init_run``, ``eval.model_run``; an :class:`common.grid.Arm` holds them, common/grid.py), and a method's config is read from that run's
 manifest (:func:`trained_method`), never parsed back from a label.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from common.config import Config, ConfigError, compose
+from common.config import Config, ConfigError
 from common.config.common import check_name, computation_config
 from common.config.sft import SFT_METHOD_SCHEMAS, SFTMethod
-from common.manifest import MANIFEST_NAME, Manifest, StageInputError, config_hash, is_current, read_manifest
+from common.manifest import Manifest, config_hash, is_current, read_manifest
 from common.numerics import numerics_identity
 
 BASE_VARIANT = "base"
@@ -172,54 +172,6 @@ def experiment_dir(cfg: Config) -> Path:
 def training_dir(cfg: Config) -> Path:
     """The experiment folder holding the data, tokens and SFT runs (``experiment.train_in``, default this one)."""
     return Path(cfg.experiment.run_root) / (cfg.experiment.train_in or cfg.experiment.name)
-
-
-def with_method(cfg: Config, method: SFTMethod) -> Config:
-    """``cfg`` training ``method`` (an entry of ``experiment.methods``, or a sweep point read from a manifest)."""
-    return replace(cfg, sft=replace(cfg.sft, method=method))
-
-
-def model_configs(cfg: Config) -> list[Config]:
-    """``cfg`` once per model of ``profile.models`` (the command line's model keeps its overrides)."""
-    configs = []
-    for name in cfg.profile.models:
-        model = cfg.model if name == cfg.model.name else \
-            compose([f"profile={cfg.profile.name}", f"model={name}"]).model
-        configs.append(replace(cfg, model=model))
-    return configs
-
-
-def experiment_method_names(cfg: Config) -> list[str]:
-    """The ``experiment.methods`` entries ``cfg.model`` trains: all of them for the first model of
-    ``profile.models``, all but ``experiment.first_model_only`` for the others."""
-    first = cfg.model.name == cfg.profile.models[0]
-    return [name for name in cfg.experiment.methods if first or name not in cfg.experiment.first_model_only]
-
-
-def experiment_methods(cfg: Config) -> list[SFTMethod]:
-    """The method config of each entry of :func:`experiment_method_names` (the command line's method keeps its
-    overrides)."""
-    return [cfg.sft.method if name == cfg.sft.method.name else compose([f"sft/method={name}"]).sft.method
-            for name in experiment_method_names(cfg)]
-
-
-def method_labels(cfg: Config) -> list[str]:
-    """The label of each entry of :func:`experiment_method_names`."""
-    return [method_label(method) for method in experiment_methods(cfg)]
-
-
-def variants(cfg: Config) -> list[str]:
-    """``base`` then every method label: the rows of Table 1."""
-    return [BASE_VARIANT, *method_labels(cfg)]
-
-
-def rl_variants(cfg: Config) -> list[str]:
-    """``base`` (unless ``experiment.rl_from_base`` is false) then the label of every entry of
-    :func:`experiment_method_names` that ``experiment.rl_methods`` names (every one when it is empty): the RL arms,
-    the rows of Table 2."""
-    chosen = cfg.experiment.rl_methods or cfg.experiment.methods
-    return [*([BASE_VARIANT] if cfg.experiment.rl_from_base else []),
-            *(label for name, label in zip(experiment_method_names(cfg), method_labels(cfg)) if name in chosen)]
 
 
 # ------------------------------------------------------------------------------------------ the runs
@@ -483,102 +435,6 @@ def trained_method(run_dir: Path | None) -> SFTMethod | None:
     manifest = read_manifest(run_dir) if run_dir is not None else None
     record = method_record(manifest) if manifest is not None else None
     return SFT_METHOD_SCHEMAS[record["name"]](**record) if record else None
-
-
-# ------------------------------------------------------------------------------------- the grid, by arm
-@dataclass(frozen=True)
-class Arm:
-    """One row of Tables 1 and 2 for one model and seed: a variant and the run folders behind it."""
-
-    variant: str
-    """``base`` or the method's label (a name only)."""
-    method: SFTMethod | None
-    """The SFT method; None for the base model."""
-    sft: Path | None
-    """The SFT run folder (Table 1's model); None for the base model."""
-    rl: Path
-    """The RL run folder that starts from it (Table 2's model)."""
-
-    def model(self, phase: str) -> Path | None:
-        """The run folder phase ``sft`` or ``rl`` evaluates (None: the base model itself)."""
-        return self.sft if phase == "sft" else self.rl
-
-
-def arm(cfg: Config, method: SFTMethod | None) -> Arm:
-    """The arm of ``method`` (None: the base model) under ``cfg`` (its model and seed)."""
-    if method is None:
-        return Arm(BASE_VARIANT, None, None, rl_run(cfg, BASE_VARIANT, None).directory)
-    variant, sft = method_label(method), sft_run(with_method(cfg, method)).directory
-    return Arm(variant, method, sft, rl_run(cfg, variant, sft).directory)
-
-
-def arms(cfg: Config) -> list[Arm]:
-    """The experiment's arms for ``cfg``'s model and seed: ``base``, then each ``experiment.methods`` entry."""
-    return [arm(cfg, None), *(arm(cfg, method) for method in experiment_methods(cfg))]
-
-
-def arm_named(cfg: Config, variant: str) -> Arm:
-    """The experiment's arm labelled ``variant`` (``base`` or the label of an ``experiment.methods`` entry)."""
-    found = {a.variant: a for a in arms(cfg)}
-    if variant not in found:
-        raise ConfigError(f"no arm of the experiment is labelled {variant!r}; its arms: {list(found)}")
-    return found[variant]
-
-
-def sweep_arms(cfg: Config) -> list[Arm]:
-    """The other complete SFT runs of ``cfg.model`` that ``cfg`` would train with another method: a sweep's points
-    (same data, seed and settings; the method read from each run's manifest), sorted by label."""
-    known = set(method_labels(cfg))
-    found = {}
-    for path in sorted((training_dir(cfg) / "sft" / cfg.model.name).glob(f"*/{MANIFEST_NAME}")):
-        try:
-            manifest = read_manifest(path.parent)
-        except StageInputError:  # written by an older pipeline version: never reused
-            continue
-        if manifest is None or not manifest.complete or manifest.stage != "sft":
-            continue
-        candidate = arm(cfg, trained_method(path.parent))
-        if candidate.sft == path.parent and candidate.variant not in known:
-            found[candidate.variant] = candidate
-    return [found[label] for label in sorted(found)]
-
-
-def report_arms(cfg: Config) -> list[Arm]:
-    """The arms the report reads for ``cfg``'s model and seed: the experiment's, then (with the sweep analysis) the
-    sweep points of :func:`sweep_arms`."""
-    return arms(cfg) + (sweep_arms(cfg) if "sweep" in cfg.eval.analysis.run else [])
-
-
-def seed_configs(cfg: Config) -> dict[int, Config]:
-    """``cfg`` once per seed of ``cfg.run_seeds()`` (``experiment.seeds``, else ``seed``)."""
-    return {seed: replace(cfg, seed=seed) for seed in cfg.run_seeds()}
-
-
-def report_run(cfg: Config) -> RunSpec:
-    """The experiment's report. Its inputs are the runs the current config reads, no others: per model and seed,
-    each arm's (:func:`report_arms`) SFT and RL runs, their evaluations and held-out NLL, and the base model's and
-    the tokenised split's runs. A config switched back therefore reads, and renders, what it read before."""
-    folders: list[Path] = []
-    for mcfg in model_configs(cfg):
-        if (base := base_run(mcfg)) is not None:
-            folders.append(base.directory)
-        folders.append(tokens_run(mcfg).directory)
-        for scfg in seed_configs(mcfg).values():
-            for a in report_arms(scfg):
-                folders += [folder for folder in (a.sft, a.rl) if folder is not None]
-                folders += [eval_run(scfg, phase, a.variant, bench, a.model(phase)).directory
-                            for phase in ("sft", "rl") for bench in report_benchmarks(cfg)]
-                if (heldout := heldout_nll_run(scfg, a.variant, a.sft)) is not None:
-                    folders.append(heldout.directory)
-    config = {"eval": {k: v for k, v in computation_config(cfg.eval).items()
-                       if k not in ("phase", "variant", "model_path", "model_run")},
-              "experiment": {"methods": method_labels(cfg), "seeds": cfg.run_seeds(),
-                             "stages": list(cfg.experiment.stages)},
-              "models": {m.model.name: m.model.display_name for m in model_configs(cfg)},
-              "rl": {"rollout_n": cfg.rl.rollout_n, "kept_groups_per_step": cfg.rl.kept_groups_per_step},
-              "device": cfg.profile.device, "data": data_run(cfg).directory.name}
-    inputs = {str(folder.relative_to(cfg.experiment.run_root)): folder for folder in folders}
-    return RunSpec("report", "", report_dir(cfg), config, inputs, optional_inputs=True)
 
 
 # ------------------------------------------------------------------------------- folders (shorthands)

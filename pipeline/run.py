@@ -32,10 +32,10 @@ from common.config import (
 from common.errors import user_errors_in_one_line
 from pipeline.launch import StageFailed, force_restart, is_done, manifest_states, run_command, stop_all
 from common.locks import DirectoryLock
-from common.manifest import StageInputError, invalidate, read_manifest
 from common.paths import experiment_dir, report_benchmarks, report_dir
 from common.preflight import PreflightError, require_plan
 from common.processes import interrupted_by, termination_signals_interrupt
+from pipeline.migrations import retire_cpu_chosen_bf16_bases, warn_about_old_layout
 from pipeline.stages import StageCommand, build_plan, check_force, force_patterns
 
 STATUS_EVERY_S = 60
@@ -162,36 +162,6 @@ def shared_commands(cfg: Config, plan: list[StageCommand], overrides: list[str])
     other = [o for o in overrides if o.split("=", 1)[0] != "experiment"] + [f"experiment={train_in}"]
     theirs = {directory for command in build_plan(compose(other), other) for directory in command.manifest_dirs}
     return {command.name for command in plan if set(command.manifest_dirs) <= theirs}
-
-
-def retire_cpu_chosen_bf16_bases(plan: list[StageCommand], *, dry_run: bool) -> None:
-    """Marks for a rebuild every toy base model that an older version pretrained under bf16 autocast because the CPU
-    had native bf16: its folder has the identity of a ``toy.pretrain_dtype=float32`` model, which it is not."""
-    for command in plan:
-        for run in command.runs if command.stage == "base" else ():
-            manifest = read_manifest(run.directory)
-            if manifest is None or not manifest.metrics.get("bf16_autocast") \
-                    or "pretrain_dtype" in manifest.config:
-                continue
-            print(f"note: {run.directory} was pretrained under bf16 autocast chosen from this CPU by an older "
-                  f"version; it {'would be' if dry_run else 'is'} rebuilt in float32 (toy.pretrain_dtype=bfloat16 "
-                  "asks for bf16)", flush=True)
-            if not dry_run:
-                invalidate(run.directory, "bf16 autocast chosen from the CPU by an older version")
-
-
-def warn_about_old_layout(root: Path) -> None:
-    """Names run folders written by an older pipeline version (no identity hash): kept, never reused."""
-    old = []
-    for path in root.glob("**/manifest.json"):
-        try:
-            read_manifest(path.parent)
-        except StageInputError:
-            old.append(str(path.parent))
-    if old:
-        print(f"note: {len(old)} run folder(s) under {root} were written by an older pipeline version or are corrupt "
-              f"and are not reused (e.g. {old[0]}); the runs of this version live in folders named "
-              "<label>-<identity hash>. Delete the old ones when you no longer need them.", flush=True)
 
 
 def critical_path_lengths(plan: list[StageCommand]) -> dict[str, int]:

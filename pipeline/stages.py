@@ -15,7 +15,7 @@ models. The plan expands them::
 
 Every command carries the user's overrides plus its own, so each stage composes exactly the config the
 plan was built from; a stage's command line is all it needs to be re-run by hand. A stage that reads an upstream
-run is handed its folder (``rl.init_run``, ``eval.model_run``: the :class:`common.paths.Arm` of its variant, none
+run is handed its folder (``rl.init_run``, ``eval.model_run``: the :class:`common.grid.Arm` of its variant, none
 for the base model); the labels ``rl.init`` and ``eval.variant`` only name its own folder.
 """
 from __future__ import annotations
@@ -30,26 +30,20 @@ from typing import Callable
 from common.config import Config, ConfigError, compose, override_value
 from common.paths import (
     BASE_VARIANT,
-    Arm,
     RunSpec,
-    arms,
     base_run,
     configured_rl_run,
     data_run,
     eval_run,
-    experiment_method_names,
     extra_benchmark_run,
     heldout_nll_run,
     method_label,
-    model_configs,
     report_benchmarks,
-    report_run,
-    rl_variants,
     selected_extra_benchmarks,
     sft_run,
     tokens_run,
-    variants,
 )
+from common.grid import Arm, arms, experiment_grid, experiment_method_names, report_run
 
 
 @dataclass
@@ -137,11 +131,8 @@ def _sft_settings(cfg: Config) -> dict[str, object]:
 
 
 def _eval_settings(cfg: Config) -> dict[str, object]:
-    """The sampling settings; the command's own phase and variant are on its command line, the report's labels,
-    analyses and primary endpoints are not sampling."""
-    shown = {key: value for key, value in vars(cfg.eval).items()
-             if key not in ("phase", "variant", "model_run", "benchmark_labels", "row_labels", "analysis",
-                            "primary_endpoints", "primary_arms")}
+    """The sampling settings; the command's own phase and variant are on its command line."""
+    shown = {key: value for key, value in vars(cfg.eval).items() if key not in ("phase", "variant", "model_run")}
     return {"sampling": shown}
 
 
@@ -154,8 +145,9 @@ def _rl_settings(cfg: Config) -> dict[str, object]:
 def build_plan(cfg: Config, overrides: list[str]) -> list[StageCommand]:
     """Expands ``cfg.experiment`` into the ordered list of stage commands (user ``overrides`` go to every stage).
 
-    The grid is the report's (:func:`common.paths.model_configs`, :func:`common.paths.variants`); each command
-    composes its own config from ``overrides``, and an override that would make the two differ is refused. SFT,
+    It walks the experiment's grid (:func:`common.grid.experiment_grid`, the report's, without sweep points): its
+    models, variants and RL arms; each command composes its own config from ``overrides`` and its arms from that
+    (:func:`common.grid.arms`), and an override that would make the two differ is refused. SFT,
     evaluation and RL commands run once per seed of ``cfg.run_seeds()`` (``seed=<s>`` is added when the experiment
     lists ``experiment.seeds``). Each command's ``needs`` names the commands in this plan that produce its inputs; a
     producer left out of ``experiment.stages`` is not waited for (the stage itself checks its inputs).
@@ -163,7 +155,7 @@ def build_plan(cfg: Config, overrides: list[str]) -> list[StageCommand]:
     stages = set(cfg.experiment.stages)
     seeds = cfg.run_seeds()
     per_seed = bool(cfg.experiment.seeds)
-    grid = {mcfg.model.name: mcfg for mcfg in model_configs(cfg)}
+    grid = {model.cfg.model.name: model for model in experiment_grid(cfg, sweep_points=False).models}
     plan: list[StageCommand] = []
     if "data" in stages:
         extras = [extra_benchmark_run(cfg, name) for name in selected_extra_benchmarks(cfg)]
@@ -174,10 +166,10 @@ def build_plan(cfg: Config, overrides: list[str]) -> list[StageCommand]:
     for model in cfg.profile.models:
         model_overrides = [*overrides, f"model={model}"]
         mcfg = compose(model_overrides)
-        if mcfg.model != grid[model].model:
+        if mcfg.model != grid[model].cfg.model:
             raise ConfigError(f"profile.models: a model.* override in {overrides} reaches {model} in its stage "
                               f"commands but only {cfg.model.name} in the report; run one model per experiment")
-        grid_variants, grid_rl_variants = variants(grid[model]), rl_variants(grid[model])
+        grid_variants, grid_rl_variants = grid[model].variants, grid[model].rl_variants
         base = base_run(mcfg)
         base_model = [command_name("base", model)] if base is not None else []
         tokenize = command_name("tokenize", model)
@@ -193,8 +185,8 @@ def build_plan(cfg: Config, overrides: list[str]) -> list[StageCommand]:
             seed_name = seed if per_seed else None
             seed_overrides = [*model_overrides, f"seed={seed}"] if per_seed else model_overrides
             seed_cfg = compose(seed_overrides) if per_seed else mcfg
-            seed_arms = {a.variant: a for a in arms(seed_cfg)}
-            for method, label in zip(experiment_method_names(grid[model]), grid_variants[1:]):
+            seed_arms = {a.variant: a for a in arms(seed_cfg)}  # the grid's arms as the commands compose them
+            for method, label in zip(experiment_method_names(grid[model].cfg), grid_variants[1:]):
                 method_overrides = [*seed_overrides, f"sft/method={method}"]
                 scfg = compose(method_overrides)
                 if method_label(scfg.sft.method) != label or sft_run(scfg).directory != seed_arms[label].sft:

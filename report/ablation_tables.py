@@ -91,7 +91,7 @@ def preset_label(preset: str) -> str:
 def table_columns(cfg: Config, table1: ResultTable, spec: PaperTable) -> list[str]:
     """The paper's benchmark columns Table 1 has (all of its averaged columns when it has none), then its extra
     columns."""
-    titles = [cfg.eval.benchmark_labels.get(name, name) for name in spec.benchmarks]
+    titles = [cfg.report.benchmark_labels.get(name, name) for name in spec.benchmarks]
     paper = [column for column in table1.averaged_columns if column in titles]
     return [*(paper or table1.averaged_columns), *table1.extra_columns]
 

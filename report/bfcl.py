@@ -28,16 +28,8 @@ from report.tables import MISSING, PAPER_ROWS, load_paper_tables
 from common.config import Config, stage_main
 from common.config.data import LIVE_CATEGORIES
 from common.manifest import Manifest, read_manifest, stage_run
-from common.paths import (
-    EVAL_METRICS_FILE,
-    Arm,
-    arms,
-    eval_run,
-    model_configs,
-    report_benchmarks,
-    report_dir,
-    report_run,
-)
+from common.paths import EVAL_METRICS_FILE, eval_run, report_benchmarks, report_dir
+from common.grid import Arm, ModelGrid, experiment_grid, report_run
 
 COLUMNS = ("BFCL live", "Irrelevance Det.")
 """The paper's two columns (``paper_tables.json`` titles)."""
@@ -76,15 +68,17 @@ def variant_cells(cfg: Config, a: Arm) -> tuple[dict[str, Estimate | None], dict
             {COLUMNS[0]: len(live_verdicts), COLUMNS[1]: len(irrelevance_verdicts)})
 
 
-def model_table(cfg: Config, mcfg: Config, paper: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
-    """One appendix table (markdown lines) for one model, and its numbers for the manifest."""
+def model_table(cfg: Config, model: ModelGrid, paper: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
+    """One appendix table (markdown lines) for one model of the grid (its experiment's arms, first seed), and its
+    numbers for the manifest."""
+    mcfg, seed = model.cfg, next(iter(model.seeds))
     title = mcfg.model.display_name or mcfg.model.name
     lines = [f"| Method ({title}) | {COLUMNS[0]} | 95% CI | paper | {COLUMNS[1]} | 95% CI | paper |",
              "|---|---|---|---|---|---|---|"]
     numbers: dict[str, Any] = {}
-    for a in arms(mcfg):
+    for a in model.experiment_arms(seed):
         variant = a.variant
-        cells, counts = variant_cells(mcfg, a)
+        cells, counts = variant_cells(model.seeds[seed], a)
         paper_row = paper.get(title, {}).get(PAPER_ROWS.get(variant), {})
         shown = []
         for column in COLUMNS:
@@ -93,7 +87,7 @@ def model_table(cfg: Config, mcfg: Config, paper: dict[str, Any]) -> tuple[list[
             shown += [MISSING if value is None else f"{value.mean:.1f}",
                       MISSING if value is None else f"[{value.low:.1f}, {value.high:.1f}]",
                       MISSING if published is None else f"{published:.1f}"]
-        label = cfg.eval.row_labels.get(variant, variant)
+        label = cfg.report.row_labels.get(variant, variant)
         lines.append(f"| {label} | " + " | ".join(shown) + " |")
         numbers[f"{title}/{label}"] = {column: None if cells[column] is None else
                                        {"accuracy": cells[column].mean, "interval": [cells[column].low,
@@ -121,8 +115,8 @@ def render(cfg: Config) -> tuple[str, dict[str, Any]]:
     paper = load_paper_tables().get("bfcl", {})
     lines = [f"## BFCL (experiment `{cfg.experiment.name}`, profile {cfg.profile.name})", "", f"{caption(cfg)}.", ""]
     numbers: dict[str, Any] = {}
-    for mcfg in model_configs(cfg):
-        table, found = model_table(cfg, mcfg, paper)
+    for model in experiment_grid(cfg, sweep_points=False).models:
+        table, found = model_table(cfg, model, paper)
         lines += [*table, ""]
         numbers.update(found)
     return "\n".join(lines), numbers

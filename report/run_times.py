@@ -1,6 +1,6 @@
 """The report's "Runs" section: on which commit and machine, and in how much time, the runs behind its numbers ran.
 
-Read from the manifests of the run folders the report reads (``common.paths.report_run``'s inputs and the data run):
+Read from the manifests of the run folders the report reads (``common.grid.report_run``'s inputs and the data run):
 
 * per stage (data, base, tokens, sft, eval_sft, rl, eval_rl): runs, attempts, work = Σ over attempts of
   (ended_at − started_at), and the longest run's work;

@@ -3,7 +3,7 @@
 
 Every sweep point trains its own ``sft/<model>/<label>-<id>/`` run and evaluates it in its own folders
 (``common.paths``). The report's points are the experiment's arms plus the other complete SFT runs the current config
-would train with another method (``common.paths.sweep_arms``: same data, seed and settings), each with the method
+would train with another method (``common.grid.sweep_arms``: same data, seed and settings), each with the method
 its SFT manifest records; :func:`find_sweeps` groups those evaluated in a phase by method: a method with two or more
 labels is a sweep over the fields whose values differ among them (``rho`` for ``eksft``, ``eksft_rho0``,
 ``eksft_rho0.1``, …; the defaults' label counts as the point at the default value). The base model and

@@ -1,7 +1,7 @@
 """Tables 1 and 2 in the paper's layout, from the eval stage's ``metrics.json`` files: Markdown, CSV and LaTeX.
 
-One block per model; rows Base, then the SFT methods (``experiment.methods``) as labelled by ``eval.row_labels``;
-columns per benchmark pass@1 (= avg@n) and pass@k (k = ``eval.table_k``, or the smallest n evaluated if that is
+One block per model; rows Base, then the SFT methods (``experiment.methods``) as labelled by ``report.row_labels``;
+columns per benchmark pass@1 (= avg@n) and pass@k (k = ``report.table_k``, or the smallest n evaluated if that is
 less; the unbiased estimator from each problem's correct count), then their mean over benchmarks ("Avg").
 
 Every cell is the mean over seeds and problems with its 95% bootstrap interval (:mod:`eval.intervals`), in percent
@@ -186,7 +186,7 @@ def _seed_level_delta(row: Row, cell: tuple[str, str], groups: Sequence[np.ndarr
 
 
 def endpoint_cell(endpoint: str) -> tuple[str, str]:
-    """``"Avg pass@1"`` → ``("Avg", "pass@1")``: a declared endpoint (``eval.primary_endpoints``) as a table cell."""
+    """``"Avg pass@1"`` → ``("Avg", "pass@1")``: a declared endpoint (``report.primary_endpoints``) as a table cell."""
     column, _, metric = endpoint.rpartition(" ")
     return column, metric
 
@@ -285,12 +285,12 @@ def primary_gains_note(primary: dict[tuple[str, str, str], float | None], endpoi
     """The line above the RL gain table that says which of its ``Δ vs SFT`` cells are primary (:func:`primary_gains`)
     and which came out at p(Holm) ≤ 0.05."""
     if not endpoints:
-        return ("No primary endpoint is declared for the RL gain (`eval.primary_endpoints.rl_gain`): every Δ is "
+        return ("No primary endpoint is declared for the RL gain (`report.primary_endpoints.rl_gain`): every Δ is "
                 "exploratory.")
     tested = sum(value is not None for value in primary.values())
     below = [f"{title} / {label} Avg {metric} (p(Holm) {p_value_text(adjusted)})"
              for (title, label, metric), adjusted in primary.items() if adjusted is not None and adjusted <= 0.05]
-    return (f"Primary comparisons (`eval.primary_endpoints.rl_gain`: {', '.join(endpoints)}; the primary arms' Δ "
+    return (f"Primary comparisons (`report.primary_endpoints.rl_gain`: {', '.join(endpoints)}; the primary arms' Δ "
             f"cells, marked p(Holm)): {len(primary)}, of which {tested} with a p-value (two or more seeds), "
             "Holm-adjusted over those; p from the t-test over the per-seed differences in differences (df = seeds − "
             f"1). Every other Δ cell is exploratory ({EXPLORATORY}). p(Holm) ≤ 0.05: "
@@ -299,7 +299,7 @@ def primary_gains_note(primary: dict[tuple[str, str, str], float | None], endpoi
 
 def primary_note(table: ResultTable, key: str, endpoints: Sequence[str], absent: Sequence[str]) -> str:
     """The line under a table that says which Δ cells are primary, how they were adjusted and which came out below
-    0.05; ``key`` names the config entry (``eval.primary_endpoints.sft``)."""
+    0.05; ``key`` names the config entry (``report.primary_endpoints.sft``)."""
     if not endpoints:
         return f"No primary endpoint is declared for this table (`{key}`): every Δ cell is exploratory."
     found = [(block.title, row.label, cell, row.delta[cell].mean, adjusted) for block in table.blocks
@@ -577,3 +577,17 @@ def to_latex(table: ResultTable) -> str:
         lines.append("\\hline")
     lines += ["\\end{tabular}%", "}", f"\\caption{{{_latex_escape(table.caption)}}}", "\\end{table*}"]
     return "\n".join(lines) + "\n"
+
+
+TABLE_NOTE = ("Each cell: mean over seeds and problems [95% bootstrap interval: seeds, then problems, resampled "
+              "2000 times with a fixed seed; docs/evaluation.md]. **Bold** / <u>underline</u>: best / second best "
+              "whose interval lies above the other rows' (the second: above the rows below it); n.s.: the top value's "
+              "interval overlaps another row's, so no rank is marked from there on. <sub>{delta}</sub>: the paired "
+              "difference (same seeds, same problems, same resamples) in points; pairing removes the problems' shared "
+              "difficulty, so a Δ interval can exclude 0 where the two cells' intervals overlap.")
+"""The note under every table: what a cell, a mark and a Δ are."""
+INTERVALS_LEGEND = ("[ ]: 95% bootstrap interval over seeds and problems (with few seeds it understates the "
+                    "seed-to-seed spread); ⟨ ⟩: seed-level 95% t-interval over the per-seed means (df = seeds − 1; "
+                    "docs/evaluation.md, \"Intervals with few seeds\"); p(Holm): a primary comparison's Holm-adjusted "
+                    "p; expl.: exploratory, no test.")
+"""The one-line legend under every table with both intervals."""

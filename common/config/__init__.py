@@ -5,7 +5,7 @@ Hydra composes ``conf/config.yaml``; :func:`to_config` turns the composed ``Dict
 e.g. ``sft.method.rho must be in [0, 1]; got 1.5``.
 
 Each stage's schema lives in its own module of this package (``data``, ``toy``, ``sft``, ``rl``,
-``eval``); this package is a leaf: it imports no stage package, so every stage may import it.
+``eval``, ``report``); this package is a leaf: it imports no stage package, so every stage may import it.
 """
 from __future__ import annotations
 
@@ -32,6 +32,7 @@ from common.config.common import (
 )
 from common.config.data import DataConfig
 from common.config.eval import EvalConfig
+from common.config.report import ReportConfig, refuse_moved_keys
 from common.config.rl import RLConfig
 from common.config.sft import SFT_METHOD_SCHEMAS, SFTConfig
 from common.config.toy import ToyConfig
@@ -53,6 +54,7 @@ __all__ = [
     "ModelConfig",
     "ProfileConfig",
     "RLConfig",
+    "ReportConfig",
     "SFTConfig",
     "ToyConfig",
     "check_choice",
@@ -86,6 +88,8 @@ class Config:
     """DAPO with verl on Ray."""
     eval: EvalConfig = MISSING
     """vLLM sampling, math-verify scoring, avg@n and pass@k."""
+    report: ReportConfig = MISSING
+    """The report's tables, analyses and primary comparisons."""
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     """JSONL metrics (always), wandb mode, progress bars."""
     seed: int = 0
@@ -109,8 +113,8 @@ class Config:
         presets = sorted(path.stem for path in (CONF_DIR / "sft" / "method").glob("*.yaml"))
         for method in self.experiment.rl_methods:
             check_choice("experiment.rl_methods[]", method, presets)
-        for method in self.eval.primary_arms:
-            check_choice("eval.primary_arms[]", method, presets)
+        for method in self.report.primary_arms:
+            check_choice("report.primary_arms[]", method, presets)
         self.profile.validate()
         if self.profile.name not in self.experiment.profiles and not self.experiment.any_profile:
             meant = "|".join(self.experiment.profiles)
@@ -124,6 +128,7 @@ class Config:
         self.rl.validate()
         self.check_rl_algorithm_name()
         self.eval.validate()
+        self.report.validate()
         for name in self.eval.benchmarks:
             check_choice("eval.benchmarks[] (a name from data.benchmarks or data.extra_benchmarks)", name,
                          [*self.data.benchmarks, *self.data.extra_benchmarks])
@@ -156,6 +161,7 @@ def _register() -> None:
         store.store(group="sft/method", name=f"base_{name}", node=schema)
     store.store(group="rl", name="base_rl", node=RLConfig)
     store.store(group="eval", name="base_eval", node=EvalConfig)
+    store.store(group="report", name="base_report", node=ReportConfig)
 
 
 _register()
@@ -167,6 +173,7 @@ def to_config(cfg: DictConfig) -> Config:
     """Converts a composed Hydra config into a validated :class:`Config` (raises :class:`ConfigError`)."""
     if HydraConfig.initialized():  # a command line (a compose() call checks its overrides itself)
         refuse_schema_choices(HydraConfig.get().overrides.task)
+        refuse_moved_keys(HydraConfig.get().overrides.task)
     try:
         obj = OmegaConf.to_object(cfg)
     except Exception as exc:  # omegaconf's own type/missing-value errors already name the key
@@ -274,6 +281,7 @@ def compose_dict(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
     from hydra.core.global_hydra import GlobalHydra
 
     refuse_unknown_choices(overrides)
+    refuse_moved_keys(overrides)
     if GlobalHydra.instance().is_initialized():
         return hydra_compose(config_name="config", overrides=list(overrides))
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):

@@ -40,7 +40,7 @@ def read_case_study_row(path: Path, row: int, max_tokens: int) -> CaseStudyToken
         raise AnalysisInputError(f"{path}: tokenised SFT split not found (run the data stage's tokenize step)")
     table = pq.read_table(path, columns=["row_id", "input_ids", "labels"])
     if row >= table.num_rows:
-        raise AnalysisInputError(f"eval.analysis.case_study_row={row} but {path} has {table.num_rows} rows")
+        raise AnalysisInputError(f"report.analysis.case_study_row={row} but {path} has {table.num_rows} rows")
     record = table.slice(row, 1).to_pylist()[0]
     positions = [i for i, label in enumerate(record["labels"]) if label != IGNORE_INDEX and i > 0][:max_tokens]
     if not positions:

@@ -24,7 +24,7 @@ TINY = [
     "toy.pretrain_steps=60", "toy.num_pretrain_docs=2000", "toy.num_rows=240", "toy.num_benchmark_problems=6",
     "toy.pretrain_eval_problems=0", "data.num_sft_rows=96", "data.num_rl_val_rows=8",
     "sft.max_steps=4", "sft.micro_batch_size=4", "sft.grad_accum=2", "sft.checkpoint_every=2",
-    "eval.n=4", "eval.table_k=4",
+    "eval.n=4", "report.table_k=4",
     "rl.total_steps=2", "rl.train_batch_size=8", "rl.ppo_mini_batch_size=8", "rl.rollout_n=4",
     "rl.max_response_length=64", "rl.overlong_buffer_len=16", "rl.save_freq=2", "rl.max_inflight_gen_batches=2",
     "rl.micro_batch_size_per_gpu=8",

@@ -27,7 +27,7 @@ OVERRIDES = [
     "toy.pretrain_eval_problems=0", "toy.fork_entropy_problems=0", "toy.num_rows=240",
     "toy.num_benchmark_problems=16", "data.num_sft_rows=64", "data.num_rl_val_rows=8",
     "sft.max_steps=12", "sft.micro_batch_size=8", "sft.grad_accum=1", "sft.checkpoint_every=0",
-    f"eval.benchmarks=[{BENCHMARK}]", "eval.n=16", "eval.table_k=16", "eval.max_problems=16",
+    f"eval.benchmarks=[{BENCHMARK}]", "eval.n=16", "report.table_k=16", "eval.max_problems=16",
     "eval.problems_per_batch=16",
 ]
 

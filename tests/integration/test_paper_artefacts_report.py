@@ -10,7 +10,8 @@ import json
 import pytest
 
 from common.config import compose
-from common.paths import arm_named, eval_run, model_configs, report_dir, variants
+from common.paths import eval_run, report_dir
+from common.grid import arm_named, model_configs, variants
 from report import run as report
 
 pytestmark = pytest.mark.integration
@@ -42,7 +43,7 @@ TOY_COUNTS = {"base": {"p1": 1, "p2": 1}, "sft": {"p1": 3, "p2": 0}, "eksft": {"
 
 
 def test_the_toy_ablations_report(tmp_path):
-    cfg = compose(["experiment=ablations", f"experiment.run_root={tmp_path}", "eval.analysis.run=[]"])
+    cfg = compose(["experiment=ablations", f"experiment.run_root={tmp_path}", "report.analysis.run=[]"])
     for variant in variants(cfg):
         for bench in ("toy_add", "toy_mixed"):
             _write_metrics(cfg, variant, bench, TOY_COUNTS.get(variant, {"p1": 2, "p2": 2}), 4)
@@ -72,7 +73,7 @@ def test_the_toy_ablations_report(tmp_path):
 
 
 def test_the_paper_ablations_report_beside_the_papers_numbers_with_the_extra_benchmarks(tmp_path):
-    cfg = compose(["experiment=ablations", "profile=paper", f"experiment.run_root={tmp_path}", "eval.analysis.run=[]",
+    cfg = compose(["experiment=ablations", "profile=paper", f"experiment.run_root={tmp_path}", "report.analysis.run=[]",
                    "eval.benchmarks=[aime24,aime25,amc,hmmt25,aime26,hmmt_feb26]"])
     for mcfg in model_configs(cfg):
         for variant in variants(mcfg):

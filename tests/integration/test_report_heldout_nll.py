@@ -10,14 +10,15 @@ import pytest
 from report import run as report
 from common.config import compose
 from common.manifest import stage_run
-from common.paths import HELDOUT_NLL, arm_named, eval_run, heldout_nll_run
+from common.paths import HELDOUT_NLL, eval_run, heldout_nll_run
+from common.grid import arm_named
 
 pytestmark = pytest.mark.integration
 
 
 def test_headroom_correlates_the_heldout_nll_and_pairs_arms_by_variant(tmp_path):
     cfg = compose([f"experiment.run_root={tmp_path}", "experiment.methods=[sft,eksft]", "experiment.rl_methods=[eksft]",
-                   "experiment.seeds=[0,1]", "eval.analysis.run=[]", "data.num_heldout_rows=4"])
+                   "experiment.seeds=[0,1]", "report.analysis.run=[]", "data.num_heldout_rows=4"])
     # One problem per benchmark, n = 4: correct counts per (arm, seed); Table 2 has base and eksft only.
     before = {"base": (0, 1), "sft": (2, 3), "eksft": (1, 2)}
     after = {"base": (2, 2), "eksft": (4, 3)}

@@ -7,7 +7,8 @@ from dataclasses import replace
 import pytest
 
 from common.config import ConfigError, compose
-from common.paths import arm_named, eval_run, method_label, sft_run, with_method
+from common.paths import eval_run, method_label, sft_run
+from common.grid import arm_named, with_method
 from pipeline.run import run
 from pipeline.stages import build_plan
 

@@ -7,7 +7,8 @@ import json
 import pytest
 
 from common.config import compose
-from common.paths import arms, eval_run, model_configs
+from common.paths import eval_run
+from common.grid import arms, model_configs
 from report.bfcl import caption, render, variant_cells
 
 

@@ -67,16 +67,44 @@ def test_command_line_choice_beats_profile_default():
     ("+toy.chat_style_weights.guess=0.1", "toy.chat_style_weights"),
     ("toy.num_kv_heads=3", "toy.num_kv_heads"),
     ("toy.pretrain_seq_len=4096", "toy.pretrain_seq_len"),
-    ("eval.primary_endpoints.sft=[pass@1]", "eval.primary_endpoints.sft"),
-    ("eval.primary_endpoints.rl_gain=[Toy-Add pass@1]", "eval.primary_endpoints.rl_gain"),
-    ("+eval.primary_endpoints.table3=[Avg pass@1]", "eval.primary_endpoints"),
-    ("eval.primary_arms=[eksft,eksft]", "eval.primary_arms"),
-    ("eval.primary_arms=[no_such_method]", "eval.primary_arms"),
+    ("report.primary_endpoints.sft=[pass@1]", "report.primary_endpoints.sft"),
+    ("report.primary_endpoints.rl_gain=[Toy-Add pass@1]", "report.primary_endpoints.rl_gain"),
+    ("+report.primary_endpoints.table3=[Avg pass@1]", "report.primary_endpoints"),
+    ("report.primary_arms=[eksft,eksft]", "report.primary_arms"),
+    ("report.primary_arms=[no_such_method]", "report.primary_arms"),
     ("eval.rejudge_timeout_s=-1", "eval.rejudge_timeout_s"),
 ])
 def test_invalid_value_names_the_key(override, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         compose([override])
+
+
+@pytest.mark.parametrize("override, new", [
+    ("eval.table_k=16", "report.table_k=16"), ("eval.analysis.run=[]", "report.analysis.run=[]"),
+    ("eval.row_labels.sft=Plain", "report.row_labels.sft=Plain"),
+    ("eval.primary_arms=[dft]", "report.primary_arms=[dft]"),
+    ("eval.benchmark_labels={toy_add:Add}", "report.benchmark_labels={toy_add:Add}"),
+    ("eval.primary_endpoints.rl=[]", "report.primary_endpoints.rl=[]"),
+])
+def test_a_report_key_under_its_old_eval_name_is_refused_naming_the_new_one(override, new):
+    with pytest.raises(ConfigError) as refused:
+        compose([override])
+    old, moved = override.split("=")[0], new.split("=")[0]
+    assert str(refused.value) == f"{old} is now {moved} (the report's settings are report.* keys); write {new}"
+    compose([new])
+
+
+def test_the_report_settings_are_in_the_reports_identity_and_not_the_evaluations(tmp_path):
+    from common.grid import report_run
+    from common.paths import eval_run
+
+    default = compose([f"experiment.run_root={tmp_path}"])
+    changed = compose([f"experiment.run_root={tmp_path}", "report.table_k=8", "report.row_labels.sft=Plain"])
+    assert not {"table_k", "row_labels", "analysis", "primary_endpoints"} & set(vars(default.eval))
+    assert eval_run(default, "sft", "base", "toy_add", None).directory == \
+        eval_run(changed, "sft", "base", "toy_add", None).directory
+    assert report_run(default).config["report"]["table_k"] == 32
+    assert report_run(default).config_hash != report_run(changed).config_hash
 
 
 @pytest.mark.parametrize("override, key", [("+sft.lr_rate=0.1", "sft.lr_rate"), ("+sft.method.rhoo=0.1", "sft.method.rhoo"),

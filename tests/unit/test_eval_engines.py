@@ -6,7 +6,8 @@ import pytest
 from eval.sample import Completion, engine_count, visible_gpus
 from common import preflight
 from common.config import ConfigError, compose
-from common.paths import eval_run, report_run
+from common.paths import eval_run
+from common.grid import report_run
 
 
 def test_engine_count_uses_every_visible_gpu_when_zero(monkeypatch):

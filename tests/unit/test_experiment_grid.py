@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from common.config import ConfigError, compose
-from common.paths import method_labels, model_configs, rl_variants, variants
-from report.run import row_label
+from common.grid import method_labels, model_configs, rl_variants, variants
+from report.collect import row_label
 from pipeline.stages import build_plan
 
 TWO_METHODS = ["experiment=table1", "profile=toy", "experiment.methods=[sft,eksft]"]

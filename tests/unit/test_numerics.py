@@ -9,7 +9,8 @@ import torch
 from common.config import ConfigError, compose
 from common.manifest import Manifest, read_manifest, write_manifest
 from common.numerics import check_kernels, numerics_identity
-from common.paths import arm_named, base_run, eval_run
+from common.paths import base_run, eval_run
+from common.grid import arm_named
 
 TOY = ["experiment=demo", "profile=toy", "experiment.methods=[sft]"]
 
@@ -80,7 +81,7 @@ def test_base_pretraining_dtype_comes_from_the_config_not_the_cpu(cpu_kind, monk
 
 
 def test_a_base_pretrained_under_cpu_chosen_bf16_is_rebuilt(tmp_path, capsys):
-    from pipeline.run import retire_cpu_chosen_bf16_bases
+    from pipeline.migrations import retire_cpu_chosen_bf16_bases
     from pipeline.stages import build_plan
 
     overrides = [*TOY, f"experiment.run_root={tmp_path}", "experiment.stages=[base]"]

@@ -1,7 +1,7 @@
 """The (λ_H, λ_KL) sweep heatmap: one grid cell per sweep point, Avg of each metric."""
 from __future__ import annotations
 
-from report import run as report
+from report.sections.sweep import sweep_heatmaps
 from report.sweep import Sweep
 from report.tables import AVERAGE, Block, ResultTable, Row
 
@@ -30,7 +30,7 @@ def test_two_field_sweep_gets_one_heatmap_per_metric(tmp_path):
         ("eksft", (0.05, 0.05))])
     table = _grid_table([("a", 10.0), ("b", 20.0), ("c", None)])
     run_ = _Outputs()
-    lines = report.sweep_heatmaps(sweep, table, "title", "sweep_m_sft_eksft_lambda", tmp_path, run_)
+    lines = sweep_heatmaps(sweep, table, "title", "sweep_m_sft_eksft_lambda", tmp_path, run_)
     assert lines[0] == ("![pass@1 heatmap](plots/sweep_m_sft_eksft_lambda_heatmap_pass1.png) "
                         "![pass@4 heatmap](plots/sweep_m_sft_eksft_lambda_heatmap_pass4.png)")
     for relative in run_.outputs:
@@ -40,5 +40,5 @@ def test_two_field_sweep_gets_one_heatmap_per_metric(tmp_path):
 def test_one_field_sweep_has_no_heatmap(tmp_path):
     sweep = Sweep("eksft", ["rho"], [("eksft_rho0.1", (0.1,)), ("eksft", (0.2,))])
     run_ = _Outputs()
-    assert report.sweep_heatmaps(sweep, _grid_table([("a", 1.0), ("b", 2.0)]), "t", "s", tmp_path, run_) == []
+    assert sweep_heatmaps(sweep, _grid_table([("a", 1.0), ("b", 2.0)]), "t", "s", tmp_path, run_) == []
     assert not run_.outputs

@@ -212,7 +212,7 @@ def test_primary_comparisons_are_holm_adjusted_and_the_rest_exploratory():
     assert float(x_avg[header.index("delta_p_holm")]) == pytest.approx(2 * p_x, rel=1e-5)
     assert next(row for row in csv_rows if row.startswith("m,X,x,A,pass@1,")).split(",")[header.index("delta_role")] \
         == "exploratory"
-    note = primary_note(table, "eval.primary_endpoints.sft", ["Avg pass@1", "Avg pass@32"], absent)
+    note = primary_note(table, "report.primary_endpoints.sft", ["Avg pass@1", "Avg pass@32"], absent)
     assert "2, of which 2 with a p-value" in note and "p(Holm) ≤ 0.05: none." in note
     assert note.endswith("Declared endpoints this table has no cell for: Avg pass@32.")
 

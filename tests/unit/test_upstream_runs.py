@@ -10,14 +10,8 @@ import pytest
 from common.config import ConfigError, compose
 from common.config.sft import EKSFTMethod
 from common.manifest import Manifest, write_manifest
-from common.paths import (
-    configured_eval_run,
-    configured_rl_run,
-    rl_start,
-    sft_run,
-    trained_method,
-    with_method,
-)
+from common.paths import configured_eval_run, configured_rl_run, rl_start, sft_run, trained_method
+from common.grid import with_method
 from eval.stage import resolve_model
 from pipeline.stages import build_plan
 from rl.verl_args import init_model_path

@@ -8,8 +8,9 @@ from dataclasses import replace
 from common.config import compose
 from common.config.sft import EKSFTMethod, SFTMethod
 from common.manifest import Manifest, write_manifest
-from common.paths import arm, eval_run, method_label, sft_run, sweep_arms, with_method
-from report import run as report
+from common.paths import eval_run, method_label, sft_run
+from common.grid import arm, experiment_grid, sweep_arms, with_method
+from report.sections.sweep import sweep_tables
 from report.sweep import Sweep, find_sweeps
 
 
@@ -69,7 +70,7 @@ def test_sweep_table_rows_and_columns(tmp_path):
             folder = eval_run(cfg, "sft", evaluated.variant, bench, evaluated.sft).directory
             folder.mkdir(parents=True)
             (folder / "metrics.json").write_text(json.dumps({"n": 4, "correct_counts": dict(zip("ab", counts))}))
-    [(mcfg, phase, sweep, table, files)] = report.sweep_tables(cfg, report.model_runs(cfg))
+    [(mcfg, phase, sweep, table, files)] = sweep_tables(cfg, experiment_grid(cfg).models)
     assert (phase, sweep.fields, table.row_header) == ("sft", ["rho"], "rho")
     assert table.columns == ["Toy-Add", "Toy-Mixed", "Avg"] and table.metrics == ["pass@1", "pass@4"]
     rows = {row.label: row.ours for row in table.blocks[0].rows}

@@ -12,21 +12,12 @@ import torch
 
 from bench.tiny_model import build_tiny_qwen3
 from report import run as report
+from report.sections.iou import iou_section
 from common.config import compose
 from common.config.sft import EKSFTMethod
 from common.manifest import stage_run
-from common.paths import (
-    arm,
-    arm_named,
-    base_model_path,
-    eval_run,
-    hf_export_dir,
-    report_dir,
-    sft_run,
-    sft_tokens_path,
-    toy_base_dir,
-    with_method,
-)
+from common.paths import base_model_path, eval_run, hf_export_dir, report_dir, sft_run, sft_tokens_path, toy_base_dir
+from common.grid import arm, arm_named, experiment_grid, with_method
 
 pytestmark = pytest.mark.integration
 
@@ -59,7 +50,7 @@ def _export(base, folder, scale, seed):
 
 def _build_tree(tmp_path):
     cfg = compose([f"experiment.run_root={tmp_path}", "experiment.methods=[sft,eksft]", "logging.progress=false",
-                   "eval.analysis.case_study_max_tokens=12"])
+                   "report.analysis.case_study_max_tokens=12"])
     base = build_tiny_qwen3(base_model_path(cfg), dtype="float32")
     _complete(toy_base_dir(cfg), "base")
     for label, scale in (("sft", 0.05), ("eksft", 0.005)):
@@ -157,7 +148,7 @@ def test_iou_gives_every_seed_its_own_row(tmp_path):
         log = [{"step": step, "stats/iou": iou} for step, iou in enumerate(ious, 1)]
         (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in log))
     out = tmp_path / "report"
-    _, summaries = report.iou_section(cfg, report.model_runs(cfg)[0], out, _Outputs())
+    _, summaries = iou_section(cfg, experiment_grid(cfg).models[0], out, _Outputs())
     assert {label: (s["min"], s["max"]) for label, s in summaries.items()} == {
         "EKSFT (paper eq.), seed 0": (0.2, 0.6), "EKSFT (paper eq.), seed 1": (0.5, 0.7)}
     assert "| EKSFT (paper eq.), seed 1 | 2 | 0.50 | 0.60 | 0.70 |" in (out / "iou_Toy-Qwen3-0.8M.md").read_text()

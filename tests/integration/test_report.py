@@ -3,10 +3,7 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
@@ -14,7 +11,8 @@ from eval.intervals import cluster_spearman
 from report import run as report
 from common.config import compose
 from common.manifest import Manifest, is_current, read_manifest, write_manifest
-from common.paths import RL_DISCARDED_GROUPS, RL_GROUPS_KEPT, arm_named, eval_run, report_dir, report_run
+from common.paths import RL_DISCARDED_GROUPS, RL_GROUPS_KEPT, eval_run, report_dir
+from common.grid import arm_named, report_run
 
 pytestmark = pytest.mark.integration
 
@@ -57,7 +55,7 @@ def test_report_stage_on_the_toy_world(tmp_path):
     assert not (out / "table2.md").exists()
     text = (out / "report.md").read_text()
     assert "only ours are shown" in text and "plots/passk_Toy-Qwen3-0.8M_sft_toy_add.png" in text
-    assert ("Primary comparisons (`eval.primary_endpoints.sft`: Avg pass@1, Avg pass@32; the primary arms' Δ cells, "
+    assert ("Primary comparisons (`report.primary_endpoints.sft`: Avg pass@1, Avg pass@32; the primary arms' Δ cells, "
             "marked p(Holm)): 1, of which 0 with a p-value") in text
     assert "p(Holm) ≤ 0.05: none. Declared endpoints this table has no cell for: Avg pass@32." in text
     assert "Unjudged samples" in text and "scored 0 above): 0 of 48; 0 re-judged." in text  # 3 rows x 2 x 2 x 4
@@ -69,7 +67,7 @@ def test_report_stage_on_the_toy_world(tmp_path):
 
 def test_report_aggregates_seeds(tmp_path):
     cfg = compose([f"experiment.run_root={tmp_path}", "experiment.methods=[sft,eksft]",
-                   "experiment.seeds=[3,7]", "eval.analysis.run=[]"])
+                   "experiment.seeds=[3,7]", "report.analysis.run=[]"])
     # One problem per benchmark, n = 4; per seed (3, 7) the correct count.
     counts = {"base": (0, 0), "sft": (1, 3), "eksft": (2, 4)}
     for variant, (first, second) in counts.items():
@@ -105,7 +103,7 @@ def test_report_aggregates_seeds(tmp_path):
 def test_a_table_caption_names_the_seeds_it_holds(tmp_path):
     # With seed 7 not evaluated yet, the caption said "over seeds 3, 7" (a line further down named the missing seed).
     cfg = compose([f"experiment.run_root={tmp_path}", "experiment.methods=[sft]", "experiment.seeds=[3,7]",
-                   "eval.analysis.run=[]"])
+                   "report.analysis.run=[]"])
     for variant in ("base", "sft"):
         for bench in ("toy_add", "toy_mixed"):
             _write_metrics(replace(cfg, seed=3), "sft", variant, bench, {"p": 1})
@@ -118,7 +116,7 @@ def test_a_table_caption_names_the_seeds_it_holds(tmp_path):
 def test_report_sums_the_run_times_its_evaluations_record(tmp_path):
     # Two evaluations with manifests: base one attempt of 30 s; sft interrupted after 20 s and resumed an hour later
     # for 10 s. Work 30 + 30; working time 60 s (no overlap), not the hour between the sft attempts.
-    cfg = compose([f"experiment.run_root={tmp_path}", "experiment.methods=[sft]", "eval.analysis.run=[]",
+    cfg = compose([f"experiment.run_root={tmp_path}", "experiment.methods=[sft]", "report.analysis.run=[]",
                    "eval.benchmarks=[toy_add]"])
     attempts = {"base": [("10:00:00", "10:00:30", "complete")],
                 "sft": [("10:01:00", "10:01:20", "interrupted"), ("11:01:00", "11:01:10", "complete")]}
@@ -139,7 +137,7 @@ def test_report_sums_the_run_times_its_evaluations_record(tmp_path):
 
 
 def test_report_counts_the_samples_left_unjudged_under_each_table(tmp_path):
-    cfg = compose([f"experiment.run_root={tmp_path}", "experiment.methods=[sft]", "eval.analysis.run=[]"])
+    cfg = compose([f"experiment.run_root={tmp_path}", "experiment.methods=[sft]", "report.analysis.run=[]"])
     for variant in ("base", "sft"):
         for bench in ("toy_add", "toy_mixed"):
             extra = {}
@@ -175,7 +173,7 @@ def test_report_shows_the_papers_numbers_next_to_ours(tmp_path):
 
 def test_report_training_curves_and_rl_headroom(tmp_path):
     cfg = compose([f"experiment.run_root={tmp_path}", "experiment.methods=[sft,eksft]", "experiment.rl_methods=[]",
-                   "experiment.seeds=[0,1]", "eval.analysis.run=[]", "rl.rollout_n=2",
+                   "experiment.seeds=[0,1]", "report.analysis.run=[]", "rl.rollout_n=2",
                    "rl.micro_batch_size_per_gpu=16"])
     # One problem per benchmark (both benchmarks alike), n = 4: correct counts per (arm, seed) before / after RL.
     before = {"base": (0, 1), "sft": (2, 3), "eksft": (1, 2)}
@@ -258,7 +256,7 @@ def test_report_reaches_wandb_offline(tmp_path, monkeypatch):
     the CSV's header and rows), each plot as an image, and the rows' Avg numbers as scalars."""
     monkeypatch.delenv("WANDB_MODE", raising=False)
     cfg = compose([f"experiment.run_root={tmp_path}", "experiment.methods=[sft]", "logging.wandb_mode=offline",
-                   "eval.analysis.run=[]"])
+                   "report.analysis.run=[]"])
     for variant, counts in (("base", {"p1": 0, "p2": 4}), ("sft", {"p1": 1, "p2": 4})):
         for bench in ("toy_add", "toy_mixed"):
             _write_metrics(cfg, "sft", variant, bench, counts)
@@ -279,7 +277,7 @@ def test_switching_a_setting_back_renders_that_settings_table_again(tmp_path):
     # unchanged)" and report.md still showed the lr=3e-3 evaluation: the report recorded every evaluation folder of
     # the experiment as its inputs, so both configs had one report identity. Its inputs are the runs the current
     # config reads.
-    overrides = [f"experiment.run_root={tmp_path}", "experiment.methods=[sft]", "eval.analysis.run=[]"]
+    overrides = [f"experiment.run_root={tmp_path}", "experiment.methods=[sft]", "report.analysis.run=[]"]
     default, changed = compose(overrides), compose([*overrides, "sft.lr=3e-3"])
     for cfg, sft_count in ((default, 1), (changed, 4)):  # the base model's evaluation is the same under both
         for bench in ("toy_add", "toy_mixed"):
@@ -299,10 +297,3 @@ def test_switching_a_setting_back_renders_that_settings_table_again(tmp_path):
     again = report.run(default)
     assert again.started_at != first.started_at and sft_avg_pass1(again) == 25.0
 
-
-def test_the_old_entry_point_forwards_with_a_note(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "eval.report", f"experiment.run_root={tmp_path}", "--cfg", "job"],
-                          cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert "`python -m eval.report` is now `python -m report.run`" in done.stderr
-    assert f"run_root: {tmp_path}" in done.stdout  # Hydra of report.run got the command line
