@@ -226,3 +226,45 @@ def test_sigterm_to_the_orchestrator_names_each_interrupted_stage_on_one_line_wi
     finally:
         orchestrator.kill()
         _kill(pids)
+
+
+SHARED_BASE = """\
+import sys, time
+from common.manifest import stage_run
+folder, started, pause = sys.argv[1], sys.argv[2], float(sys.argv[3])
+with stage_run(folder, stage='base', variant='toy', config={}) as run:
+    open(started, 'a').write('started\\n')
+    time.sleep(pause)
+"""
+
+
+def _shared_base_orchestrator(tmp_path: Path, experiment: str, shared: Path, pause_s: float) -> subprocess.Popen:
+    """An orchestrator of experiment ``experiment`` whose one command builds the base model in the shared folder."""
+    argv = [sys.executable, "-c", SHARED_BASE, str(shared), str(tmp_path / "started"), str(pause_s)]
+    command = StageCommand("base", "base/toy", argv, [RunSpec("base", "toy", shared, {}, {})], compose([]))
+    (tmp_path / experiment).mkdir()
+    return _orchestrator(tmp_path / experiment, [command])
+
+
+def test_two_orchestrators_on_one_uncached_base_both_complete(tmp_path):
+    # Issue 39, item 2: the base cache is shared across experiments, but the launch's process mark was its folder's and
+    # the sweep for leftovers ran before any lock: the second orchestrator stopped the first's live base build as
+    # "left running by an earlier launch", the first then the second's, and both failed.
+    shared = tmp_path / "cache" / "base" / "key"
+    first = _shared_base_orchestrator(tmp_path, "table1", shared, pause_s=4.0)
+    second = None
+    try:
+        _wait_for(tmp_path / "started")
+        second = _shared_base_orchestrator(tmp_path, "table2", shared, pause_s=0.0)
+        first_out, first_err = first.communicate(timeout=90)
+        second_out, second_err = second.communicate(timeout=90)
+        assert first.returncode == 0 and second.returncode == 0, first_err + second_err
+        assert "earlier launch" not in first_err + second_err
+        assert f"is being run by PID {first.pid} on host" in second_err and "waiting for it" in second_err
+        assert f"reusing the run PID {first.pid}" in second_err
+        assert (tmp_path / "started").read_text() == "started\n"  # built once
+        assert read_manifest(shared).status == "complete"
+    finally:
+        for orchestrator in (first, second):
+            if orchestrator is not None:
+                orchestrator.kill()
