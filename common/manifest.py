@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import errno
 import functools
 import hashlib
 import importlib.metadata
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import uuid
@@ -31,7 +33,7 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 from common.errors import UserError
-from common.locks import DirectoryLock
+from common.locks import LAUNCH_LOCK_NAME, DirectoryLock, existing_parent
 from common.processes import interrupted_by, interrupts_deferred
 
 SCHEMA_VERSION = 2
@@ -45,8 +47,22 @@ middle and last MiB (a safetensors header sits in the first), so checking a 16 G
 SAMPLE_BYTES = 1 << 20
 
 
+SPACE_RESERVE_NAME = ".space_reserve"
+SPACE_RESERVE_BYTES = 256 << 10
+"""A running stage keeps this much disk in its folder and frees it before recording how it ended, so a full disk
+still gets its 'failed' manifest."""
+STORAGE_ERRNOS = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded",
+                  errno.EROFS: "read-only file system"}
+STORAGE_MESSAGES = re.compile(r"no space left on device|disk quota exceeded|read-only file system", re.IGNORECASE)
+"""How libraries that do not raise an OSError (safetensors, torch's zip writer) word the same errors."""
+
+
 class StageInputError(UserError, RuntimeError):
     """An upstream artifact is missing, incomplete, corrupt, or changed since its manifest was written."""
+
+
+class StorageError(UserError, RuntimeError):
+    """A stage could not write: the disk is full, the quota exceeded or the file system read-only."""
 
 
 # ------------------------------------------------------------------------------------------- hashing
@@ -268,7 +284,8 @@ def read_manifest(directory: str | Path) -> Manifest | None:
 
 
 # -------------------------------------------------------------------------------------------- integrity
-IGNORED_NAMES = {MANIFEST_NAME, DirectoryLock.FILE_NAME, "launch.json", "launch.log"}
+IGNORED_NAMES = {MANIFEST_NAME, DirectoryLock.FILE_NAME, LAUNCH_LOCK_NAME, SPACE_RESERVE_NAME, "launch.json",
+                 "launch.log"}
 """Files of a run folder that are bookkeeping, not content."""
 
 
@@ -442,22 +459,55 @@ def stage_run(directory: str | Path, *, stage: str, variant: str, config: dict[s
             manifest.details = dict(previous.details)
             manifest.attempts = list(previous.attempts)
         manifest.attempts.append(attempt)
+        reserve = directory / SPACE_RESERVE_NAME
         try:
             write_manifest(directory, manifest)
+            with open(reserve, "wb") as handle:
+                handle.write(bytes(SPACE_RESERVE_BYTES))
             yield StageRun(directory, manifest, resumed)
             for relative, record in manifest.outputs.items():
                 if record["verify"]:
                     record.update(fingerprint_path(directory / relative))
         except BaseException as exc:
-            signalled = isinstance(exc, KeyboardInterrupt)
+            # a signal wrapped by a library on its way out (DCP turns it into a CheckpointException) still interrupted
+            signalled = isinstance(exc, KeyboardInterrupt) or interrupted_by() is not None
+            storage = None if signalled else storage_problem(exc, directory)
             manifest.status = "interrupted" if signalled else "failed"
             manifest.error = (f"interrupted by {interrupted_by() or 'Ctrl-C'}; re-run the same command to resume"
-                              if signalled else f"{type(exc).__name__}: {exc}"[:2000])
+                              if signalled else storage or f"{type(exc).__name__}: {exc}"[:2000])
             manifest.ended_at = _now()
             attempt.update(ended_at=manifest.ended_at, status=manifest.status)
-            write_manifest(directory, manifest)
+            reserve.unlink(missing_ok=True)
+            try:
+                write_manifest(directory, manifest)
+            except OSError as unrecorded:
+                if storage is None:
+                    raise
+                storage += f" (its manifest could not record this: {unrecorded.strerror})"
+            if storage:
+                raise StorageError(storage) from exc
             raise
         manifest.status = "complete"
         manifest.ended_at = _now()
         attempt.update(ended_at=manifest.ended_at, status=manifest.status)
+        reserve.unlink(missing_ok=True)
         write_manifest(directory, manifest)
+
+
+def storage_problem(exc: BaseException, directory: Path) -> str | None:
+    """One line for a full disk, an exceeded quota or a read-only file system anywhere in ``exc``'s chain: the path
+    that could not be written (else ``directory``), the free space there and the fix; None for any other error."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        code = exc.errno if isinstance(exc, OSError) else None
+        worded = STORAGE_MESSAGES.search(str(exc))
+        if code in STORAGE_ERRNOS or worded:
+            what = STORAGE_ERRNOS.get(code) or worded.group(0).lower()
+            path = Path(exc.filename) if isinstance(exc, OSError) and exc.filename else directory
+            usage = shutil.disk_usage(existing_parent(path))
+            return (f"{path}: {what} ({usage.free / 2**20:.1f} MiB free of {usage.total / 2**20:.1f} MiB on its file "
+                    "system); free some space (or use a writable disk with room) and re-run the same command to "
+                    "resume")
+        exc = exc.__cause__ or exc.__context__
+    return None
