@@ -5,8 +5,11 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import socket
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -15,6 +18,8 @@ import torch
 from common import preflight
 from common.config import compose
 from common.preflight import Problem, PreflightError
+
+REPO = Path(__file__).resolve().parents[2]
 
 FAST_S = 5.0
 REAL_PROBE = preflight.probe
@@ -142,6 +147,39 @@ def test_model_folder_without_config_json(tmp_path):
     assert "has no config.json" in problem.message
     (tmp_path / "config.json").write_text("{}")
     assert preflight.check_model(paper(f"model.path={tmp_path}"), "sft") == []
+
+
+def test_a_model_folder_with_a_broken_config_or_a_truncated_shard_is_named_with_its_file(tmp_path):
+    # Issue 39, item 4: eval.run on such a folder printed 50 lines (a broken config.json, the path only in
+    # transformers' last line) or 138 (a truncated model.safetensors, no path at all).
+    from safetensors.torch import save_file
+
+    (tmp_path / "config.json").write_text('{"model_type": "qwen3",')
+    problem = only(preflight.check_model(paper(f"model.path={tmp_path}"), "sft"), "model")
+    assert f"model.path={tmp_path}: {tmp_path / 'config.json'} is not valid JSON" in problem.message
+    assert "or point model.path at an intact folder" in problem.fix
+    (tmp_path / "config.json").write_text("{}")
+    shard = tmp_path / "model.safetensors"
+    save_file({"w": torch.zeros(64, 64)}, shard)
+    assert preflight.check_model(paper(f"model.path={tmp_path}"), "sft") == []
+    size = shard.stat().st_size
+    with open(shard, "r+b") as handle:
+        handle.truncate(size - 100)
+    problem = only(preflight.check_model(paper(f"model.path={tmp_path}"), "sft"), "model")
+    assert f"{shard} is {size - 100} bytes, its header says {size}: truncated or damaged" in problem.message
+    with open(shard, "r+b") as handle:
+        handle.truncate(20)
+    problem = only(preflight.check_model(paper(f"model.path={tmp_path}"), "sft"), "model")
+    assert f"{shard} is truncated or not a safetensors file (20 bytes)" in problem.message
+
+
+def test_eval_on_a_broken_model_folder_is_one_error_naming_the_file(tmp_path):
+    (tmp_path / "config.json").write_text("{not json")
+    result = subprocess.run([sys.executable, "-m", "eval.run", "profile=toy", f"eval.model_path={tmp_path}",
+                             "eval.variant=mine", f"experiment.run_root={tmp_path}/runs"], capture_output=True,
+                            text=True, timeout=120, cwd=REPO)
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    assert f"{tmp_path / 'config.json'} is not valid JSON" in result.stderr
 
 
 def test_offline_hub_without_the_model_cached(monkeypatch):
