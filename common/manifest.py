@@ -93,18 +93,21 @@ def _files_under(path: Path) -> list[Path]:
 
 def fingerprint_path(path: str | Path) -> dict[str, Any]:
     """``{"size", "files", "digest"}`` of a file, or of a folder as the hash of its sorted (relative path, file
-    fingerprint) pairs; raises :class:`StageInputError` when it does not exist."""
+    fingerprint) pairs, with those pairs under ``"file_digests"``; raises :class:`StageInputError` when it does not
+    exist."""
     path = Path(path)
     if path.is_file():
         return {"size": path.stat().st_size, "files": 1, "digest": fingerprint_file(path)}
     if not path.is_dir():
         raise StageInputError(f"{path} does not exist")
-    digest, size, files = hashlib.sha256(), 0, _files_under(path)
-    for child in files:
-        digest.update(str(child.relative_to(path)).encode())
-        digest.update(fingerprint_file(child).encode())
+    digest, size, file_digests = hashlib.sha256(), 0, {}
+    for child in _files_under(path):
+        relative = str(child.relative_to(path))
+        file_digests[relative] = fingerprint_file(child)
+        digest.update(relative.encode())
+        digest.update(file_digests[relative].encode())
         size += child.stat().st_size
-    return {"size": size, "files": len(files), "digest": digest.hexdigest()}
+    return {"size": size, "files": len(file_digests), "digest": digest.hexdigest(), "file_digests": file_digests}
 
 
 def sha256_path(path: str | Path) -> str:
@@ -302,7 +305,11 @@ def output_problems(directory: str | Path, manifest: Manifest) -> list[str]:
             problems.append(f"{path} is missing")
             continue
         if found["digest"] != record.get("digest"):
-            problems.append(f"{path} changed since the run completed ({record.get('size')} -> {found['size']} bytes)")
+            recorded, now = record.get("file_digests", {}), found.get("file_digests", {})
+            changed = sorted(name for name in recorded.keys() | now.keys() if recorded.get(name) != now.get(name))
+            where = path / changed[0] if changed and recorded else path  # manifests before file_digests: the folder
+            problems.append(f"{where} changed since the run completed ({record.get('size')} -> {found['size']} bytes"
+                            + (f" in {path}" if where != path else "") + ")")
     return problems
 
 

@@ -168,8 +168,8 @@ def run_command(command: StageCommand, *, echo: bool = True) -> float:
     with open(log_path, "a", encoding="utf-8") as log, contextlib.ExitStack() as held:
         waited_for = hold_launch(command, owner, log, held)
         if waited_for and is_done(command):
-            _note(f"[launch] {command.name}: reusing the run PID {waited_for.get('pid', '?')} on host "
-                  f"{waited_for.get('host', '?')} completed in {command.record_dir}", log)
+            _note(f"[launch] {command.name}: reusing the run in {command.record_dir} that PID "
+                  f"{waited_for.get('pid', '?')} on host {waited_for.get('host', '?')} completed", log)
             return time.time() - started
         log.write(f"\n$ {' '.join(argv)}\n")
         log.flush()

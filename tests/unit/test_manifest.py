@@ -234,6 +234,21 @@ def test_deleted_output_is_not_trusted_and_names_the_file(tmp_path):
         assert run is not None and run.resumed  # the stage redoes what is missing
 
 
+def test_same_size_damage_of_an_exported_folder_names_the_file(tmp_path):
+    # Issue 39, item 1: a damaged export or base model is named by its file, not only by its folder.
+    with mf.stage_run(tmp_path, stage="sft", variant="v", config={}, announce=lambda _: None) as run:
+        (tmp_path / "hf").mkdir()
+        (tmp_path / "hf" / "config.json").write_text("{}")
+        (tmp_path / "hf" / "model.safetensors").write_bytes(bytes(range(256)) * 4)
+        run.add_output("hf", "the export")
+    with open(tmp_path / "hf" / "model.safetensors", "r+b") as handle:
+        handle.seek(512)
+        handle.write(bytes(64))
+    with pytest.raises(mf.StageInputError, match=f"{tmp_path / 'hf' / 'model.safetensors'} changed since the run "
+                                                 r"completed \(1026 -> 1026 bytes in .*; re-run that stage"):
+        mf.require_complete(tmp_path, "model to evaluate")
+
+
 def test_changed_output_is_detected(tmp_path):
     _body_runs(tmp_path, {"a": 1})
     (tmp_path / "out.txt").write_text("y")

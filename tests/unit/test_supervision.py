@@ -261,7 +261,7 @@ def test_two_orchestrators_on_one_uncached_base_both_complete(tmp_path):
         assert first.returncode == 0 and second.returncode == 0, first_err + second_err
         assert "earlier launch" not in first_err + second_err
         assert f"is being run by PID {first.pid} on host" in second_err and "waiting for it" in second_err
-        assert f"reusing the run PID {first.pid}" in second_err
+        assert f"reusing the run in {shared} that PID {first.pid} on host" in second_err
         assert (tmp_path / "started").read_text() == "started\n"  # built once
         assert read_manifest(shared).status == "complete"
     finally:
