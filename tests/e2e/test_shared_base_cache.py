@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -28,23 +27,20 @@ def _orchestrator(run_root: Path, name: str) -> subprocess.Popen:
 
 
 def test_two_orchestrators_on_one_uncached_toy_base_both_complete(tmp_path):
-    first = _orchestrator(tmp_path, "first")
-    second = None
+    # Started together: whichever takes the base folder's launch lock first builds it, the other waits and reuses it.
+    first, second = _orchestrator(tmp_path, "first"), _orchestrator(tmp_path, "second")
     try:
-        deadline = time.monotonic() + 300
-        while not list(tmp_path.glob("cache/base/*/manifest.json")) and time.monotonic() < deadline:
-            time.sleep(0.2)  # the first one's base stage has started
-        second = _orchestrator(tmp_path, "second")
         _, first_err = first.communicate(timeout=1800)
         _, second_err = second.communicate(timeout=1800)
         assert first.returncode == 0 and second.returncode == 0, first_err[-3000:] + second_err[-3000:]
-        (base,) = tmp_path.glob("cache/base/*")
-        assert f"{base} is being run by PID {first.pid} on host" in second_err and "waiting for it" in second_err
-        assert f"reusing the run in {base} that PID {first.pid}" in second_err
         assert "earlier launch" not in first_err + second_err
+        (base,) = tmp_path.glob("cache/base/*")
+        waited = [(err, other) for err, other in ((first_err, second), (second_err, first)) if "waiting for it" in err]
+        for err, other in waited:  # none when one finished before the other looked (the base was then done)
+            assert f"{base} is being run by PID {other.pid} on host" in err
+            assert f"reusing the run in {base} that PID {other.pid}" in err
         manifest = read_manifest(base)
         assert manifest.complete and len(manifest.attempts) == 1  # built once
     finally:
-        for orchestrator in (first, second):
-            if orchestrator is not None:
-                orchestrator.kill()
+        first.kill()
+        second.kill()
