@@ -5,11 +5,8 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import socket
-import subprocess
-import sys
 import threading
 import time
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -18,8 +15,6 @@ import torch
 from common import preflight
 from common.config import compose
 from common.preflight import Problem, PreflightError
-
-REPO = Path(__file__).resolve().parents[2]
 
 FAST_S = 5.0
 REAL_PROBE = preflight.probe
@@ -173,13 +168,14 @@ def test_a_model_folder_with_a_broken_config_or_a_truncated_shard_is_named_with_
     assert f"{shard} is truncated or not a safetensors file (20 bytes)" in problem.message
 
 
-def test_eval_on_a_broken_model_folder_is_one_error_naming_the_file(tmp_path):
+def test_eval_on_a_broken_model_folder_stops_before_loading_naming_the_file(tmp_path, monkeypatch):
+    import eval.run
+
+    monkeypatch.setattr(eval.run, "benchmark_names", lambda cfg: pytest.fail("preflight let evaluation start"))
     (tmp_path / "config.json").write_text("{not json")
-    result = subprocess.run([sys.executable, "-m", "eval.run", "profile=toy", f"eval.model_path={tmp_path}",
-                             "eval.variant=mine", f"experiment.run_root={tmp_path}/runs"], capture_output=True,
-                            text=True, timeout=120, cwd=REPO)
-    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
-    assert f"{tmp_path / 'config.json'} is not valid JSON" in result.stderr
+    cfg = compose(["profile=toy", f"eval.model_path={tmp_path}", "eval.variant=mine"])
+    with pytest.raises(PreflightError, match=f"{tmp_path / 'config.json'} is not valid JSON"):
+        eval.run.run(cfg)
 
 
 def test_offline_hub_without_the_model_cached(monkeypatch):
