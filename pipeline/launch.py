@@ -14,8 +14,9 @@ record names it and its launch's mark) while the command runs. Folders shared by
 ``runs/cache/base/<key>``) are reached by several orchestrators: the second waits for the first's launch, naming
 whose it is, then reuses the run if it completed. Only with the lock held is a mark an earlier launcher left in it
 (an orchestrator killed with SIGKILL) swept: its processes are stopped, so no stray process writes the folder, and
-a live launch's processes are never touched, since each launch has a mark of its own. The verdict follows the manifests: a command whose runs are all complete and current
-has succeeded, whatever its exit status; any other has failed or was interrupted, as its manifests say.
+a live launch's processes are never touched, since each launch has a mark of its own. The verdict follows the
+manifests: a command whose runs are all complete and current has succeeded, whatever its exit status; any other has
+failed or was interrupted, as its manifests say.
 """
 from __future__ import annotations
 
