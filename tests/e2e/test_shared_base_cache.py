@@ -16,7 +16,7 @@ from common.manifest import read_manifest
 
 pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[2]
-TINY_BASE = ["experiment=demo", "experiment.stages=[base]", "logging.progress=false", "toy.pretrain_steps=60",
+TINY_BASE = ["experiment=demo", "experiment.stages=[data,base]", "logging.progress=false", "toy.pretrain_steps=60",
              "toy.num_pretrain_docs=2000", "toy.pretrain_eval_problems=0"]
 
 
