@@ -174,8 +174,13 @@ class Checkpointer:
     def damage(self, path: Path) -> str | None:
         """Collective: the first file of checkpoint ``path`` that no longer has the sha256 recorded when it was
         written (a truncated or overwritten shard), as one sentence; None when all match, or when the checkpoint
-        predates the digests."""
-        recorded = json.loads((path / TRAINER_STATE_FILE).read_text()).get(FILE_DIGESTS_KEY)
+        predates the digests (a state file of another kind is :meth:`load`'s to refuse)."""
+        state_file = path / TRAINER_STATE_FILE
+        try:
+            record = json.loads(state_file.read_text())
+        except (OSError, ValueError) as error:
+            return f"{state_file} is not readable ({error})"
+        recorded = record.get(FILE_DIGESTS_KEY) if isinstance(record, dict) else None
         if recorded is None:
             return None
         found = self._digests(path, sorted(recorded))

@@ -196,6 +196,16 @@ def test_only_checkpoints_with_a_state_file_count(tmp_path):
     assert checkpointer.complete_steps() == [3, 4]
 
 
+def test_a_torn_state_file_makes_its_checkpoint_damaged_by_name(tmp_path):
+    checkpointer = Checkpointer(tmp_path, keep=2, env=None)
+    checkpointer.path(4).mkdir(parents=True)
+    (checkpointer.path(4) / TRAINER_STATE_FILE).write_text('{"global_step": 4, "fil')
+    assert checkpointer.damage(checkpointer.path(4)).startswith(
+        f"{checkpointer.path(4) / TRAINER_STATE_FILE} is not readable")
+    (checkpointer.path(4) / TRAINER_STATE_FILE).write_text(json.dumps(OLD_STATE))
+    assert checkpointer.damage(checkpointer.path(4)) is None  # written before the digests: nothing to verify
+
+
 # ------------------------------------------------------------------------------------- trainer state
 OLD_STATE = {"epoch": 1, "global_step": 4, "index_in_epoch": 0, "input_tokens": 812, "last_loss": 5.25,
              "supervised_tokens": 301, "total_steps": 8, "train_time_s": 1.5, "world_size": 1}
