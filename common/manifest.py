@@ -502,19 +502,26 @@ def stage_run(directory: str | Path, *, stage: str, variant: str, config: dict[s
 
 
 def storage_problem(exc: BaseException, directory: Path) -> str | None:
-    """One line for a full disk, an exceeded quota or a read-only file system anywhere in ``exc``'s chain: the path
-    that could not be written (else ``directory``), the free space there and the fix; None for any other error."""
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        code = exc.errno if isinstance(exc, OSError) else None
-        worded = STORAGE_MESSAGES.search(str(exc))
+    """One line for a full disk, an exceeded quota or a read-only file system anywhere in ``exc``'s chain, or for any
+    error while the disk holding ``directory`` is full (torch's zip writer reports a short write as "unexpected
+    pos"): the path that could not be written (else ``directory``), the free space there and the fix; None for any
+    other error."""
+    seen, error = set(), exc
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        code = error.errno if isinstance(error, OSError) else None
+        worded = STORAGE_MESSAGES.search(str(error))
         if code in STORAGE_ERRNOS or worded:
-            what = STORAGE_ERRNOS.get(code) or worded.group(0).lower()
-            path = Path(exc.filename) if isinstance(exc, OSError) and exc.filename else directory
-            usage = shutil.disk_usage(existing_parent(path))
-            return (f"{path}: {what} ({usage.free / 2**20:.1f} MiB free of {usage.total / 2**20:.1f} MiB on its file "
-                    "system); free some space (or use a writable disk with room) and re-run the same command to "
-                    "resume")
-        exc = exc.__cause__ or exc.__context__
+            path = Path(error.filename) if isinstance(error, OSError) and error.filename else directory
+            return _storage_line(path, STORAGE_ERRNOS.get(code) or worded.group(0).lower())
+        error = error.__cause__ or error.__context__
+    if shutil.disk_usage(existing_parent(directory)).free < SPACE_RESERVE_BYTES:
+        stopped = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}"[:300]
+        return _storage_line(directory, "no space left on device") + f" (the stage stopped with {stopped})"
     return None
+
+
+def _storage_line(path: Path, what: str) -> str:
+    usage = shutil.disk_usage(existing_parent(path))
+    return (f"{path}: {what} ({usage.free / 2**20:.1f} MiB free of {usage.total / 2**20:.1f} MiB on its file system); "
+            "free some space (or use a writable disk with room) and re-run the same command to resume")

@@ -153,6 +153,26 @@ def test_a_full_disk_worded_by_a_library_names_the_run_folder(tmp_path):
     assert mf.read_manifest(tmp_path).status == "failed"
 
 
+def test_an_error_without_an_errno_on_a_full_disk_is_named_as_one(tmp_path, monkeypatch):
+    # DCP's torch.save on a full tmpfs: "RuntimeError: [enforce fail at inline_container.cc:672] . unexpected pos 704
+    # vs 598", inside a CheckpointException; no errno, no wording of the disk.
+    real_usage = mf.shutil.disk_usage
+    full = {"on": False}
+    monkeypatch.setattr(mf.shutil, "disk_usage", lambda path: real_usage(path)._replace(free=0) if full["on"]
+                        else real_usage(path))
+    with pytest.raises(mf.StorageError, match=rf"^{tmp_path}: no space left on device \(0.0 MiB free .* stopped "
+                                              r"with RuntimeError: \[enforce fail.*\] . unexpected pos 704 vs 598\)$"):
+        with mf.stage_run(tmp_path, stage="s", variant="v", config={}, announce=lambda _: None):
+            full["on"] = True
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")
+    assert mf.read_manifest(tmp_path).status == "failed"
+    full["on"] = False
+    with pytest.raises(RuntimeError, match="unexpected pos") as error:
+        with mf.stage_run(tmp_path, stage="s", variant="v", config={}, announce=lambda _: None):
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")
+    assert type(error.value) is RuntimeError  # with room on the disk it is that error
+
+
 def test_a_signal_a_library_wraps_on_its_way_out_is_recorded_as_interrupted(tmp_path):
     # Issue 39, item 4: Ctrl-C during dcp.save was recorded 'failed': DCP turns the KeyboardInterrupt into a
     # CheckpointException.
