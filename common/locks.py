@@ -1,6 +1,7 @@
 """One writer per folder: an exclusive ``flock`` on ``<folder>/.lock``, held for as long as a process writes there.
 
-The stage process holds its run folder's lock (``common.manifest.stage_run``), the orchestrator its experiment's.
+The stage process holds its run folder's lock (``common.manifest.stage_run``), the orchestrator its experiment's and,
+while it launches a command, that command folder's ``.launch.lock``.
 A second process fails at once with :class:`LockHeld`, naming the PID, host and command of the holder. The kernel
 releases a ``flock`` when its holder dies, so a dead process's lock is taken over, with a message naming it. On
 network file systems this relies on their ``flock`` support (NFSv4, Lustre with ``flock`` mounts).
@@ -12,6 +13,7 @@ import json
 import os
 import socket
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Callable
@@ -19,8 +21,22 @@ from typing import Callable
 from common.errors import UserError
 
 
+LAUNCH_LOCK_NAME = ".launch.lock"
+"""The lock an orchestrator holds on a command's folder while it launches the command (``pipeline/launch.py``)."""
+
+
 class LockHeld(UserError, RuntimeError):
-    """Another live process writes this folder."""
+    """Another live process writes this folder; ``holder`` is its record (pid, host, what, since, command)."""
+
+    def __init__(self, message: str, holder: dict):
+        super().__init__(message)
+        self.holder = holder
+
+
+def describe_holder(holder: dict) -> str:
+    """Whose a lock is, as the holder recorded it: ``PID <pid> on host <host> since <time> (<what>: <command>)``."""
+    return (f"PID {holder.get('pid', '?')} on host {holder.get('host', '?')} since {holder.get('since', '?')} "
+            f"({holder.get('what', '?')}: {holder.get('command', '?')})")
 
 
 def existing_parent(path: str | Path) -> Path:
@@ -34,7 +50,8 @@ def existing_parent(path: str | Path) -> Path:
 
 def unwritable(folder: str | Path) -> str | None:
     """Why this user cannot create or write ``folder`` (a folder on the way is a file; the nearest existing folder is
-    not writable); None if it can. Nothing is created."""
+    not writable, or refuses a new entry: ``/sys``, a read-only mount, even for root); None if it can. Nothing is
+    left behind: the probe folder goes at once."""
     folder = Path(folder).expanduser().absolute()
     existing = existing_parent(folder)
     if not os.path.isdir(existing):
@@ -42,18 +59,27 @@ def unwritable(folder: str | Path) -> str | None:
     if not os.access(existing, os.W_OK | os.X_OK):
         return ("it is not writable" if existing == folder else f"it cannot be created: {existing} is not writable") \
             + " by this user"
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".eksft-probe-", dir=existing))
+    except OSError as error:
+        return f"{existing} refuses new files ({error.strerror})"
     return None
 
 
 class DirectoryLock:
-    """Context manager holding ``<directory>/.lock`` exclusively; ``what`` names the work in messages."""
+    """Context manager holding ``<directory>/<file_name>`` (``.lock``) exclusively; ``what`` names the work in
+    messages, ``details`` go into the holder's record beside it. ``previous`` is the record of a holder that ended
+    without releasing the lock (``{}`` when it was released cleanly)."""
 
     FILE_NAME = ".lock"
 
-    def __init__(self, directory: str | Path, what: str, announce: Callable[[str], None] = print):
-        self.path = Path(directory) / self.FILE_NAME
+    def __init__(self, directory: str | Path, what: str, announce: Callable[[str], None] = print, *,
+                 file_name: str = FILE_NAME, details: dict | None = None):
+        self.path = Path(directory) / file_name
         self.what = what
         self.announce = announce
+        self.details = dict(details or {})
+        self.previous: dict = {}
         self._fd: int | None = None
 
     def __enter__(self) -> "DirectoryLock":
@@ -64,14 +90,13 @@ class DirectoryLock:
         except BlockingIOError:
             holder = _read_holder(fd)
             os.close(fd)
-            raise LockHeld(f"{self.path.parent} is being written by PID {holder.get('pid', '?')} on host "
-                           f"{holder.get('host', '?')} since {holder.get('since', '?')} ({holder.get('what', '?')}: "
-                           f"{holder.get('command', '?')}); wait for it or stop it") from None
-        previous = _read_holder(fd)
-        if previous:
-            self.announce(f"[lock] taking over {self.path}: its writer (PID {previous.get('pid')} on "
-                          f"{previous.get('host')}, {previous.get('what')}) ended without releasing it")
-        record = {"pid": os.getpid(), "host": socket.gethostname(), "what": self.what,
+            raise LockHeld(f"{self.path.parent} is being written by {describe_holder(holder)}; wait for it or stop "
+                           "it", holder) from None
+        self.previous = _read_holder(fd)
+        if self.previous:
+            self.announce(f"[lock] taking over {self.path}: its writer (PID {self.previous.get('pid')} on "
+                          f"{self.previous.get('host')}, {self.previous.get('what')}) ended without releasing it")
+        record = {**self.details, "pid": os.getpid(), "host": socket.gethostname(), "what": self.what,
                   "since": time.strftime("%Y-%m-%d %H:%M:%S"), "command": " ".join(sys.argv)[:500]}
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(record).encode(), 0)

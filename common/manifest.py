@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import errno
 import functools
 import hashlib
 import importlib.metadata
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import uuid
@@ -31,7 +33,7 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 from common.errors import UserError
-from common.locks import DirectoryLock
+from common.locks import LAUNCH_LOCK_NAME, DirectoryLock, existing_parent
 from common.processes import interrupted_by, interrupts_deferred
 
 SCHEMA_VERSION = 2
@@ -45,8 +47,22 @@ middle and last MiB (a safetensors header sits in the first), so checking a 16 G
 SAMPLE_BYTES = 1 << 20
 
 
+SPACE_RESERVE_NAME = ".space_reserve"
+SPACE_RESERVE_BYTES = 256 << 10
+"""A running stage keeps this much disk in its folder and frees it before recording how it ended, so a full disk
+still gets its 'failed' manifest."""
+STORAGE_ERRNOS = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded",
+                  errno.EROFS: "read-only file system"}
+STORAGE_MESSAGES = re.compile(r"no space left on device|disk quota exceeded|read-only file system", re.IGNORECASE)
+"""How libraries that do not raise an OSError (safetensors, torch's zip writer) word the same errors."""
+
+
 class StageInputError(UserError, RuntimeError):
     """An upstream artifact is missing, incomplete, corrupt, or changed since its manifest was written."""
+
+
+class StorageError(UserError, RuntimeError):
+    """A stage could not write: the disk is full, the quota exceeded or the file system read-only."""
 
 
 # ------------------------------------------------------------------------------------------- hashing
@@ -77,18 +93,21 @@ def _files_under(path: Path) -> list[Path]:
 
 def fingerprint_path(path: str | Path) -> dict[str, Any]:
     """``{"size", "files", "digest"}`` of a file, or of a folder as the hash of its sorted (relative path, file
-    fingerprint) pairs; raises :class:`StageInputError` when it does not exist."""
+    fingerprint) pairs, with those pairs under ``"file_digests"``; raises :class:`StageInputError` when it does not
+    exist."""
     path = Path(path)
     if path.is_file():
         return {"size": path.stat().st_size, "files": 1, "digest": fingerprint_file(path)}
     if not path.is_dir():
         raise StageInputError(f"{path} does not exist")
-    digest, size, files = hashlib.sha256(), 0, _files_under(path)
-    for child in files:
-        digest.update(str(child.relative_to(path)).encode())
-        digest.update(fingerprint_file(child).encode())
+    digest, size, file_digests = hashlib.sha256(), 0, {}
+    for child in _files_under(path):
+        relative = str(child.relative_to(path))
+        file_digests[relative] = fingerprint_file(child)
+        digest.update(relative.encode())
+        digest.update(file_digests[relative].encode())
         size += child.stat().st_size
-    return {"size": size, "files": len(files), "digest": digest.hexdigest()}
+    return {"size": size, "files": len(file_digests), "digest": digest.hexdigest(), "file_digests": file_digests}
 
 
 def sha256_path(path: str | Path) -> str:
@@ -268,7 +287,8 @@ def read_manifest(directory: str | Path) -> Manifest | None:
 
 
 # -------------------------------------------------------------------------------------------- integrity
-IGNORED_NAMES = {MANIFEST_NAME, DirectoryLock.FILE_NAME, "launch.json", "launch.log"}
+IGNORED_NAMES = {MANIFEST_NAME, DirectoryLock.FILE_NAME, LAUNCH_LOCK_NAME, SPACE_RESERVE_NAME, "launch.json",
+                 "launch.log"}
 """Files of a run folder that are bookkeeping, not content."""
 
 
@@ -285,7 +305,11 @@ def output_problems(directory: str | Path, manifest: Manifest) -> list[str]:
             problems.append(f"{path} is missing")
             continue
         if found["digest"] != record.get("digest"):
-            problems.append(f"{path} changed since the run completed ({record.get('size')} -> {found['size']} bytes)")
+            recorded, now = record.get("file_digests", {}), found.get("file_digests", {})
+            changed = sorted(name for name in recorded.keys() | now.keys() if recorded.get(name) != now.get(name))
+            where = path / changed[0] if changed and recorded else path  # manifests before file_digests: the folder
+            problems.append(f"{where} changed since the run completed ({record.get('size')} -> {found['size']} bytes"
+                            + (f" in {path}" if where != path else "") + ")")
     return problems
 
 
@@ -442,22 +466,62 @@ def stage_run(directory: str | Path, *, stage: str, variant: str, config: dict[s
             manifest.details = dict(previous.details)
             manifest.attempts = list(previous.attempts)
         manifest.attempts.append(attempt)
+        reserve = directory / SPACE_RESERVE_NAME
         try:
             write_manifest(directory, manifest)
+            with open(reserve, "wb") as handle:
+                handle.write(bytes(SPACE_RESERVE_BYTES))
             yield StageRun(directory, manifest, resumed)
             for relative, record in manifest.outputs.items():
                 if record["verify"]:
                     record.update(fingerprint_path(directory / relative))
         except BaseException as exc:
-            signalled = isinstance(exc, KeyboardInterrupt)
+            # a signal wrapped by a library on its way out (DCP turns it into a CheckpointException) still interrupted
+            signalled = isinstance(exc, KeyboardInterrupt) or interrupted_by() is not None
+            storage = None if signalled else storage_problem(exc, directory)
             manifest.status = "interrupted" if signalled else "failed"
             manifest.error = (f"interrupted by {interrupted_by() or 'Ctrl-C'}; re-run the same command to resume"
-                              if signalled else f"{type(exc).__name__}: {exc}"[:2000])
+                              if signalled else storage or f"{type(exc).__name__}: {exc}"[:2000])
             manifest.ended_at = _now()
             attempt.update(ended_at=manifest.ended_at, status=manifest.status)
-            write_manifest(directory, manifest)
+            reserve.unlink(missing_ok=True)
+            try:
+                write_manifest(directory, manifest)
+            except OSError as unrecorded:
+                if storage is None:
+                    raise
+                storage += f" (its manifest could not record this: {unrecorded.strerror})"
+            if storage:
+                raise StorageError(storage) from exc
             raise
         manifest.status = "complete"
         manifest.ended_at = _now()
         attempt.update(ended_at=manifest.ended_at, status=manifest.status)
+        reserve.unlink(missing_ok=True)
         write_manifest(directory, manifest)
+
+
+def storage_problem(exc: BaseException, directory: Path) -> str | None:
+    """One line for a full disk, an exceeded quota or a read-only file system anywhere in ``exc``'s chain, or for any
+    error while the disk holding ``directory`` is full (torch's zip writer reports a short write as "unexpected
+    pos"): the path that could not be written (else ``directory``), the free space there and the fix; None for any
+    other error."""
+    seen, error = set(), exc
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        code = error.errno if isinstance(error, OSError) else None
+        worded = STORAGE_MESSAGES.search(str(error))
+        if code in STORAGE_ERRNOS or worded:
+            path = Path(error.filename) if isinstance(error, OSError) and error.filename else directory
+            return _storage_line(path, STORAGE_ERRNOS.get(code) or worded.group(0).lower())
+        error = error.__cause__ or error.__context__
+    if shutil.disk_usage(existing_parent(directory)).free < SPACE_RESERVE_BYTES:
+        stopped = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}"[:300]
+        return _storage_line(directory, "no space left on device") + f" (the stage stopped with {stopped})"
+    return None
+
+
+def _storage_line(path: Path, what: str) -> str:
+    usage = shutil.disk_usage(existing_parent(path))
+    return (f"{path}: {what} ({usage.free / 2**20:.1f} MiB free of {usage.total / 2**20:.1f} MiB on its file system); "
+            "free some space (or use a writable disk with room) and re-run the same command to resume")

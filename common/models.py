@@ -11,6 +11,7 @@ first imported.
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -106,3 +107,25 @@ def load_causal_lm(path: str | Path, *, gguf_file: str = "", attn_implementation
     if attn_implementation is not None:
         extra["attn_implementation"] = attn_implementation
     return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **extra)
+
+
+def current_umask() -> int:
+    """This process's umask, read without changing it (``/proc/self/status``; elsewhere set and restored)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def follow_umask(path: str | Path) -> None:
+    """Gives ``path`` (a safetensors file, or every one in a folder) the mode the umask gives any new file:
+    safetensors creates its files 0600 whatever the umask, so on a shared run root nobody else could read them."""
+    path = Path(path)
+    mode = 0o666 & ~current_umask()
+    for weights in [path] if path.is_file() else path.rglob("*.safetensors"):
+        os.chmod(weights, mode)

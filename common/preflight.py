@@ -299,6 +299,10 @@ def check_model(cfg: "Config", stage: str) -> list[Problem]:
             if not (Path(path).expanduser() / wanted).is_file():
                 problems.append(Problem("model", f"{key}={path} has no {wanted}",
                                         f"point {key} at a Hugging Face model folder (config.json and weights)"))
+            elif not gguf and (damage := damaged_model_file(Path(path).expanduser())):
+                problems.append(Problem("model", f"{key}={path}: {damage}",
+                                        f"copy, export or download that model into {path} again, or point {key} at "
+                                        "an intact folder"))
         elif looks_local(path) or gguf:
             problems.append(Problem("model", f"{key}={path} does not exist",
                                     f"point {key} at an existing folder or a hub id 'org/name'"))
@@ -306,6 +310,33 @@ def check_model(cfg: "Config", stage: str) -> list[Problem]:
             hub.append((key, path, "model"))
     return problems + hub_problems("model", hub, f"{OFFLINE_HINT}, or set {hub[0][0] if hub else 'model.path'} "
                                                  "to a local folder")
+
+
+def damaged_model_file(folder: Path) -> str | None:
+    """The first file of a local model folder that is not what it claims to be, as one sentence: a ``config.json``
+    that is not JSON, a ``*.safetensors`` file whose size is not the one its header gives (truncated, or cut before
+    its header ends). Reads only ``config.json`` and each shard's header, so a 16 GB model is checked in
+    milliseconds; None when nothing is wrong."""
+    config = folder / "config.json"
+    try:
+        json.loads(config.read_text())
+    except ValueError as error:
+        return f"{config} is not valid JSON ({error})"
+    for shard in sorted(folder.glob("*.safetensors")):
+        size = shard.stat().st_size
+        with open(shard, "rb") as handle:
+            header_bytes = int.from_bytes(handle.read(8), "little") if size >= 8 else 0
+            if not 0 < header_bytes <= size - 8:
+                return f"{shard} is truncated or not a safetensors file ({size} bytes)"
+            try:
+                header = json.loads(handle.read(header_bytes))
+            except ValueError:
+                return f"{shard} has an unreadable safetensors header"
+        expected = 8 + header_bytes + max((entry["data_offsets"][1] for name, entry in header.items()
+                                           if name != "__metadata__"), default=0)
+        if size != expected:
+            return f"{shard} is {size} bytes, its header says {expected}: truncated or damaged"
+    return None
 
 
 def unreadable(key: str, value: str, kind: str) -> str | None:

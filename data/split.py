@@ -14,6 +14,7 @@ import hashlib
 from collections import defaultdict
 from dataclasses import dataclass
 
+from common.errors import ConfigError
 from data.schema import problem_key
 
 
@@ -42,7 +43,8 @@ def split_rows(problems: list[str], *, num_sft_rows: int, num_rl_rows: int, num_
         groups[problem_key(text)].append(position)
     ordered = sorted(groups, key=lambda key: _order_key(split_seed, key))
     if len(problems) <= num_sft_rows:
-        raise ValueError(f"data.num_sft_rows={num_sft_rows} leaves no RL rows: only {len(problems)} valid rows")
+        raise ConfigError(f"data.num_sft_rows={num_sft_rows} leaves no RL rows: the training set has only "
+                          f"{len(problems)} valid rows; fix: set data.num_sft_rows below {len(problems)}")
     sft: list[int] = []
     rest: list[list[int]] = []
     for key in ordered:
@@ -59,7 +61,7 @@ def split_rows(problems: list[str], *, num_sft_rows: int, num_rl_rows: int, num_
         rl_val.extend(rest.pop())
     rl = [position for members in rest for position in members]
     if not rl:
-        raise ValueError(f"no RL training rows left after {len(sft)} SFT, {len(heldout)} held-out and {len(rl_val)} "
+        raise ConfigError(f"no RL training rows left after {len(sft)} SFT, {len(heldout)} held-out and {len(rl_val)} "
                          "RL-validation rows; lower data.num_sft_rows, data.num_heldout_rows or data.num_rl_val_rows")
     capped = 0
     if num_rl_rows != -1 and len(rl) > num_rl_rows:

@@ -7,21 +7,30 @@ written atomically, as a record of how it was run.
 
 Supervision (``common/processes.py``): the command runs in a session of its own, gets SIGTERM if the orchestrator
 dies, and it and everything it starts carry the command's owner mark. When its launcher exits (torchrun's agent
-killed with ``kill -9``, a stage crashing), whatever still carries the mark is stopped rather than waited for, and
-before a command starts, what an earlier launch left (an orchestrator killed with SIGKILL) is stopped too, so no stray
-process writes its run folders. The verdict follows the manifests: a command whose runs are all complete and current
-has succeeded, whatever its exit status; any other has failed or was interrupted, as its manifests say.
+killed with ``kill -9``, a stage crashing), whatever still carries the mark is stopped rather than waited for.
+
+One orchestrator launches a command's folder at a time: it holds the folder's launch lock (``.launch.lock``, whose
+record names it and its launch's mark) while the command runs. Folders shared by experiments (the base cache,
+``runs/cache/base/<key>``) are reached by several orchestrators: the second waits for the first's launch, naming
+whose it is, then reuses the run if it completed. Only with the lock held is a mark an earlier launcher left in it
+(an orchestrator killed with SIGKILL) swept: its processes are stopped, so no stray process writes the folder, and
+a live launch's processes are never touched, since each launch has a mark of its own. The verdict follows the
+manifests: a command whose runs are all complete and current has succeeded, whatever its exit status; any other has
+failed or was interrupted, as its manifests say.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
+import uuid
 from typing import IO
 
+from common.locks import LAUNCH_LOCK_NAME, DirectoryLock, LockHeld, describe_holder
 from common.manifest import StageInputError, invalidate, read_manifest, write_json_atomic
 from common.processes import owner_token, start_in_new_session, stop_owned, stop_tree
 from pipeline.stages import StageCommand
@@ -30,6 +39,9 @@ from common.tracking import bound_openmp_spin
 
 LAUNCH_RECORD = "launch.json"
 STOP_GRACE_S = 30.0
+LOCK_POLL_S = 1.0
+_stopping = threading.Event()
+"""Set by :func:`stop_all`: a command still waiting for another orchestrator's launch gives up."""
 _running: dict[subprocess.Popen, str] = {}
 """Running stage commands and their owner marks."""
 _running_lock = threading.Lock()
@@ -66,9 +78,33 @@ def stage_environment(device: str, cpu_isa: str) -> dict[str, str]:
     return env
 
 
-def command_owner(command: StageCommand) -> str:
-    """The owner mark of every process the command starts (its record folder, unique in the plan)."""
-    return owner_token(str(command.record_dir.resolve()))
+def launch_owner(command: StageCommand) -> str:
+    """The owner mark of every process one launch of the command starts: its record folder and a fresh id, so two
+    orchestrators launching the same shared folder never share one."""
+    return owner_token(f"{command.record_dir.resolve()}:{uuid.uuid4().hex}")
+
+
+def hold_launch(command: StageCommand, owner: str, log: IO[str], held: contextlib.ExitStack) -> dict:
+    """Takes the command's launch lock into ``held``, waiting while another live orchestrator holds it (said once,
+    naming whose it is); then stops what a launcher that died holding it left running. Returns the record of the
+    launch waited for (``{}`` when none was)."""
+    lock = DirectoryLock(command.record_dir, f"launch of {command.name}", file_name=LAUNCH_LOCK_NAME,
+                         details={"owner": owner}, announce=lambda line: _note(line, log))
+    waited_for: dict = {}
+    while True:
+        try:
+            held.enter_context(lock)
+            break
+        except LockHeld as busy:
+            if not waited_for:
+                waited_for = busy.holder or {"pid": "?"}
+                _note(f"[launch] {command.name}: {command.record_dir} is being run by {describe_holder(waited_for)}; "
+                      "waiting for it", log)
+            if _stopping.wait(LOCK_POLL_S):
+                raise KeyboardInterrupt(f"stopped while waiting for {command.record_dir}")
+    if lock.previous.get("owner"):
+        _stop_leftovers(lock.previous["owner"], "left running by an earlier launch of this command", log, command.name)
+    return waited_for
 
 
 def stop(process: subprocess.Popen, owner: str | None = None) -> None:
@@ -79,6 +115,7 @@ def stop(process: subprocess.Popen, owner: str | None = None) -> None:
 
 def stop_all() -> None:
     """Stops every stage command still running (the orchestrator's Ctrl-C with commands in flight)."""
+    _stopping.set()
     with _running_lock:
         processes = list(_running.items())
     for process, owner in processes:
@@ -107,13 +144,18 @@ def _copy_output(stream: IO[str], log: IO[str], echo: bool) -> None:
         log.flush()  # the orchestrator's status line reads the log while the command runs
 
 
+def _note(line: str, log: IO[str]) -> None:
+    """A line of the launcher's own, in the command's log and on stderr."""
+    log.write(line + "\n")
+    log.flush()
+    print(line, file=sys.stderr, flush=True)
+
+
 def _stop_leftovers(owner: str, why: str, log: IO[str], name: str) -> None:
     """Stops the processes carrying ``owner`` that outlived their launcher, and says so in the log and on stderr."""
     stopped = stop_owned(owner, STOP_GRACE_S, signal.SIGINT)
     if stopped:
-        note = f"[launch] {name}: stopped {len(stopped)} process(es) {why} (PIDs {', '.join(map(str, stopped))})"
-        log.write(note + "\n")
-        print(note, file=sys.stderr, flush=True)
+        _note(f"[launch] {name}: stopped {len(stopped)} process(es) {why} (PIDs {', '.join(map(str, stopped))})", log)
 
 
 def run_command(command: StageCommand, *, echo: bool = True) -> float:
@@ -121,11 +163,15 @@ def run_command(command: StageCommand, *, echo: bool = True) -> float:
     its wall time in seconds."""
     command.record_dir.mkdir(parents=True, exist_ok=True)
     log_path = command.record_dir / "launch.log"
-    owner = command_owner(command)
+    owner = launch_owner(command)
     started = time.time()
     argv = [os.path.expandvars(arg) for arg in command.argv]
-    with open(log_path, "a", encoding="utf-8") as log:
-        _stop_leftovers(owner, "left running by an earlier launch of this command", log, command.name)
+    with open(log_path, "a", encoding="utf-8") as log, contextlib.ExitStack() as held:
+        waited_for = hold_launch(command, owner, log, held)
+        if waited_for and is_done(command):
+            _note(f"[launch] {command.name}: reusing the run in {command.record_dir} that PID "
+                  f"{waited_for.get('pid', '?')} on host {waited_for.get('host', '?')} completed", log)
+            return time.time() - started
         log.write(f"\n$ {' '.join(argv)}\n")
         log.flush()
         profile = command.config.profile

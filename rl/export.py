@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from common.models import align_eos, load_causal_lm
+from common.models import align_eos, follow_umask, load_causal_lm
 
 LATEST_ITERATION_FILE = "latest_checkpointed_iteration.txt"
 """verl's marker of the newest complete checkpoint in ``trainer.default_local_dir``."""
@@ -54,6 +54,7 @@ def check_hf_export(hf_dir: Path) -> dict[str, Any]:
     returns facts."""
     from transformers import AutoTokenizer, GenerationConfig
 
+    follow_umask(hf_dir)  # verl's merger writes the weights with safetensors
     tokenizer = AutoTokenizer.from_pretrained(hf_dir)
     try:
         generation = GenerationConfig.from_pretrained(hf_dir)

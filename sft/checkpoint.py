@@ -3,9 +3,12 @@
 Layout in the run folder (``common.paths.sft_dir``)::
 
     checkpoints/step_<N>/    DCP shards (policy, optimiser, old policy) + rank<r>.pt (RNG, scheduler)
-                             + trainer_state.json (written last: the checkpoint's completion marker)
+                             + trainer_state.json (written last: the checkpoint's completion marker, with the
+                               sha256 of every other file of the folder under "files")
 
 A checkpoint counts once its ``trainer_state.json`` exists; the newest ``sft.keep_checkpoints`` complete ones stay.
+A resume trusts a checkpoint only when its files still have the recorded digests: a damaged one (a truncated or
+overwritten shard) is named, moved aside to ``damaged_step_<N>`` and the one before it is tried, down to step 0.
 """
 from __future__ import annotations
 
@@ -30,12 +33,15 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
+from common.manifest import sha256_file
 from sft.data import DataOrder
 from sft.distributed import DistEnv
 from sft.policy import PolicyWithTokenLoss
 
 CHECKPOINTS_DIR = "checkpoints"
 TRAINER_STATE_FILE = "trainer_state.json"
+FILE_DIGESTS_KEY = "files"
+"""The key of ``trainer_state.json`` holding ``{relative path: sha256}`` of the checkpoint's other files."""
 
 
 class ResumeError(RuntimeError):
@@ -76,6 +82,8 @@ class TrainerState:
         except (OSError, ValueError) as error:
             raise ResumeError(f"{path} is not a readable trainer state ({error}); delete the checkpoints to restart")
         names = {f.name for f in dataclasses.fields(cls)}
+        if isinstance(record, dict):
+            record.pop(FILE_DIGESTS_KEY, None)
         if not isinstance(record, dict) or record.keys() != names:
             found = sorted(record) if isinstance(record, dict) else type(record).__name__
             raise ResumeError(f"{path} holds {found}, a trainer state has {sorted(names)}; it was written by "
@@ -113,10 +121,6 @@ class Checkpointer:
         return sorted(int(p.name.removeprefix("step_")) for p in self.root.glob("step_*")
                       if (p / TRAINER_STATE_FILE).is_file())
 
-    def latest(self) -> Path | None:
-        steps = self.complete_steps()
-        return self.path(steps[-1]) if steps else None
-
     def clear(self) -> None:
         """Collective: removes every checkpoint (a fresh start must never resume a stale run's weights)."""
         if self.env.is_main and self.root.exists():
@@ -141,14 +145,70 @@ class Checkpointer:
         dcp.save(self._sharded_state(root, optimizer), checkpoint_id=str(path))
         torch.save({"rng": rng_state(), "scheduler": scheduler.state_dict()}, path / f"rank{self.env.rank}.pt")
         dist.barrier()
+        names = [sorted(p.relative_to(path).as_posix() for p in path.rglob("*") if p.is_file())]
+        dist.broadcast_object_list(names, src=0)  # every rank hashes its share of the list rank 0 sees
+        digests = self._digests(path, names[0])
         if self.env.is_main:
             tmp = path / f".{TRAINER_STATE_FILE}.tmp"
-            tmp.write_text(state.to_json())
+            tmp.write_text(json.dumps({**dataclasses.asdict(state), FILE_DIGESTS_KEY: digests}, indent=2,
+                                      sort_keys=True))
             os.replace(tmp, path / TRAINER_STATE_FILE)
             for old in self.complete_steps()[:-self.keep]:
                 shutil.rmtree(self.path(old))
         dist.barrier()
         return path
+
+    def _digests(self, path: Path, names: list[str]) -> dict[str, str]:
+        """Collective: the sha256 of each named file of ``path`` (the files shared out among the ranks); a file that
+        cannot be read gets the reason instead."""
+        mine = {}
+        for name in names[self.env.rank::self.env.world_size]:
+            try:
+                mine[name] = sha256_file(path / name)
+            except OSError as error:
+                mine[name] = f"unreadable ({error.strerror})"
+        gathered: list[dict[str, str]] = [{} for _ in range(self.env.world_size)]
+        dist.all_gather_object(gathered, mine)
+        return {name: digest for part in gathered for name, digest in part.items()}
+
+    def damage(self, path: Path) -> str | None:
+        """Collective: the first file of checkpoint ``path`` that no longer has the sha256 recorded when it was
+        written (a truncated or overwritten shard), as one sentence; None when all match, or when the checkpoint
+        predates the digests (a state file of another kind is :meth:`load`'s to refuse)."""
+        state_file = path / TRAINER_STATE_FILE
+        try:
+            record = json.loads(state_file.read_text())
+        except (OSError, ValueError) as error:
+            return f"{state_file} is not readable ({error})"
+        recorded = record.get(FILE_DIGESTS_KEY) if isinstance(record, dict) else None
+        if recorded is None:
+            return None
+        found = self._digests(path, sorted(recorded))
+        for name, digest in sorted(recorded.items()):
+            if found[name] != digest:
+                now = found[name] if found[name].startswith("unreadable") else (
+                    f"{(path / name).stat().st_size} bytes, sha256 {found[name][:12]}")
+                return f"{path / name} is not the file written at that step ({now}, recorded {digest[:12]})"
+        return None
+
+    def newest_intact(self, announce: Callable[[str], None]) -> Path | None:
+        """Collective: the newest complete checkpoint whose files match their digests; each damaged one before it is
+        named with the step it falls back to, and moved aside to ``damaged_step_<N>``."""
+        steps = self.complete_steps()
+        while steps:
+            step = steps.pop()
+            problem = self.damage(self.path(step))
+            if problem is None:
+                return self.path(step)
+            fallback = f"the checkpoint of step {steps[-1]}" if steps else "step 0"
+            announce(f"[sft] checkpoint of step {step} is DAMAGED: {problem}; moved to damaged_{self.path(step).name}"
+                     f", falling back to {fallback}")
+            if self.env.is_main:
+                aside = self.root / f"damaged_{self.path(step).name}"
+                shutil.rmtree(aside, ignore_errors=True)
+                os.replace(self.path(step), aside)
+            dist.barrier()
+        return None
 
     def load(self, path: Path, root: PolicyWithTokenLoss, optimizer: torch.optim.Optimizer,
              scheduler: torch.optim.lr_scheduler.LRScheduler, *, total_steps: int) -> TrainerState:
@@ -176,12 +236,12 @@ class Checkpointer:
     def restore_or_start(self, root: PolicyWithTokenLoss, optimizer: torch.optim.Optimizer,
                          scheduler: torch.optim.lr_scheduler.LRScheduler, *, order: DataOrder, total_steps: int,
                          resume: bool, announce: Callable[[str], None] = print) -> TrainerState:
-        """Collective: the state to train from, the newest complete checkpoint's when ``resume``, else step 0 (and
-        a fresh start deletes every checkpoint, so a stale run's weights can never be picked up later)."""
-        latest = self.latest() if resume else None
+        """Collective: the state to train from, the newest intact checkpoint's when ``resume``, else step 0 (and a
+        fresh start deletes every checkpoint, so a stale run's weights can never be picked up later)."""
+        latest = self.newest_intact(announce) if resume else None
         if latest is None:
             if resume:
-                announce(f"[sft] no complete checkpoint in {self.root}; starting from step 0")
+                announce(f"[sft] no intact checkpoint in {self.root}; starting from step 0")
             else:
                 self.clear()
             return TrainerState.start(total_steps, self.env.world_size)

@@ -21,7 +21,7 @@ import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, PreTrainedTokenizerBase
 
-from common.models import align_eos, load_causal_lm
+from common.models import align_eos, follow_umask, load_causal_lm
 
 LOGPROB_TOLERANCE = {torch.float32: 1e-3, torch.bfloat16: 0.15}
 """Largest allowed |Δ log p| between the reloaded export and the in-memory model, by the lower of the export dtype
@@ -49,6 +49,7 @@ def write_hf_folder(model_config: Any, state_dict: dict[str, torch.Tensor], toke
     model.generation_config = generation_config
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
+    follow_umask(folder)
 
 
 def verify_hf_folder(folder: Path, *, sequences: list[torch.Tensor], expected_logprobs: list[torch.Tensor],

@@ -45,6 +45,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from common.manifest import Manifest, config_hash, read_manifest, write_manifest
+from common.models import follow_umask
 
 CACHE_STAGE = "sft_reference_cache"
 """``Manifest.stage`` of a cache folder."""
@@ -202,6 +203,7 @@ def _details(plan: list[tuple[int, int]], lengths: list[int], bytes_per_token: i
 def _write_shard(path: Path, tensors: dict[str, torch.Tensor]) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     save_file(tensors, str(tmp))
+    follow_umask(tmp)
     os.replace(tmp, path)
 
 

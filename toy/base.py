@@ -18,6 +18,7 @@ import torch
 
 from common.config import Config, ConfigError, stage_main
 from common.manifest import Manifest, read_manifest, stage_run
+from common.models import follow_umask
 from common.paths import HF_EXPORT, TRAINING_METRICS_FILE, base_run, hf_export_dir
 from common.seeding import derive_seed, seed_everything
 from common.tracking import MetricsLogger, configure_cpu_threads, progress
@@ -68,6 +69,7 @@ def build_base(cfg: Config, out_dir: Path, *, device: str = "cpu") -> dict:
     hf_dir = hf_export_dir(out_dir)
     model.to("cpu").save_pretrained(hf_dir)
     tokenizer.save_pretrained(hf_dir)
+    follow_umask(hf_dir)
     (out_dir / "checkpoint.pt").unlink(missing_ok=True)
     metrics.update(num_params=num_params, vocab_size=len(tokenizer), pretrain_tokens=sequences.numel(),
                    pretrain_dtype=toy.pretrain_dtype,

@@ -130,4 +130,4 @@ def test_rerun_with_complete_manifest_is_skipped(rl_run):
 
     cfg, manifest = rl_run
     again = run(cfg)
-    assert again.started_at == manifest.started_at and again.complete
+    assert again.run_id == manifest.run_id and again.complete

@@ -1,15 +1,18 @@
 """The report stage: tables, plots and report.md from the eval stages' metrics files of an experiment."""
 from __future__ import annotations
 
+import datetime
 import json
 import math
 from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 
 from eval.intervals import cluster_spearman
 from report import run as report
 from common.config import compose
+from common import manifest as manifest_module
 from common.manifest import Manifest, is_current, read_manifest, write_manifest
 from common.paths import RL_DISCARDED_GROUPS, RL_GROUPS_KEPT, eval_run, report_dir
 from common.grid import arm_named, report_run
@@ -62,7 +65,7 @@ def test_report_stage_on_the_toy_world(tmp_path):
     assert (out / "plots" / "passk_Toy-Qwen3-0.8M_sft_toy_add.png").stat().st_size > 1000
     assert manifest.complete
     assert read_manifest(out).complete
-    assert report.run(cfg).started_at == manifest.started_at  # unchanged inputs: skipped
+    assert report.run(cfg).run_id == manifest.run_id  # unchanged inputs: skipped
 
 
 def test_report_aggregates_seeds(tmp_path):
@@ -272,11 +275,17 @@ def test_report_reaches_wandb_offline(tmp_path, monkeypatch):
     assert b"table1/Toy-Qwen3-0.8M/SFT/Avg pass@1" in record and b"table1/report" in record
 
 
-def test_switching_a_setting_back_renders_that_settings_table_again(tmp_path):
+def test_switching_a_setting_back_renders_that_settings_table_again(tmp_path, monkeypatch):
     # Issue 32, item 1: `pipeline.run $O`, then `$O sft.lr=3e-3`, then `$O` again printed "report: done (manifests
     # unchanged)" and report.md still showed the lr=3e-3 evaluation: the report recorded every evaluation folder of
     # the experiment as its inputs, so both configs had one report identity. Its inputs are the runs the current
-    # config reads.
+    # config reads. Issue 39: every report starts in the same second here (the clock stands still), as both did on a
+    # fast machine; a re-run is told apart by its run id, never by a one-second timestamp.
+    class StoppedClock(datetime.datetime):
+        @classmethod
+        def now(cls, tz=None):
+            return datetime.datetime(2026, 11, 27, tzinfo=tz)
+    monkeypatch.setattr(manifest_module, "_dt", SimpleNamespace(datetime=StoppedClock, timezone=datetime.timezone))
     overrides = [f"experiment.run_root={tmp_path}", "experiment.methods=[sft]", "report.analysis.run=[]"]
     default, changed = compose(overrides), compose([*overrides, "sft.lr=3e-3"])
     for cfg, sft_count in ((default, 1), (changed, 4)):  # the base model's evaluation is the same under both
@@ -295,5 +304,5 @@ def test_switching_a_setting_back_renders_that_settings_table_again(tmp_path):
     spec = report_run(default)
     assert not is_current(report_dir(default), spec.config_hash, spec.inputs, optional_inputs=True)  # no skip
     again = report.run(default)
-    assert again.started_at != first.started_at and sft_avg_pass1(again) == 25.0
+    assert again.run_id != first.run_id and again.started_at == first.started_at and sft_avg_pass1(again) == 25.0
 

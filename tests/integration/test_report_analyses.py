@@ -126,7 +126,7 @@ def test_report_renders_every_analysis(tmp_path):
     # rho 0.4 (0, 1 of 4): 12.5 [0, 25] and pass@4 50 [0, 100]. A sweep has no SFT row, so no Δ lines.
     assert "| 0.2 | 62.5 [50.0, 75.0] n.s. | 100.0 [100.0, 100.0] n.s. |" in sweep
     assert "| 0.4 | 12.5 [0.0, 25.0] | 50.0 [0.0, 100.0] | 12.5 [0.0, 25.0] |" in sweep and "Δ" not in sweep
-    assert report.run(cfg).started_at == manifest.started_at  # unchanged inputs: skipped
+    assert report.run(cfg).run_id == manifest.run_id  # unchanged inputs: skipped
 
 
 class _Outputs:

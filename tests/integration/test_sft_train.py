@@ -142,6 +142,40 @@ def test_resume_that_cannot_continue_fails_loudly_and_stays_incomplete(tmp_path,
     assert not hf_export_dir(out_dir).exists()
 
 
+def test_same_size_damage_of_the_newest_checkpoint_falls_back_to_the_one_before(tmp_path, reference, capsys):
+    # Issue 39, item 1: 64 bytes of the newest checkpoint's shard overwritten in place were loaded as they were (the
+    # loss jumped, the run ended complete); a truncated shard failed in DCP naming neither the file nor the step.
+    ref_cfg, overrides, _, ref_weights, ref_losses = reference
+    out_dir = crashed_copy(ref_cfg, tmp_path, keep_up_to_step=6)
+    shard = max((out_dir / CHECKPOINTS_DIR / "step_000006").glob("*.distcp"), key=lambda p: p.stat().st_size)
+    size = shard.stat().st_size
+    with open(shard, "r+b") as handle:
+        handle.seek(size // 2)
+        handle.write(bytes(64))
+    assert shard.stat().st_size == size
+
+    manifest = run(compose([*overrides, f"experiment.run_root={tmp_path / 'runs'}"]))
+    assert manifest.complete and manifest.details["resumed_from_step"] == 4
+    (line,) = [line for line in capsys.readouterr().out.splitlines() if "DAMAGED" in line]
+    assert f"step 6 is DAMAGED: {shard}" in line and "falling back to the checkpoint of step 4" in line
+    assert [r["loss"] for r in read_metrics(out_dir / TRAINING_METRICS_FILE)] == pytest.approx(ref_losses, abs=1e-6)
+    assert_same_weights(final_weights(compose([*overrides, f"experiment.run_root={tmp_path / 'runs'}"])),
+                        ref_weights, atol=1e-6)
+
+
+def test_a_truncated_only_checkpoint_is_named_and_the_run_starts_from_step_0(tmp_path, reference, capsys):
+    ref_cfg, overrides, _, _, ref_losses = reference
+    out_dir = crashed_copy(ref_cfg, tmp_path, keep_up_to_step=3)
+    shard = max((out_dir / CHECKPOINTS_DIR / "step_000003").glob("*.distcp"), key=lambda p: p.stat().st_size)
+    with open(shard, "r+b") as handle:
+        handle.truncate(shard.stat().st_size // 2)
+
+    manifest = run(compose([*overrides, f"experiment.run_root={tmp_path / 'runs'}"]))
+    assert manifest.complete and manifest.details["resumed_from_step"] is None
+    assert f"step 3 is DAMAGED: {shard}" in capsys.readouterr().out
+    assert [r["loss"] for r in read_metrics(out_dir / TRAINING_METRICS_FILE)] == pytest.approx(ref_losses, abs=1e-6)
+
+
 def test_a_run_without_updates_is_never_complete(tmp_path, model_dir, monkeypatch):
     """Whatever makes the loop end early (here: a loop that returns at once), no complete manifest, no export."""
     cfg, _ = prepare_run(tmp_path, model_dir, NUM_ROWS, max_steps=2)

@@ -64,7 +64,7 @@ def test_base_stage_is_cached_by_config_hash(cfg, base):
     from toy import base as base_stage
 
     again = base_stage.run(cfg)
-    assert again.started_at == base.started_at and again.config_hash == base.config_hash
+    assert again.run_id == base.run_id and again.config_hash == base.config_hash
 
 
 def test_prepare_writes_disjoint_split_and_verl_rows(cfg, prepared):

@@ -5,6 +5,7 @@ import hashlib
 
 import pytest
 
+from common.errors import ConfigError
 from data.split import ids_digest, split_rows
 
 PROBLEMS = [f"What is {i} + {i + 1}?" for i in range(40)]
@@ -43,8 +44,9 @@ def test_rl_cap_counts_what_it_drops():
     assert (len(parts.rl), parts.num_rl_capped) == (20, 10)
 
 
-def test_too_few_rows_is_an_error():
-    with pytest.raises(ValueError, match="num_sft_rows=40 leaves no RL rows"):
+def test_too_few_rows_is_an_error_naming_the_key_and_the_fix():
+    # Issue 39, item 4: a ValueError, so the data stage printed 17 lines of traceback above this message.
+    with pytest.raises(ConfigError, match="num_sft_rows=40 leaves no RL rows.*fix: set data.num_sft_rows below"):
         split(PROBLEMS, 0, num_sft=40)
 
 

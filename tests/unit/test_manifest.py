@@ -1,9 +1,11 @@
 """The run contract: atomic manifests, skip / resume / restart decisions, failures recorded."""
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
+import signal
 import subprocess
 import sys
 from dataclasses import asdict
@@ -12,6 +14,7 @@ import pytest
 
 from common import manifest as mf
 from common.locks import LockHeld
+from common.processes import termination_signals_interrupt
 
 
 def _body_runs(directory, config, inputs=None):
@@ -118,6 +121,71 @@ def test_failure_is_recorded_with_reason(tmp_path):
     assert manifest.status == "failed" and "row 7" in manifest.error and manifest.ended_at
 
 
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EDQUOT, errno.EROFS])
+def test_a_full_disk_is_one_line_naming_the_path_and_the_free_space_and_is_recorded(tmp_path, monkeypatch, code):
+    # Issue 39, item 3: with the run root on a full file system the stage ended "exited with status 1 (...: running)",
+    # no word of the disk, and its manifest stayed 'running' because writing 'failed' hit ENOSPC too.
+    shard = tmp_path / "checkpoints" / "step_000010" / "__0_0.distcp"
+    real_fsync = os.fsync
+
+    def full_disk_fsync(fd):  # the disk is full: nothing more fits until the stage frees the space it holds
+        if (tmp_path / mf.SPACE_RESERVE_NAME).exists():
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real_fsync(fd)
+
+    with pytest.raises(mf.StorageError) as error:
+        with mf.stage_run(tmp_path, stage="s", variant="v", config={}, announce=lambda _: None):
+            monkeypatch.setattr(os, "fsync", full_disk_fsync)
+            raise OSError(code, os.strerror(code), str(shard))
+    line = str(error.value)
+    assert "\n" not in line and line.startswith(f"{shard}: {os.strerror(code).lower()} (") and " MiB free of " in line
+    assert "re-run the same command to resume" in line
+    manifest = mf.read_manifest(tmp_path)
+    assert manifest.status == "failed" and manifest.error == line
+    assert not (tmp_path / mf.SPACE_RESERVE_NAME).exists()
+
+
+def test_a_full_disk_worded_by_a_library_names_the_run_folder(tmp_path):
+    with pytest.raises(mf.StorageError, match=f"^{tmp_path}: no space left on device"):
+        with mf.stage_run(tmp_path, stage="s", variant="v", config={}, announce=lambda _: None):
+            raise RuntimeError('Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "No space '
+                               'left on device" })')  # what safetensors raises
+    assert mf.read_manifest(tmp_path).status == "failed"
+
+
+def test_an_error_without_an_errno_on_a_full_disk_is_named_as_one(tmp_path, monkeypatch):
+    # DCP's torch.save on a full tmpfs: "RuntimeError: [enforce fail at inline_container.cc:672] . unexpected pos 704
+    # vs 598", inside a CheckpointException; no errno, no wording of the disk.
+    real_usage = mf.shutil.disk_usage
+    full = {"on": False}
+    monkeypatch.setattr(mf.shutil, "disk_usage", lambda path: real_usage(path)._replace(free=0) if full["on"]
+                        else real_usage(path))
+    with pytest.raises(mf.StorageError, match=rf"^{tmp_path}: no space left on device \(0.0 MiB free .* stopped "
+                                              r"with RuntimeError: \[enforce fail.*\] . unexpected pos 704 vs 598\)$"):
+        with mf.stage_run(tmp_path, stage="s", variant="v", config={}, announce=lambda _: None):
+            full["on"] = True
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")
+    assert mf.read_manifest(tmp_path).status == "failed"
+    full["on"] = False
+    with pytest.raises(RuntimeError, match="unexpected pos") as error:
+        with mf.stage_run(tmp_path, stage="s", variant="v", config={}, announce=lambda _: None):
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")
+    assert type(error.value) is RuntimeError  # with room on the disk it is that error
+
+
+def test_a_signal_a_library_wraps_on_its_way_out_is_recorded_as_interrupted(tmp_path):
+    # Issue 39, item 4: Ctrl-C during dcp.save was recorded 'failed': DCP turns the KeyboardInterrupt into a
+    # CheckpointException.
+    with termination_signals_interrupt(), pytest.raises(RuntimeError, match="CheckpointException"):
+        with mf.stage_run(tmp_path, stage="s", variant="v", config={}, announce=lambda _: None):
+            try:
+                os.kill(os.getpid(), signal.SIGTERM)
+            except BaseException as wrapped:
+                raise RuntimeError("CheckpointException ranks:dict_keys([0])") from wrapped
+    manifest = mf.read_manifest(tmp_path)
+    assert manifest.status == "interrupted" and "SIGTERM" in manifest.error
+
+
 def test_require_complete_explains_what_is_missing(tmp_path):
     with pytest.raises(mf.StageInputError, match="no manifest"):
         mf.require_complete(tmp_path, "data stage")
@@ -184,6 +252,21 @@ def test_deleted_output_is_not_trusted_and_names_the_file(tmp_path):
     assert not mf.is_current(downstream, mf.config_hash({"d": 1}), {"model": upstream})
     with mf.stage_run(upstream, stage="s", variant="v", config={"u": 1}, announce=lambda _: None) as run:
         assert run is not None and run.resumed  # the stage redoes what is missing
+
+
+def test_same_size_damage_of_an_exported_folder_names_the_file(tmp_path):
+    # Issue 39, item 1: a damaged export or base model is named by its file, not only by its folder.
+    with mf.stage_run(tmp_path, stage="sft", variant="v", config={}, announce=lambda _: None) as run:
+        (tmp_path / "hf").mkdir()
+        (tmp_path / "hf" / "config.json").write_text("{}")
+        (tmp_path / "hf" / "model.safetensors").write_bytes(bytes(range(256)) * 4)
+        run.add_output("hf", "the export")
+    with open(tmp_path / "hf" / "model.safetensors", "r+b") as handle:
+        handle.seek(512)
+        handle.write(bytes(64))
+    with pytest.raises(mf.StageInputError, match=f"{tmp_path / 'hf' / 'model.safetensors'} changed since the run "
+                                                 r"completed \(1026 -> 1026 bytes in .*; re-run that stage"):
+        mf.require_complete(tmp_path, "model to evaluate")
 
 
 def test_changed_output_is_detected(tmp_path):

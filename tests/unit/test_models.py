@@ -1,14 +1,17 @@
 """The shared tokenizer loader: eos is the chat template's end-of-turn token, a pad token always exists, and a
 tokenizer without a chat template is refused with its path; the exports' eos alignment on hand-made generation
-configs; the tiny BPE tokenizer's fixed ids."""
+configs; the tiny BPE tokenizer's fixed ids; exported weights readable as the umask says."""
 from __future__ import annotations
+
+import os
 
 import pytest
 from tokenizers import Tokenizer, models
 from transformers import GenerationConfig, PreTrainedTokenizerFast
 
-from bench.tiny_model import CHATML_TEMPLATE, build_tiny_tokenizer
-from common.models import ChatTemplateError, EosAlignment, align_eos, end_of_turn_token, load_tokenizer
+from bench.tiny_model import CHATML_TEMPLATE, build_tiny_qwen3, build_tiny_tokenizer
+from common.models import (ChatTemplateError, EosAlignment, align_eos, end_of_turn_token, load_causal_lm,
+                           load_tokenizer)
 
 
 def test_eos_becomes_the_end_of_turn_and_pad_is_kept(tmp_path):
@@ -71,3 +74,24 @@ def test_tiny_tokenizer_ids():
     prompt = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True,
                                            tokenize=False)
     assert prompt == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n"
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027])
+def test_an_exported_model_is_readable_as_the_umask_says(tmp_path, umask):
+    # Issue 39, item 5: every hf/model.safetensors was 0600 (safetensors creates its files so), while config.json
+    # and the manifests follow the umask.
+    import torch
+    from transformers import AutoConfig
+
+    from sft.export import write_hf_folder
+
+    source = build_tiny_qwen3(tmp_path / "source", hidden_size=64, num_layers=1)
+    model = load_causal_lm(source)
+    previous = os.umask(umask)
+    try:
+        write_hf_folder(AutoConfig.from_pretrained(source), model.state_dict(), load_tokenizer(source),
+                        GenerationConfig.from_pretrained(source), tmp_path / "hf", torch.bfloat16)
+    finally:
+        os.umask(previous)
+    modes = {path.name: path.stat().st_mode & 0o777 for path in (tmp_path / "hf").iterdir()}
+    assert modes["model.safetensors"] == modes["config.json"] == 0o666 & ~umask

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from common.config import ConfigError, compose
+from common.config import ConfigError, compose, require_writable_run_root
 from pipeline.launch import StageFailed, is_done, run_command
 from common.locks import DirectoryLock
 from common.manifest import Manifest, invalidate, read_manifest, stage_run, write_manifest
@@ -314,6 +314,14 @@ def test_an_unusable_run_root_is_one_line_naming_the_key_and_the_fix(tmp_path, e
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
     assert f"experiment.run_root={tmp_path}/afile/runs: {tmp_path}/afile is a file, not a folder" in result.stderr
     assert "fix: set experiment.run_root to a folder you can write" in result.stderr
+
+
+def test_a_run_root_where_even_root_cannot_create_a_folder_is_named_by_its_key():
+    # Issue 39, item 4: experiment.run_root=/sys/... passed the permission check as root and ended in 25 lines of
+    # PermissionError from the first mkdir, never naming the key.
+    with pytest.raises(ConfigError, match=r"^experiment.run_root=/sys/eksft/runs: .*/sys.*; fix: set experiment"):
+        require_writable_run_root(compose(["experiment.run_root=/sys/eksft/runs"]))
+    assert not os.path.exists("/sys/eksft")
 
 
 def test_a_data_path_key_that_does_not_exist_is_named_before_the_data_stage_reads_anything(tmp_path):

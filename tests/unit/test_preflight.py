@@ -144,6 +144,40 @@ def test_model_folder_without_config_json(tmp_path):
     assert preflight.check_model(paper(f"model.path={tmp_path}"), "sft") == []
 
 
+def test_a_model_folder_with_a_broken_config_or_a_truncated_shard_is_named_with_its_file(tmp_path):
+    # Issue 39, item 4: eval.run on such a folder printed 50 lines (a broken config.json, the path only in
+    # transformers' last line) or 138 (a truncated model.safetensors, no path at all).
+    from safetensors.torch import save_file
+
+    (tmp_path / "config.json").write_text('{"model_type": "qwen3",')
+    problem = only(preflight.check_model(paper(f"model.path={tmp_path}"), "sft"), "model")
+    assert f"model.path={tmp_path}: {tmp_path / 'config.json'} is not valid JSON" in problem.message
+    assert "or point model.path at an intact folder" in problem.fix
+    (tmp_path / "config.json").write_text("{}")
+    shard = tmp_path / "model.safetensors"
+    save_file({"w": torch.zeros(64, 64)}, shard)
+    assert preflight.check_model(paper(f"model.path={tmp_path}"), "sft") == []
+    size = shard.stat().st_size
+    with open(shard, "r+b") as handle:
+        handle.truncate(size - 100)
+    problem = only(preflight.check_model(paper(f"model.path={tmp_path}"), "sft"), "model")
+    assert f"{shard} is {size - 100} bytes, its header says {size}: truncated or damaged" in problem.message
+    with open(shard, "r+b") as handle:
+        handle.truncate(20)
+    problem = only(preflight.check_model(paper(f"model.path={tmp_path}"), "sft"), "model")
+    assert f"{shard} is truncated or not a safetensors file (20 bytes)" in problem.message
+
+
+def test_eval_on_a_broken_model_folder_stops_before_loading_naming_the_file(tmp_path, monkeypatch):
+    import eval.run
+
+    monkeypatch.setattr(eval.run, "benchmark_names", lambda cfg: pytest.fail("preflight let evaluation start"))
+    (tmp_path / "config.json").write_text("{not json")
+    cfg = compose(["profile=toy", f"eval.model_path={tmp_path}", "eval.variant=mine"])
+    with pytest.raises(PreflightError, match=f"{tmp_path / 'config.json'} is not valid JSON"):
+        eval.run.run(cfg)
+
+
 def test_offline_hub_without_the_model_cached(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     problem = only(preflight.check_model(paper(), "sft"), "model")

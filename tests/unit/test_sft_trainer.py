@@ -194,7 +194,16 @@ def test_only_checkpoints_with_a_state_file_count(tmp_path):
     for step in (3, 4):  # step 6 was interrupted before its state file was written
         (checkpointer.path(step) / TRAINER_STATE_FILE).write_text("{}")
     assert checkpointer.complete_steps() == [3, 4]
-    assert checkpointer.latest() == checkpointer.path(4)
+
+
+def test_a_torn_state_file_makes_its_checkpoint_damaged_by_name(tmp_path):
+    checkpointer = Checkpointer(tmp_path, keep=2, env=None)
+    checkpointer.path(4).mkdir(parents=True)
+    (checkpointer.path(4) / TRAINER_STATE_FILE).write_text('{"global_step": 4, "fil')
+    assert checkpointer.damage(checkpointer.path(4)).startswith(
+        f"{checkpointer.path(4) / TRAINER_STATE_FILE} is not readable")
+    (checkpointer.path(4) / TRAINER_STATE_FILE).write_text(json.dumps(OLD_STATE))
+    assert checkpointer.damage(checkpointer.path(4)) is None  # written before the digests: nothing to verify
 
 
 # ------------------------------------------------------------------------------------- trainer state

@@ -226,3 +226,47 @@ def test_sigterm_to_the_orchestrator_names_each_interrupted_stage_on_one_line_wi
     finally:
         orchestrator.kill()
         _kill(pids)
+
+
+SHARED_BASE = """\
+import pathlib, sys, time
+from common.manifest import stage_run
+folder, started = sys.argv[1], sys.argv[2]
+with stage_run(folder, stage='base', variant='toy', config={}) as run:
+    open(started, 'a').write('started\\n')
+    deadline, said = time.monotonic() + 120, 'waiting' + ' for it'  # the log holds this script too
+    while said not in (pathlib.Path(folder) / 'launch.log').read_text() and time.monotonic() < deadline:
+        time.sleep(0.1)  # the build lasts until the other orchestrator waits for it
+"""
+
+
+def _shared_base_orchestrator(tmp_path: Path, experiment: str, shared: Path) -> subprocess.Popen:
+    """An orchestrator of experiment ``experiment`` whose one command builds the base model in the shared folder."""
+    argv = [sys.executable, "-c", SHARED_BASE, str(shared), str(tmp_path / "started")]
+    command = StageCommand("base", "base/toy", argv, [RunSpec("base", "toy", shared, {}, {})], compose([]))
+    (tmp_path / experiment).mkdir()
+    return _orchestrator(tmp_path / experiment, [command])
+
+
+def test_two_orchestrators_on_one_uncached_base_both_complete(tmp_path):
+    # Issue 39, item 2: the base cache is shared across experiments, but the launch's process mark was its folder's and
+    # the sweep for leftovers ran before any lock: the second orchestrator stopped the first's live base build as
+    # "left running by an earlier launch", the first then the second's, and both failed.
+    shared = tmp_path / "cache" / "base" / "key"
+    first = _shared_base_orchestrator(tmp_path, "table1", shared)
+    second = None
+    try:
+        _wait_for(tmp_path / "started")
+        second = _shared_base_orchestrator(tmp_path, "table2", shared)
+        first_out, first_err = first.communicate(timeout=90)
+        second_out, second_err = second.communicate(timeout=90)
+        assert first.returncode == 0 and second.returncode == 0, first_err + second_err
+        assert "earlier launch" not in first_err + second_err
+        assert f"is being run by PID {first.pid} on host" in second_err and "waiting for it" in second_err
+        assert f"reusing the run in {shared} that PID {first.pid} on host" in second_err
+        assert (tmp_path / "started").read_text() == "started\n"  # built once
+        assert read_manifest(shared).status == "complete"
+    finally:
+        for orchestrator in (first, second):
+            if orchestrator is not None:
+                orchestrator.kill()
