@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parents[2]
 STAGE_OVERHEAD_TINY = [
     "toy.pretrain_steps=20", "toy.num_pretrain_docs=500", "toy.num_rows=64", "toy.num_benchmark_problems=4",
     "toy.pretrain_eval_problems=0", "data.num_sft_rows=32", "data.num_rl_val_rows=8", "sft.max_steps=2",
-    "eval.max_problems=2", "eval.n=2", "eval.table_k=2", "rl.total_steps=1", "rl.save_freq=1",
+    "eval.max_problems=2", "eval.n=2", "report.table_k=2", "rl.total_steps=1", "rl.save_freq=1",
     "rl.train_batch_size=8", "rl.ppo_mini_batch_size=8", "rl.rollout_n=4", "rl.max_response_length=64",
     "rl.overlong_buffer_len=16", "rl.max_inflight_gen_batches=2", "rl.micro_batch_size_per_gpu=8",
     "rl.filter_groups=false",  # a 20-step base answers nothing right: dynamic sampling would find no mixed group

@@ -6,7 +6,8 @@ import json
 import pytest
 
 from common.config import compose
-from common.paths import arm_named, eval_run, report_dir
+from common.grid import arm_named
+from common.paths import eval_run, report_dir
 from report import run as report
 
 pytestmark = pytest.mark.integration
@@ -14,7 +15,7 @@ pytestmark = pytest.mark.integration
 
 def test_table2_is_titled_with_the_algorithm_in_its_own_report_folder(tmp_path):
     cfg = compose([f"experiment.run_root={tmp_path}", "experiment.stages=[eval_sft,rl,eval_rl,report]",
-                   "eval.analysis.run=[]", "rl/algorithm=gspo"])
+                   "report.analysis.run=[]", "rl/algorithm=gspo"])
     for phase in ("sft", "rl"):
         for variant in ("base", "sft"):
             for bench in ("toy_add", "toy_mixed"):

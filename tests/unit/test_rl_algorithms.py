@@ -16,7 +16,8 @@ from common.config import CONF_DIR, ConfigError, RLConfig, compose
 from common.config.catalogue import options
 from common.config.common import computation_config
 from common.config.rl import ALGORITHM_TITLES
-from common.paths import configured_rl_run, report_dir, report_run
+from common.grid import report_run
+from common.paths import configured_rl_run, report_dir
 from rl.verl_args import build_overrides
 
 REPO = Path(__file__).resolve().parents[2]
