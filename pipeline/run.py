@@ -20,7 +20,15 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from common.config import CONF_DIR, Config, ConfigError, compose, require_writable_run_root, to_config
+from common.config import (
+    CONF_DIR,
+    Config,
+    ConfigError,
+    compose,
+    refuse_unknown_command_line_choices,
+    require_writable_run_root,
+    to_config,
+)
 from common.errors import user_errors_in_one_line
 from pipeline.launch import StageFailed, force_restart, is_done, manifest_states, run_command, stop_all
 from common.locks import DirectoryLock
@@ -304,4 +312,5 @@ def main(dict_cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    refuse_unknown_command_line_choices()
     main()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import sys
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -58,6 +59,7 @@ __all__ = [
     "check_range",
     "compose",
     "override_value",
+    "refuse_unknown_command_line_choices",
     "require_writable_run_root",
     "stage_main",
     "to_config",
@@ -145,13 +147,13 @@ def _register() -> None:
 
 
 _register()
-from common.config.catalogue import refuse_schema_choices  # noqa: E402  (registers the ``catalogue`` resolver)
+from common.config.catalogue import refuse_unknown_choices  # noqa: E402  (registers the ``catalogue`` resolver)
 
 
 def to_config(cfg: DictConfig) -> Config:
     """Converts a composed Hydra config into a validated :class:`Config` (raises :class:`ConfigError`)."""
     if HydraConfig.initialized():  # a command line (a compose() call checks its overrides itself)
-        refuse_schema_choices(HydraConfig.get().overrides.task)
+        refuse_unknown_choices(HydraConfig.get().overrides.task)
     try:
         obj = OmegaConf.to_object(cfg)
     except Exception as exc:  # omegaconf's own type/missing-value errors already name the key
@@ -208,7 +210,19 @@ def stage_main(run: Callable[[Config], Any]) -> Callable[[], None]:
             require_writable_run_root(config)
             run(config)
 
-    return main
+    def checked_main() -> None:
+        refuse_unknown_command_line_choices()
+        main()
+
+    return checked_main
+
+
+def refuse_unknown_command_line_choices() -> None:
+    """Ends the process with one line (:func:`refuse_unknown_choices`) when a group override of the command line names
+    no option of its group; called before ``hydra.main`` composes, whose own error lists schema entries over ~50
+    lines."""
+    with user_errors_in_one_line():
+        refuse_unknown_choices([arg for arg in sys.argv[1:] if not arg.startswith("-")])
 
 
 def override_value(value: Any) -> str:
@@ -245,7 +259,7 @@ def compose_dict(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    refuse_schema_choices(overrides)
+    refuse_unknown_choices(overrides)
     if GlobalHydra.instance().is_initialized():
         return hydra_compose(config_name="config", overrides=list(overrides))
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
