@@ -5,6 +5,8 @@ from dataclasses import dataclass, field
 
 from common.config.common import IDENTITY_WHEN_SET, ConfigError, check_choice, check_range
 
+ROW_FORMATS = ("luffy", "chat", "alpaca")
+"""``data.row_format`` choices (data/row_formats.py converts the others to the LUFFY schema)."""
 TOOL_SOURCES = ("acebench", "synthetic_tools")
 """Training sources of tool-use rows (``data.tool_use``): SFT only, no RL split (docs/tool_use.md)."""
 LIVE_CATEGORIES = ("live_simple", "live_multiple", "live_parallel", "live_parallel_multiple")
@@ -91,6 +93,10 @@ class DataConfig:
     """SFT cutoff in tokens (prompt + response); longer rows are truncated and counted."""
     strip_leading_think: str = "auto"
     """Remove the target's leading '<think>\\n' when the generation prompt already ends with it: auto, always, never."""
+    row_format: str = field(default="luffy", metadata=IDENTITY_WHEN_SET)
+    """Format of the training rows (``data.source`` local or hub): luffy (the LUFFY schema, data/schema.py), chat
+    (OpenAI ``messages`` or ShareGPT ``conversations``) or alpaca (``instruction``, ``input``, ``output``), converted
+    by data/row_formats.py (docs/data.md, "Your own rows"). Enters the run identity only when set."""
     invalid_rows: str = "error"
     """error: a malformed row (or one that is not UTF-8) raises naming the file, row and field; skip: drop it and count
     it in the manifest."""
@@ -134,6 +140,10 @@ class DataConfig:
         check_range("data.split_seed", self.split_seed, 0, 2**31 - 1)
         check_range("data.max_length", self.max_length, 16)
         check_choice("data.strip_leading_think", self.strip_leading_think, ("auto", "always", "never"))
+        check_choice("data.row_format", self.row_format, ROW_FORMATS)
+        if self.row_format != "luffy" and self.source not in ("local", "hub"):
+            raise ConfigError(f"data.row_format={self.row_format} converts rows read from a file or the hub "
+                              f"(data.source=local|hub); got data.source={self.source}")
         check_choice("data.invalid_rows", self.invalid_rows, ("error", "skip"))
         check_choice("data.duplicates", self.duplicates, ("count", "refuse"))
         check_choice("data.benchmark_source", self.benchmark_source, ("hub", "local", "toy", "bfcl"))
@@ -141,8 +151,9 @@ class DataConfig:
             raise ConfigError(f"data.benchmark_source=bfcl goes with the tool-use sources {list(TOOL_SOURCES)} and "
                               f"only with them; got data.source={self.source}, "
                               f"data.benchmark_source={self.benchmark_source}")
-        if self.benchmark_source == "toy" and self.source != "toy":
-            raise ConfigError(f"data.benchmark_source=toy needs data.source=toy; got data.source={self.source}")
+        if self.benchmark_source == "toy" and self.source not in ("toy", "local"):
+            raise ConfigError(f"data.benchmark_source=toy needs data.source=toy or local (your rows on the toy model); "
+                              f"got data.source={self.source}")
         if self.benchmark_source == "local" and not self.benchmark_dir:
             raise ConfigError("data.benchmark_dir must be set for data.benchmark_source=local (data=openr1_local): "
                               "add data.benchmark_dir=<folder of the benchmark JSONL files>")
