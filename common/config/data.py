@@ -59,6 +59,14 @@ class BenchmarkSource:
     """Field holding a stable problem id (empty: ``<name>-<row index>``)."""
     expected_count: int = 0
     """Number of problems the benchmark must have (0: not checked)."""
+    path: str = field(default="", metadata=IDENTITY_WHEN_SET)
+    """A local parquet or JSONL file read for this benchmark whatever ``data.benchmark_source`` says (LUFFY's
+    ``valid.all.parquet`` for the extra sets math500, minerva, olympiad); empty: the source's own. Enters the run
+    identity only when set."""
+    data_source: str = field(default="", metadata=IDENTITY_WHEN_SET)
+    """With ``path``: the file is in the LUFFY/verl layout and this benchmark is its rows with this ``data_source``;
+    problem = the prompt's user turn, answer = ``reward_model.ground_truth`` less one outer ``$...$``, id =
+    ``<name>-<extra_info.index>`` (:func:`data.benchmarks.luffy_records`). Enters the run identity only when set."""
 
 
 @dataclass
@@ -68,7 +76,8 @@ class DataConfig:
     source: str = "hub"
     """hub (``load_dataset(hub_id)``), local (``path``: parquet or jsonl), toy (generated, then loaded as local), or
     a tool-use source (docs/tool_use.md): acebench (``path``: a folder in AceBench's ``data_en`` layout, else the hub
-    copy ``hub_id`` at ``hub_revision``) or synthetic_tools (``num_sft_rows`` generated rows, seed ``split_seed``)."""
+    copy ``hub_id`` at ``hub_revision``) or synthetic_tools (``num_sft_rows`` generated rows, seed ``split_seed``);
+    none: no training set, the data run writes the benchmarks alone (to evaluate a model, docs/data.md)."""
     hub_id: str = "Elliott/Openr1-Math-46k-8192"
     """Hub dataset id of the training set."""
     hub_split: str = "train"
@@ -122,7 +131,7 @@ class DataConfig:
     run's identity; the tables show them after the Avg column and never average them."""
 
     def validate(self) -> None:
-        check_choice("data.source", self.source, ("hub", "local", "toy", *TOOL_SOURCES))
+        check_choice("data.source", self.source, ("hub", "local", "toy", "none", *TOOL_SOURCES))
         if self.source == "local" and not self.path:
             raise ConfigError("data.path must be set for data.source=local")
         if self.source in ("hub", "acebench") and not self.hub_id and not self.path:
@@ -173,9 +182,14 @@ class DataConfig:
         """The fields of one benchmark source (``key``: where it sits in the config) its ``benchmark_source`` reads."""
         if self.benchmark_source == "bfcl":
             check_choice(f"{key} (a BFCL category)", name, BFCL_CATEGORIES)
-        if self.benchmark_source == "hub" and not bench.hub_id:
+        if bench.data_source and not bench.path:
+            raise ConfigError(f"{key}.data_source filters the rows of {key}.path; set {key}.path to the file")
+        if bench.path:
+            if not bench.path.endswith((".parquet", ".jsonl", ".json")):
+                raise ConfigError(f"{key}.path must be a .parquet, .jsonl or .json file; got {bench.path}")
+        elif self.benchmark_source == "hub" and not bench.hub_id:
             raise ConfigError(f"{key}.hub_id must be set for data.benchmark_source=hub")
-        if self.benchmark_source == "local" and not bench.file:
+        elif self.benchmark_source == "local" and not bench.file:
             raise ConfigError(f"{key}.file must be set for data.benchmark_source=local")
         check_range(f"{key}.expected_count", bench.expected_count, 0)
 
