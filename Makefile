@@ -56,7 +56,7 @@ BENCH_HEAD_CPU := $(if $(findstring cuda,$(ARGS)),,--tokens 1024 --hidden 512 --
 CPU_PY := $(call python_of,cpu)
 
 .PHONY: env env-cpu env-gpu lock lock-gpu demo test test-e2e test-all test-gpu gpu-smoke reproduce-table1 reproduce-table2 \
-	reproduce-ablations \
+	reproduce-ablations own-data \
 	dry-run list \
 	bench smollm2 clean-demo bfcl-env \
 	reproduce-bfcl bfcl-smoke
@@ -121,6 +121,14 @@ reproduce-ablations:
 	$(call why_stack,$(PROFILE_STACK))
 	$(call use,$(PROFILE_STACK))
 	$(call python_of,$(PROFILE_STACK)) -m pipeline.run experiment=ablations profile=$(PROFILE) $(ARGS)
+
+## Your own SFT rows on the toy model (CPU; conf/experiment/own_data.yaml, docs/data.md "Your own rows"):
+## make own-data DATA=<rows .jsonl|.parquet> FORMAT=chat|alpaca|luffy trains SFT and EKSFT on them from the demo's
+## base model and evaluates both on the demo's benchmarks.
+FORMAT ?= chat
+own-data: env-cpu
+	$(if $(DATA),,$(error make own-data needs DATA=<your rows: .jsonl or .parquet> and FORMAT=chat|alpaca|luffy))
+	$(CPU_PY) -m pipeline.run experiment=own_data profile=toy data.path=$(DATA) data.row_format=$(FORMAT) $(ARGS)
 
 ## What can be run: experiments (and their profiles), profiles, SFT methods, benchmarks, the orchestrator's flags; the
 ## text of `python -m pipeline.run --help` (common/config/catalogue.py).
