@@ -36,7 +36,7 @@ def test_the_data_command_it_points_to_writes_the_benchmarks_it_reads():
     """The README's data command names the same experiment and profile, so both use one data folder."""
     text = README.read_text(encoding="utf-8")
     data_command = re.search(r"`python -m data\.prepare ([^`]+)`", text).group(1)
-    evaluate = [o for o in readme_command("eval.run") if o.split("=")[0] in ("experiment", "profile")]
+    evaluate = [o for o in readme_command("eval.run") if o.split("=")[0] in ("experiment", "profile", "data.source")]
     assert data_dir(compose(shlex.split(data_command))) == data_dir(compose(evaluate))
 
 
