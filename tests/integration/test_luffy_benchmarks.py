@@ -39,7 +39,8 @@ def test_each_set_has_its_count_and_ids_and_olympiad_golds_lose_their_dollars(re
     for name, count in SETS.items():
         assert [record["id"] for record in records[name]] == [f"{name}-{i}" for i in range(count)]
     wrapped = [record for record in records["olympiad"] if record["answer_raw"].startswith("$")]
-    whole = [record for record in wrapped if record["answer_raw"].endswith("$") and "$" not in record["answer_raw"][1:-1]]
+    whole = [record for record in wrapped
+             if record["answer_raw"].endswith("$") and "$" not in record["answer_raw"][1:-1]]
     assert (len(wrapped), len(whole)) == (266, 245)  # the other 21 hold several $...$ spans (kept as they are)
     assert all(record["answer"] == record["answer_raw"][1:-1].strip() for record in whole)
     assert records["olympiad"][76]["answer"] == "$(-\\infty, 0) \\cup\\{1\\}$."  # a period after its $...$: kept

@@ -72,7 +72,8 @@ def test_a_benchmark_read_from_a_luffy_file_by_its_data_source(tmp_path):
     assert provenance == {"kind": "local", "path": str(path), "data_source": "olympiad_bench"}
     assert [(r["id"], r["problem"], r["answer"], r["answer_raw"]) for r in records] == [
         ("olympiad-0", "olympiad_bench 0?", "\\frac{1}{2}", "$\\frac{1}{2}$"),
-        ("olympiad-1", "olympiad_bench 1?", "$x$ and $y$", "$x$ and $y$"), ("olympiad-2", "olympiad_bench 2?", "42", "042")]
+        ("olympiad-1", "olympiad_bench 1?", "$x$ and $y$", "$x$ and $y$"),
+        ("olympiad-2", "olympiad_bench 2?", "42", "042")]
     assert [r["id"] for r in load_benchmark("math500", cfg.data.extra_benchmarks["math500"], cfg.data)[0]] == [
         "math500-0"]
 

@@ -67,7 +67,8 @@ def test_an_alpaca_row_joins_instruction_and_input_and_an_answer_field_is_the_gr
 @pytest.mark.parametrize("row_format, row, message", [
     ("alpaca", {"instruction": "Add.", "input": ""}, "a.jsonl: row 4: field 'output' is missing"),
     ("alpaca", {"instruction": " ", "output": "\\boxed{1}"}, "a.jsonl: row 4: field 'instruction' is empty"),
-    ("alpaca", {"instruction": "Add.", "output": "five"}, "a.jsonl: row 4: field 'answer' is missing, and the response"),
+    ("alpaca", {"instruction": "Add.", "output": "five"},
+     "a.jsonl: row 4: field 'answer' is missing, and the response"),
     ("chat", {"text": "hi"}, "a.jsonl: row 4: field 'messages' is missing (a chat row has messages"),
     ("chat", {"messages": [{"role": "user", "content": "2+3?"}, {"role": "assistant"}]},
      "a.jsonl: row 4: field 'messages[1].content' is missing"),
@@ -115,3 +116,15 @@ def test_the_data_stage_writes_the_converted_rows_and_stops_at_a_bad_row_in_one_
     assert failed.returncode == 1
     assert failed.stderr.strip().splitlines()[-1] == f"error: {path}: row 2: field 'output' is missing"
     assert "Traceback" not in failed.stderr
+
+
+def test_make_own_data_composes_the_own_data_experiment_on_the_rows_and_format_given(tmp_path):
+    command = subprocess.run(["make", "-n", "--no-print-directory", "own-data", f"DATA={tmp_path / 'rows.jsonl'}",
+                              "FORMAT=alpaca"], cwd=REPO, capture_output=True, text=True, check=True).stdout
+    overrides = command.split("-m pipeline.run ", 1)[1].split()
+    cfg = compose(overrides)
+    assert (cfg.experiment.name, cfg.data.source, cfg.data.path, cfg.data.row_format) == (
+        "own_data", "local", str(tmp_path / "rows.jsonl"), "alpaca")
+    assert cfg.model.source == "toy" and "rl" not in cfg.experiment.stages
+    missing = subprocess.run(["make", "-n", "own-data"], cwd=REPO, capture_output=True, text=True)
+    assert missing.returncode != 0 and "make own-data needs DATA=" in missing.stderr

@@ -17,7 +17,8 @@ from common.preflight import installed_stack
 REPO = Path(__file__).resolve().parents[2]
 GPU_TARGETS = [  # on a machine with a GPU (HAVE_GPU=yes: what nvidia-smi's probe sets)
     ["reproduce-table1", "PROFILE=paper", "HAVE_GPU=yes"], ["reproduce-table2", "PROFILE=paper", "HAVE_GPU=yes"],
-    ["test-gpu", "HAVE_GPU=yes"], ["env-gpu"], ["bench", "ARGS=--device cuda", "HAVE_GPU=yes"], ["dry-run", "STACK=gpu"],
+    ["test-gpu", "HAVE_GPU=yes"], ["env-gpu"], ["bench", "ARGS=--device cuda", "HAVE_GPU=yes"],
+    ["dry-run", "STACK=gpu"],
 ]
 CPU_TARGETS = [
     ["test"], ["test-e2e"], ["test-all"], ["demo"], ["bench"], ["smollm2"], ["env-cpu"], ["dry-run"],
@@ -68,7 +69,8 @@ def test_paper_dry_run_uses_the_finished_gpu_venv_as_it_is(tmp_path):
 
 
 @pytest.mark.parametrize("args", [
-    ["reproduce-table1", "PROFILE=paper"], ["reproduce-table2", "PROFILE=paper"], ["reproduce-ablations", "PROFILE=paper"],
+    ["reproduce-table1", "PROFILE=paper"], ["reproduce-table2", "PROFILE=paper"],
+    ["reproduce-ablations", "PROFILE=paper"],
     ["dry-run", "PROFILE=paper"], ["reproduce-table1", "PROFILE=paper", "HAVE_GPU=yes", "ARGS=dry_run=true"],
     ["reproduce-table1", "PROFILE=paper", "HAVE_GPU=yes", "ARGS=preflight=true"],
 ], ids=" ".join)
