@@ -457,7 +457,7 @@ def estimate_bytes(commands: Iterable[PlannedStage]) -> dict[str, int]:
     cached: set[str] = set()
     for command in commands:
         cfg = command.config
-        if cfg.model.source != "hub":
+        if cfg.model.source != "hub" or command.stage in ("data", "report"):  # configs naming a model never loaded
             continue
         params = model_parameters(cfg) or 0
         checkpoints = {"sft": cfg.sft.keep_checkpoints, "rl": cfg.rl.max_checkpoints_to_keep}.get(command.stage)

@@ -275,6 +275,9 @@ def test_the_paper_dry_run_prints_the_preflights_disk_estimate(tmp_path, capsys)
             f"{needed['hf_cache'] / 1e9:.0f} GB into the HF cache") in capsys.readouterr().out
     run(compose(overrides[2:]), [])
     assert "disk:" not in capsys.readouterr().out
+    one_gpu = [*overrides, "profile.models=[qwen3_0_6b]", "profile.nproc_per_node=1", "sft.grad_accum=64"]
+    needed = estimate_bytes(build_plan(compose(one_gpu), stage_overrides(one_gpu)))
+    assert needed["hf_cache"] in (0, 0.6e9 * 2)  # the data stage's config names the profile's Qwen3-4B: not counted
 
 
 def test_multi_node_sft_is_one_command_per_node_started_by_srun_with_the_run_as_rendezvous_id(tmp_path, capsys):
