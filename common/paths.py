@@ -238,7 +238,9 @@ def extra_benchmark_run(cfg: Config, name: str) -> RunSpec:
     config = {"benchmark": name, "source": computation_config(source),
               "benchmark_source": cfg.data.benchmark_source, "data": data.directory.name}
     inputs = {"data": data.directory}
-    if cfg.data.benchmark_source == "local":
+    if source.path:
+        inputs["benchmark_file"] = Path(source.path)
+    elif cfg.data.benchmark_source == "local":
         inputs["benchmark_file"] = Path(cfg.data.benchmark_dir) / source.file
     folder = run_folder(name, config)
     return RunSpec("data", f"benchmarks/{folder}", training_dir(cfg) / "benchmarks" / folder, config, inputs)

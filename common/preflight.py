@@ -381,13 +381,15 @@ def check_data_paths(cfg: "Config") -> list[Problem]:
     if data.system_prompt_path:
         local.append(("data.system_prompt_path", data.system_prompt_path, "file",
                       "point data.system_prompt_path at a text file, or leave it empty for the rows' own system turn"))
+    local += [(f"{key}.path", bench.path, "file", f"point {key}.path at the file, or {alternative}")
+              for key, bench, alternative in benchmarks_read(cfg) if bench.path]
     if data.benchmark_source == "local":
         folder_fix = "point data.benchmark_dir at the benchmark JSONL files"
         local.append(("data.benchmark_dir", data.benchmark_dir, "folder", folder_fix))
         if os.path.isdir(Path(data.benchmark_dir).expanduser()):
             local += [(f"{key}.file", str(Path(data.benchmark_dir) / bench.file), "file",
                        f"put {bench.file} into data.benchmark_dir, or {alternative}")
-                      for key, bench, alternative in benchmarks_read(cfg)]
+                      for key, bench, alternative in benchmarks_read(cfg) if not bench.path]
     for key, value, kind, fix in local:
         if (reason := unreadable(key, value, kind)) is not None:
             problems.append(Problem("data", reason, fix))
@@ -401,7 +403,7 @@ def check_data(cfg: "Config") -> list[Problem]:
     if data.source == "hub":
         hub.append(("data.hub_id", data.hub_id, "dataset"))
     if data.benchmark_source == "hub":
-        hub += [(f"{key}.hub_id", bench.hub_id, "dataset") for key, bench, _ in benchmarks_read(cfg)]
+        hub += [(f"{key}.hub_id", bench.hub_id, "dataset") for key, bench, _ in benchmarks_read(cfg) if not bench.path]
     fix = (f"use local files: data=openr1_local data.path=<parquet|jsonl> data.benchmark_dir=<folder>; or "
            f"{OFFLINE_HINT}")
     return problems + hub_problems("data", hub, fix)
@@ -486,7 +488,7 @@ def estimate_bytes(commands: Iterable[PlannedStage]) -> dict[str, int]:
     cached: set[str] = set()
     for command in commands:
         cfg = command.config
-        if cfg.model.source != "hub":
+        if cfg.model.source != "hub" or command.stage in ("data", "report"):  # configs naming a model never loaded
             continue
         params = model_parameters(cfg) or 0
         checkpoints = {"sft": cfg.sft.keep_checkpoints, "rl": cfg.rl.max_checkpoints_to_keep}.get(command.stage)

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from common.config.data import BenchmarkSource, DataConfig
-from data.loading import scan_jsonl
+from data.loading import local_format, scan_jsonl
 
 _INTEGER = re.compile(r"^[+-]?\d+(\.0+)?$")
 
@@ -58,10 +58,41 @@ def records_from_rows(name: str, rows, source: BenchmarkSource, where: str) -> l
     return records
 
 
+def luffy_records(name: str, rows, data_source: str, where: str) -> list[dict[str, Any]]:
+    """``{id, problem, answer, answer_raw}`` of the rows of a LUFFY/verl-layout file whose ``data_source`` is
+    ``data_source``: problem = the prompt's user turn, answer = ``reward_model.ground_truth`` without one outer
+    ``$...$`` (OlympiadBench wraps 266 golds in it), id = ``<name>-<extra_info.index>``, each index once."""
+    records, seen = [], set()
+    for row in rows:
+        if row["data_source"] != data_source or row["extra_info"]["index"] in seen:
+            continue  # a set repeated for avg@32 (LUFFY's aime, amc: x32) is kept once
+        seen.add(row["extra_info"]["index"])
+        gold = str(row["reward_model"]["ground_truth"]).strip()
+        inner = gold[1:-1].strip() if len(gold) > 2 and gold[0] == gold[-1] == "$" and "$" not in gold[1:-1] else gold
+        records.append({"id": f"{name}-{row['extra_info']['index']}", "problem": row["prompt"][-1]["content"],
+                        "answer": normalise_answer(inner), "answer_raw": gold})
+    if not records:
+        raise BenchmarkError(f"{where}: no row has data_source '{data_source}' (data.extra_benchmarks.{name}"
+                             ".data_source)")
+    return records
+
+
 def load_benchmark(name: str, source: BenchmarkSource, cfg: DataConfig) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Records of one hub or local benchmark and a provenance record; checks ``expected_count``."""
     from datasets import load_dataset
 
+    if source.path:
+        path = Path(source.path)
+        if not path.is_file():
+            key = f"data.{'extra_benchmarks' if name in cfg.extra_benchmarks else 'benchmarks'}.{name}.path"
+            raise BenchmarkError(f"{key}: {path} does not exist; point it at the file")
+        dataset = load_dataset(local_format(path), data_files=str(path), split="train")
+        provenance = {"kind": "local", "path": str(path), **({"data_source": source.data_source}
+                                                             if source.data_source else {})}
+        records = (luffy_records(name, dataset, source.data_source, str(path)) if source.data_source
+                   else records_from_rows(name, dataset, source, str(path)))
+        check_count(name, len(records), source.expected_count, str(path))
+        return records, provenance
     if cfg.benchmark_source == "local":
         path = Path(cfg.benchmark_dir) / source.file
         if not path.is_file():

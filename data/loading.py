@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
+from data.row_formats import to_luffy_row
 from data.schema import InvalidRowError, check_row, problem_key, problem_text
 from common.config.data import DataConfig
 
@@ -182,9 +183,10 @@ def load_training_dataset(cfg: DataConfig, local_path: str | Path | None = None)
                      "revision": cfg.hub_revision or "latest", "fingerprint": dataset._fingerprint}, []
 
 
-def validate_rows(dataset, source_name: str, invalid_rows: str, not_utf8: Iterable[InvalidRowError] = ()
-                  ) -> tuple[list[dict], list[int], list[dict], Counter]:
-    """Checks every row; ``invalid_rows=error`` raises on the first bad one, ``skip`` collects them."""
+def validate_rows(dataset, source_name: str, invalid_rows: str, not_utf8: Iterable[InvalidRowError] = (),
+                  row_format: str = "luffy") -> tuple[list[dict], list[int], list[dict], Counter]:
+    """Converts every row from ``row_format`` (:func:`data.row_formats.to_luffy_row`) and checks it;
+    ``invalid_rows=error`` raises on the first bad one, ``skip`` collects them."""
     rows: list[dict] = []
     row_ids: list[int] = []
     invalid: list[dict] = []
@@ -193,6 +195,7 @@ def validate_rows(dataset, source_name: str, invalid_rows: str, not_utf8: Iterab
         try:
             if isinstance(row, InvalidRowError):
                 raise row
+            row = to_luffy_row(row, index, source_name, row_format)
             check_row(row, index, source_name)
         except InvalidRowError as error:
             if invalid_rows == "error":
@@ -254,7 +257,7 @@ def load_rows(cfg: DataConfig, local_path: str | Path | None = None) -> LoadedRo
     """Loads and validates the training set; nothing is dropped without being counted."""
     dataset, source, not_utf8 = load_training_dataset(cfg, local_path)
     name = source.get("path") or source["hub_id"]
-    rows, row_ids, invalid, by_field = validate_rows(dataset, name, cfg.invalid_rows, not_utf8)
+    rows, row_ids, invalid, by_field = validate_rows(dataset, name, cfg.invalid_rows, not_utf8, cfg.row_format)
     num_source_rows = len(dataset) + len(not_utf8)
     if not rows:
         raise ValueError(f"{name}: no valid rows (of {num_source_rows}); invalid by field: {dict(by_field)}")

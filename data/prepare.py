@@ -16,6 +16,9 @@ Needs no model (the SFT token ids are written afterwards by ``python -m data.tok
   written afterwards by its own run, ``common.paths.extra_benchmark_run``)
 * ``source/toy_rows.jsonl``    the generated toy rows (toy source only), loaded like any local file
 
+With ``data.source=none`` the data run writes the benchmark files alone (no training set is read): what evaluating
+a model needs (docs/data.md, "Benchmarks without a training set").
+
 The manifest's ``details`` record the source (hub revision / file sha256), invalid rows, duplicate ids and problems,
 split counts, a sha256 of each part's sorted ids and the SFT/RL problem overlap (0 by construction; checked anyway).
 """
@@ -69,11 +72,14 @@ def write_parquet(path: Path, rows: list[dict]) -> None:
     Dataset.from_list(rows).to_parquet(str(path))
 
 
-def benchmark_system_prompt(cfg: Config, loaded: LoadedRows) -> tuple[str | None, dict]:
-    """``data.system_prompt_path`` if set, else the most common system turn of the training rows."""
+def benchmark_system_prompt(cfg: Config, loaded: LoadedRows | None) -> tuple[str | None, dict]:
+    """``data.system_prompt_path`` if set, else the most common system turn of the training rows (none without
+    training rows)."""
     if cfg.data.system_prompt_path:
         text = Path(cfg.data.system_prompt_path).read_text(encoding="utf-8")
         return text, {"from": cfg.data.system_prompt_path, "sha256": sha256_text(text)}
+    if loaded is None:
+        return None, {"from": "none (data.source=none without data.system_prompt_path)"}
     counts = Counter(system_prompt(row) for row in loaded.rows)
     text, used_by = counts.most_common(1)[0]
     return text, {"from": "training rows", "sha256": sha256_text(text) if text else None,
@@ -148,6 +154,14 @@ def write_data_run(cfg: Config, spec: RunSpec) -> Manifest:
             stage.manifest.details.update(write_tool_split(cfg.data, out_dir))
             stage.add_output(SFT_ROWS_FILE, "tool-use rows of the SFT split (data.tool_use.TOOL_PARQUET_COLUMNS)")
             stage.manifest.metrics["num_sft_rows"] = stage.manifest.details["split"]["counts"]["sft"]
+            return stage.manifest
+        if cfg.data.source == "none":  # benchmarks alone, prompted with data.system_prompt_path (or no system turn)
+            system, system_record = benchmark_system_prompt(cfg, None)
+            written = write_benchmarks(cfg, out_dir, system)
+            for name in written:
+                stage.add_output(benchmark_file(name), f"benchmark {name}: id, problem, answer, prompt")
+            stage.manifest.details.update({"source": {"kind": "none"}, "benchmarks": written,
+                                           "benchmark_system_prompt": system_record})
             return stage.manifest
         local_path = None
         if cfg.data.source == "toy":

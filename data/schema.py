@@ -19,14 +19,17 @@ import re
 import unicodedata
 from typing import Any, Mapping
 
+from common.errors import UserError
+
 LUFFY_COLUMNS = ("data_source", "prompt", "target", "ability", "reward_model", "extra_info")
 VERL_COLUMNS = ("data_source", "prompt", "ability", "reward_model", "extra_info")
 """verl's RLHF parquet columns (docs/data.md, "Outputs"): the LUFFY row without ``target``."""
 _WHITESPACE = re.compile(r"\s+")
 
 
-class InvalidRowError(ValueError):
-    """A training row that does not fit the LUFFY schema; the message names the row index and the field."""
+class InvalidRowError(UserError, ValueError):
+    """A training row that does not fit the LUFFY schema (or its ``data.row_format``); the message names the row index
+    and the field, and an entry point prints it alone (:class:`common.errors.UserError`)."""
 
     def __init__(self, source: str, index: int, field: str, reason: str):
         super().__init__(f"{source}: row {index}: field '{field}' {reason}")

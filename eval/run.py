@@ -21,6 +21,9 @@ hands down):
 In phase ``sft`` with a held-out SFT slice (``data.num_heldout_rows``), the same engine also scores that slice: the
 held-out NLL (:mod:`eval.heldout`), in its own run folder ``heldout_nll/`` beside the benchmarks'.
 
+The progress bar starts once the engine is up, so its rate and ETA measure sampling, and moves per problem as an
+in-process engine (vLLM, HF) finishes it; an engine pool moves it per batch.
+
 Sampling runs on ``eval.data_parallel_size`` engines side by side (``eval.sample.EnginePool``, one process per
 ``tensor_parallel_size`` GPUs), each call's problems dealt so that every engine gets a share (``engine_chunks``);
 this process alone writes the files. With ``logging.wandb_mode`` online or offline, the headline metrics also go to

@@ -11,7 +11,9 @@ KV-cache size, and with chunked prefill off because per-request seeds crash a CP
 """
 from __future__ import annotations
 
+import functools
 import gc
+import io
 import os
 import pickle
 import subprocess
@@ -20,6 +22,8 @@ import time
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol, Sequence
+
+from tqdm import tqdm
 
 from common.config import Config, ConfigError
 from common.models import load_causal_lm, load_tokenizer
@@ -49,8 +53,10 @@ class Sampler(Protocol):
     settings: dict[str, Any]
     """Every engine and sampling parameter, recorded in the manifest."""
 
-    def sample(self, prompts: Sequence[list[int]], seeds: Sequence[int], n: int) -> list[list[Completion]]:
-        """``n`` completions for each token-id prompt, prompt ``i`` sampled with ``seeds[i]``."""
+    def sample(self, prompts: Sequence[list[int]], seeds: Sequence[int], n: int,
+               finished: Callable[[], None] | None = None) -> list[list[Completion]]:
+        """``n`` completions for each token-id prompt, prompt ``i`` sampled with ``seeds[i]``; ``finished()`` once per
+        prompt as its samples are done, where the backend can tell (the progress bar's ticks)."""
         ...
 
     def prompt_logprobs(self, prompts: Sequence[list[int]]) -> list[list[float | None]]:
@@ -70,6 +76,19 @@ def configure_vllm_cpu_environment() -> None:
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
     bound_openmp_spin()
     hide_cpu_features_above_pin()
+
+
+class RequestTicks(tqdm):
+    """A silent tqdm for vLLM's ``LLM.generate(use_tqdm=<factory>)``: vLLM updates it once per finished request
+    (one prompt and its ``n`` samples), and each update calls ``on_request()`` once."""
+
+    def __init__(self, *args: Any, on_request: Callable[[], None], **kwargs: Any):
+        super().__init__(*args, **{**kwargs, "file": io.StringIO()})
+        self.on_request = on_request
+
+    def update(self, n: float | None = 1) -> bool | None:
+        self.on_request()
+        return super().update(1)
 
 
 class VLLMSampler:
@@ -110,9 +129,11 @@ class VLLMSampler:
         self._llm = vllm.LLM(**engine)
         self._vllm = vllm
 
-    def sample(self, prompts: Sequence[list[int]], seeds: Sequence[int], n: int) -> list[list[Completion]]:
+    def sample(self, prompts: Sequence[list[int]], seeds: Sequence[int], n: int,
+               finished: Callable[[], None] | None = None) -> list[list[Completion]]:
         params = [self._vllm.SamplingParams(n=n, seed=seed, **self._sampling) for seed in seeds]
-        outputs = self._llm.generate([{"prompt_token_ids": list(ids)} for ids in prompts], params, use_tqdm=False)
+        ticks = False if finished is None else functools.partial(RequestTicks, on_request=finished)
+        outputs = self._llm.generate([{"prompt_token_ids": list(ids)} for ids in prompts], params, use_tqdm=ticks)
         return [[Completion(c.text, len(c.token_ids), c.finish_reason or "length", -c.cumulative_logprob)
                  for c in out.outputs] for out in outputs]
 
@@ -157,7 +178,8 @@ class HFSampler:
         self.settings = {"generate": dict(self._generate), "dtype": cfg.model.dtype, "device": self._device,
                          "torch_threads": torch.get_num_threads()}
 
-    def sample(self, prompts: Sequence[list[int]], seeds: Sequence[int], n: int) -> list[list[Completion]]:
+    def sample(self, prompts: Sequence[list[int]], seeds: Sequence[int], n: int,
+               finished: Callable[[], None] | None = None) -> list[list[Completion]]:
         results = []
         eos_ids = set(self._eos if isinstance(self._eos, list) else [self._eos])
         for ids, seed in zip(prompts, seeds):
@@ -173,6 +195,8 @@ class HFSampler:
                 completions.append(Completion(self._tokenizer.decode(tokens, skip_special_tokens=True), len(tokens),
                                               "length" if stop is None else "stop"))
             results.append(completions)
+            if finished is not None:
+                finished()
         return results
 
     def prompt_logprobs(self, prompts: Sequence[list[int]]) -> list[list[float | None]]:
@@ -326,7 +350,9 @@ class EnginePool:
         self.settings = {**settings, "data_parallel": {"engines": engines, "cuda_visible_devices": devices,
                                                        "problems_per_engine_call": self._chunk}}
 
-    def sample(self, prompts: Sequence[list[int]], seeds: Sequence[int], n: int) -> list[list[Completion]]:
+    def sample(self, prompts: Sequence[list[int]], seeds: Sequence[int], n: int,
+               finished: Callable[[], None] | None = None) -> list[list[Completion]]:
+        """The engines' samples; ``finished`` is not called (the engines run in other processes)."""
         return self._scatter("sample", prompts, lambda start, stop: (list(seeds[start:stop]), n))
 
     def prompt_logprobs(self, prompts: Sequence[list[int]]) -> list[list[float | None]]:

@@ -110,6 +110,8 @@ def sample_problems(cfg: Config, benchmark: str, samples_path: Path, problems: S
     if finished:
         print(f"[eval/{benchmark}] {len(finished)} of {len(problems)} {unit}s already sampled; "
               f"sampling the other {len(todo)}")
+    if todo:
+        engine.sampler()  # started before the bar, whose rate and ETA then measure sampling alone
     bar = progress(total=len(problems), initial=len(finished), desc=f"eval {cfg.eval.variant}/{benchmark}",
                    enabled=cfg.logging.progress, unit=unit)
     sampling = {"seconds": 0.0, "generated_tokens": 0}
@@ -118,16 +120,22 @@ def sample_problems(cfg: Config, benchmark: str, samples_path: Path, problems: S
             seeds = [derive_seed(cfg.seed, f"eval/{benchmark}/{problem_id(problem)}") for problem in batch]
             sampler = engine.sampler()
             started = time.perf_counter()
-            completions = sampler.sample([prompt_ids(problem) for problem in batch], seeds, n)
+            ticked = [0]  # problems the engine reported done while it sampled the batch (it may report none)
+
+            def tick() -> None:
+                ticked[0] += 1
+                bar.update(1)
+
+            completions = sampler.sample([prompt_ids(problem) for problem in batch], seeds, n, finished=tick)
             sampling["seconds"] += time.perf_counter() - started
             sampling["generated_tokens"] += sum(c.num_tokens for per_problem in completions for c in per_problem)
+            bar.update(len(batch) - ticked[0])
             for problem, seed, problem_completions in zip(batch, seeds, completions):
                 records = score(problem, problem_completions, seed)
                 samples.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
                 samples.flush()
                 os.fsync(samples.fileno())
                 finished[problem_id(problem)] = records
-                bar.update(1)
     return finished, sampling
 
 

@@ -33,7 +33,7 @@ from common.errors import user_errors_in_one_line
 from pipeline.launch import StageFailed, force_restart, is_done, manifest_states, run_command, stop_all
 from common.locks import DirectoryLock
 from common.paths import experiment_dir, report_benchmarks, report_dir
-from common.preflight import PreflightError, require_plan
+from common.preflight import PreflightError, estimate_bytes, require_plan
 from common.processes import interrupted_by, termination_signals_interrupt
 from pipeline.migrations import retire_cpu_chosen_bf16_bases, warn_about_old_layout
 from pipeline.stages import StageCommand, build_plan, check_force, force_patterns
@@ -110,6 +110,12 @@ def run(cfg: Config, overrides: list[str]) -> list[StageCommand]:
             print(f"{len(shared)} of {len(plan)} commands write only runs that experiment={train_in} (experiment."
                   f"train_in) has in its plan too, with the same identities: done there, they are reused here, not "
                   f"redone ({', '.join(sorted(shared))})")
+        needed = estimate_bytes([command for command in plan if cfg.force or not is_done(command)])
+        if any(needed.values()):
+            print(f"disk: the pending commands write about {needed['run_root'] / 1e9:.0f} GB under "
+                  f"experiment.run_root and {needed['hf_cache'] / 1e9:.0f} GB into the HF cache (the preflight's "
+                  "estimate, common.preflight.estimate_bytes); GPU-hours: no estimate (no paper-profile step time is "
+                  "measured yet)")
         print(f"dry run: nothing was started; the run would leave its results in {results_path(cfg, plan)}")
         return plan
     try:

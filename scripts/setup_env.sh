@@ -136,7 +136,8 @@ case "$profile" in
     ;;
   gpu)
     venv="${VENV:-.venv-gpu}"
-    [ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
+    existed="$([ -x "$venv/bin/python" ] && echo yes || true)"
+    [ -n "$existed" ] || "$python" -m venv "$venv"
     check_stack "$venv" gpu
     constraints=()
     if [ -f "$gpu_constraints" ]; then
@@ -149,6 +150,11 @@ case "$profile" in
     fi
     stamp="$venv/.installed-gpu-$(cat pyproject.toml "${constraints[@]:1}" | sha256sum | cut -c1-16)"
     if [ ! -f "$stamp" ]; then
+      if compgen -G "$venv/.installed-gpu-*" >/dev/null; then
+        say "$venv was installed for another pyproject.toml or constraints: updating it"
+      elif [ -n "$existed" ]; then
+        say "$venv is half-built (bin/python without this script's stamp: an interrupted install): finishing it"
+      fi
       say "installing .[gpu,dev] into $venv"
       pip_in "$venv" install "${constraints[@]}" -e ".[gpu,dev]"
       rm -f "$venv"/.installed-gpu-*

@@ -166,13 +166,13 @@ def _register() -> None:
 
 _register()
 # imported after the schemas are registered; the import registers the ``catalogue`` resolver
-from common.config.catalogue import group_node, refuse_schema_choices, refuse_unknown_choices  # noqa: E402
+from common.config.catalogue import group_node, refuse_unknown_choices  # noqa: E402
 
 
 def to_config(cfg: DictConfig) -> Config:
     """Converts a composed Hydra config into a validated :class:`Config` (raises :class:`ConfigError`)."""
     if HydraConfig.initialized():  # a command line (a compose() call checks its overrides itself)
-        refuse_schema_choices(HydraConfig.get().overrides.task)
+        refuse_unknown_choices(HydraConfig.get().overrides.task)
         refuse_moved_keys(HydraConfig.get().overrides.task)
     try:
         obj = OmegaConf.to_object(cfg)

@@ -6,12 +6,13 @@ orchestrator's flags.
 ``catalogue`` resolver registered here), and so does ``make list``. A
 description is the leading comment of the option's YAML file; a method preset without one gets its schema's
 docstring (``common.config.sft.SFT_METHOD_SCHEMAS``). Schema entries (``base_*``) are never listed: they are not
-options (:func:`refuse_schema_choices`).
+options (:func:`refuse_unknown_choices`).
 """
 from __future__ import annotations
 
 import re
 import textwrap
+from difflib import get_close_matches
 from pathlib import Path
 
 from omegaconf import OmegaConf
@@ -120,27 +121,26 @@ def catalogue() -> str:
     return "\n".join(lines)
 
 
-def refuse_schema_choices(overrides: list[str] | tuple[str, ...]) -> None:
-    """Raises :class:`ConfigError` for a ``group=base_*`` override: a schema entry is not an option (it composes an
-    empty config that fails later with a missing-value error)."""
-    for override in overrides:
-        key, _, value = override.lstrip("+~").partition("=")
-        if value.startswith(SCHEMA_PREFIX) and (CONF_DIR / key).is_dir():
-            raise ConfigError(f"{key}={value} is a schema, not an option; choose one of: {', '.join(options(key))}")
-
-
 def refuse_unknown_choices(overrides: list[str] | tuple[str, ...]) -> None:
-    """Raises :class:`ConfigError` in one line for a ``group=name`` override (or a sweep ``group=a,b``) naming no
-    option of the group, before Hydra would print its own several-line error (a schema entry gets
-    :func:`refuse_schema_choices`'s)."""
-    refuse_schema_choices(overrides)
+    """Raises :class:`ConfigError` for a group override that names no option of the group, before Hydra composes:
+    a ``group=base_*`` schema entry (it composes an empty config that fails later with a missing-value error), or an
+    unknown option (Hydra's own error lists the schema entries too, over some 50 lines), with the options closest to
+    it (``unknown sft/method 'eksf'; did you mean eksft?``). A sweep's ``a,b`` values are checked one by one (a
+    sweep function such as ``choice(...)`` is left to Hydra; ``null`` removes the group's choice)."""
     for override in overrides:
-        key, _, value = override.lstrip("+~").partition("=")
-        if not value or "(" in value or not (CONF_DIR / key).is_dir():
+        key, _, values = override.lstrip("+~").partition("=")
+        if not values or override.startswith("~") or "(" in values or not (CONF_DIR / key).is_dir():
             continue
-        unknown = [name for name in value.split(",") if name not in (*options(key), "null")]
-        if unknown:
-            raise ConfigError(f"{key}={unknown[0]} is not an option; choose one of: {', '.join(options(key))}")
+        choices = options(key)
+        for value in values.split(","):
+            if value == "null":
+                continue
+            if value.startswith(SCHEMA_PREFIX):
+                raise ConfigError(f"{key}={value} is a schema, not an option; choose one of: {', '.join(choices)}")
+            if value not in choices:
+                close = get_close_matches(value.lower(), choices, n=3, cutoff=0.7)
+                hint = f"did you mean {' or '.join(close)}?" if close else f"choose one of: {', '.join(choices)}"
+                raise ConfigError(f"unknown {key} '{value}'; {hint}")
 
 
 def _help_resolver() -> str:

@@ -5,6 +5,8 @@ from dataclasses import dataclass, field
 
 from common.config.common import IDENTITY_WHEN_SET, ConfigError, check_choice, check_range
 
+ROW_FORMATS = ("luffy", "chat", "alpaca")
+"""``data.row_format`` choices (data/row_formats.py converts the others to the LUFFY schema)."""
 TOOL_SOURCES = ("acebench", "synthetic_tools")
 """Training sources of tool-use rows (``data.tool_use``): SFT only, no RL split (docs/tool_use.md)."""
 LIVE_CATEGORIES = ("live_simple", "live_multiple", "live_parallel", "live_parallel_multiple")
@@ -57,6 +59,14 @@ class BenchmarkSource:
     """Field holding a stable problem id (empty: ``<name>-<row index>``)."""
     expected_count: int = 0
     """Number of problems the benchmark must have (0: not checked)."""
+    path: str = field(default="", metadata=IDENTITY_WHEN_SET)
+    """A local parquet or JSONL file read for this benchmark whatever ``data.benchmark_source`` says (LUFFY's
+    ``valid.all.parquet`` for the extra sets math500, minerva, olympiad); empty: the source's own. Enters the run
+    identity only when set."""
+    data_source: str = field(default="", metadata=IDENTITY_WHEN_SET)
+    """With ``path``: the file is in the LUFFY/verl layout and this benchmark is its rows with this ``data_source``;
+    problem = the prompt's user turn, answer = ``reward_model.ground_truth`` less one outer ``$...$``, id =
+    ``<name>-<extra_info.index>`` (:func:`data.benchmarks.luffy_records`). Enters the run identity only when set."""
 
 
 @dataclass
@@ -66,7 +76,8 @@ class DataConfig:
     source: str = "hub"
     """hub (``load_dataset(hub_id)``), local (``path``: parquet or jsonl), toy (generated, then loaded as local), or
     a tool-use source (docs/tool_use.md): acebench (``path``: a folder in AceBench's ``data_en`` layout, else the hub
-    copy ``hub_id`` at ``hub_revision``) or synthetic_tools (``num_sft_rows`` generated rows, seed ``split_seed``)."""
+    copy ``hub_id`` at ``hub_revision``) or synthetic_tools (``num_sft_rows`` generated rows, seed ``split_seed``);
+    none: no training set, the data run writes the benchmarks alone (to evaluate a model, docs/data.md)."""
     hub_id: str = "Elliott/Openr1-Math-46k-8192"
     """Hub dataset id of the training set."""
     hub_split: str = "train"
@@ -91,6 +102,10 @@ class DataConfig:
     """SFT cutoff in tokens (prompt + response); longer rows are truncated and counted."""
     strip_leading_think: str = "auto"
     """Remove the target's leading '<think>\\n' when the generation prompt already ends with it: auto, always, never."""
+    row_format: str = field(default="luffy", metadata=IDENTITY_WHEN_SET)
+    """Format of the training rows (``data.source`` local or hub): luffy (the LUFFY schema, data/schema.py), chat
+    (OpenAI ``messages`` or ShareGPT ``conversations``) or alpaca (``instruction``, ``input``, ``output``), converted
+    by data/row_formats.py (docs/data.md, "Your own rows"). Enters the run identity only when set."""
     invalid_rows: str = "error"
     """error: a malformed row (or one that is not UTF-8) raises naming the file, row and field; skip: drop it and count
     it in the manifest."""
@@ -116,7 +131,7 @@ class DataConfig:
     run's identity; the tables show them after the Avg column and never average them."""
 
     def validate(self) -> None:
-        check_choice("data.source", self.source, ("hub", "local", "toy", *TOOL_SOURCES))
+        check_choice("data.source", self.source, ("hub", "local", "toy", "none", *TOOL_SOURCES))
         if self.source == "local" and not self.path:
             raise ConfigError("data.path must be set for data.source=local")
         if self.source in ("hub", "acebench") and not self.hub_id and not self.path:
@@ -134,6 +149,10 @@ class DataConfig:
         check_range("data.split_seed", self.split_seed, 0, 2**31 - 1)
         check_range("data.max_length", self.max_length, 16)
         check_choice("data.strip_leading_think", self.strip_leading_think, ("auto", "always", "never"))
+        check_choice("data.row_format", self.row_format, ROW_FORMATS)
+        if self.row_format != "luffy" and self.source not in ("local", "hub"):
+            raise ConfigError(f"data.row_format={self.row_format} converts rows read from a file or the hub "
+                              f"(data.source=local|hub); got data.source={self.source}")
         check_choice("data.invalid_rows", self.invalid_rows, ("error", "skip"))
         check_choice("data.duplicates", self.duplicates, ("count", "refuse"))
         check_choice("data.benchmark_source", self.benchmark_source, ("hub", "local", "toy", "bfcl"))
@@ -141,8 +160,9 @@ class DataConfig:
             raise ConfigError(f"data.benchmark_source=bfcl goes with the tool-use sources {list(TOOL_SOURCES)} and "
                               f"only with them; got data.source={self.source}, "
                               f"data.benchmark_source={self.benchmark_source}")
-        if self.benchmark_source == "toy" and self.source != "toy":
-            raise ConfigError(f"data.benchmark_source=toy needs data.source=toy; got data.source={self.source}")
+        if self.benchmark_source == "toy" and self.source not in ("toy", "local"):
+            raise ConfigError(f"data.benchmark_source=toy needs data.source=toy or local (your rows on the toy model); "
+                              f"got data.source={self.source}")
         if self.benchmark_source == "local" and not self.benchmark_dir:
             raise ConfigError("data.benchmark_dir must be set for data.benchmark_source=local (data=openr1_local): "
                               "add data.benchmark_dir=<folder of the benchmark JSONL files>")
@@ -162,9 +182,14 @@ class DataConfig:
         """The fields of one benchmark source (``key``: where it sits in the config) its ``benchmark_source`` reads."""
         if self.benchmark_source == "bfcl":
             check_choice(f"{key} (a BFCL category)", name, BFCL_CATEGORIES)
-        if self.benchmark_source == "hub" and not bench.hub_id:
+        if bench.data_source and not bench.path:
+            raise ConfigError(f"{key}.data_source filters the rows of {key}.path; set {key}.path to the file")
+        if bench.path:
+            if not bench.path.endswith((".parquet", ".jsonl", ".json")):
+                raise ConfigError(f"{key}.path must be a .parquet, .jsonl or .json file; got {bench.path}")
+        elif self.benchmark_source == "hub" and not bench.hub_id:
             raise ConfigError(f"{key}.hub_id must be set for data.benchmark_source=hub")
-        if self.benchmark_source == "local" and not bench.file:
+        elif self.benchmark_source == "local" and not bench.file:
             raise ConfigError(f"{key}.file must be set for data.benchmark_source=local")
         check_range(f"{key}.expected_count", bench.expected_count, 0)
 

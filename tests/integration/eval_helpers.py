@@ -12,7 +12,7 @@ class ScriptedSampler:
     def __init__(self, texts_by_seed: dict[int, list[str]]):
         self.texts_by_seed = texts_by_seed
 
-    def sample(self, prompts, seeds, n):
+    def sample(self, prompts, seeds, n, finished=None):
         return [[Completion(text, 5, "stop") for text in self.texts_by_seed[seed]] for seed in seeds]
 
     def close(self):

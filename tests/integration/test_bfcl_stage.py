@@ -27,7 +27,7 @@ class ScriptedSampler:
     def __init__(self, calls: list[int], fail_on_call: int | None = None):
         self.calls, self.fail_on_call = calls, fail_on_call
 
-    def sample(self, prompts, seeds, n):
+    def sample(self, prompts, seeds, n, finished=None):
         self.calls.append(len(prompts))
         if self.fail_on_call is not None and len(self.calls) == self.fail_on_call:
             raise RuntimeError("engine died")

@@ -158,8 +158,9 @@ def test_hf_backend_samples_reproducibly(tmp_path, tiny_model):
     cfg = _config(tmp_path, tiny_model, "eval.backend=hf", "eval.max_tokens=8")
     sampler = make_sampler(str(tiny_model), cfg, max_model_len=0)
     prompts = [[5, 6, 7], [8, 9]]
-    first, again = sampler.sample(prompts, [1, 2], 3), sampler.sample(prompts, [1, 2], 3)
-    assert [len(c) for c in first] == [3, 3]
+    ticks = []
+    first, again = sampler.sample(prompts, [1, 2], 3, lambda: ticks.append(1)), sampler.sample(prompts, [1, 2], 3)
+    assert [len(c) for c in first] == [3, 3] and len(ticks) == 2
     assert all(1 <= c.num_tokens <= 8 and c.finish_reason in ("stop", "length") for cs in first for c in cs)
     assert [[c.text for c in cs] for cs in first] == [[c.text for c in cs] for cs in again]
     sampler.close()
@@ -179,12 +180,12 @@ class RecordingFactory:
         self.backend, self.version, self.settings = self.sampler.backend, self.sampler.version, self.sampler.settings
         return self
 
-    def sample(self, prompts, seeds, n):
+    def sample(self, prompts, seeds, n, finished=None):
         self.calls += 1
         if self.calls == self.interrupt_on_call:
             raise KeyboardInterrupt
         self.seeds.extend(seeds)
-        return self.sampler.sample(prompts, seeds, n)
+        return self.sampler.sample(prompts, seeds, n, finished)
 
     def close(self):
         pass  # kept open so the test can sample with the same engine afterwards
@@ -248,6 +249,10 @@ def test_vllm_sampling_metrics_resume_and_seeds(tmp_path, tiny_model, shared_dat
     texts = [[c.text for c in cs] for cs in sampler.sample(prompts, [11, 12], 4)]
     assert [[c.text for c in cs] for cs in sampler.sample(prompts, [11, 12], 4)] == texts
     assert [[c.text for c in cs] for cs in sampler.sample(prompts, [911, 912], 4)] != texts
+    # Issue 43.5: the evaluation bar moves per problem as vLLM finishes it, not per batch.
+    ticks = []
+    assert [[c.text for c in cs] for cs in sampler.sample(prompts, [11, 12], 4, lambda: ticks.append(1))] == texts
+    assert len(ticks) == 2
     sampler.close()
 
     # A finished run is skipped without starting an engine ...

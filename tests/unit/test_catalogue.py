@@ -61,3 +61,31 @@ def test_schema_entries_are_not_selectable(choice):
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
     options = ", ".join(sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml")))
     assert result.stderr.strip() == f"error: {choice} is a schema, not an option; choose one of: {options}"
+
+
+GROUPS = sorted(str(path.relative_to(CONF_DIR)) for path in CONF_DIR.rglob("*") if path.is_dir()
+                and any(path.glob("*.yaml")))
+
+
+@pytest.mark.parametrize("group", GROUPS)
+def test_an_unknown_option_of_any_group_is_one_line_with_the_closest_options(group):
+    """Issue 43.6: Hydra's own error for ``sft/method=eksf`` was 48 lines with the schema entries and no hint."""
+    option = sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))[0]
+    typo = option + "x"
+    with pytest.raises(ConfigError) as error:
+        compose([f"{group}={typo}"])
+    assert str(error.value).startswith(f"unknown {group} '{typo}'; did you mean {option}")
+    assert "base_" not in str(error.value) and "\n" not in str(error.value)
+
+
+def test_an_unknown_option_far_from_every_option_lists_the_options():
+    with pytest.raises(ConfigError, match=r"^unknown profile 'gpu'; choose one of: paper, toy$"):
+        compose(["profile=gpu"])
+
+
+@pytest.mark.parametrize("module", ["pipeline.run", "data.prepare"])
+def test_an_unknown_option_on_the_command_line_is_one_line(module):
+    result = subprocess.run([sys.executable, "-m", module, "sft/method=eksf", "dry_run=true"], capture_output=True,
+                            text=True, timeout=120, cwd=REPO)
+    assert result.returncode == 1
+    assert result.stderr.strip() == "error: unknown sft/method 'eksf'; did you mean eksft?"

@@ -8,27 +8,31 @@ from common.config.sft import SFT_METHOD_SCHEMAS
 
 EXPERIMENTS = sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
 METHOD_PRESETS = sorted(p.stem for p in (CONF_DIR / "sft" / "method").glob("*.yaml"))
+REQUIRED = {"own_data": ["data.path=rows.jsonl"]}
+"""The overrides an experiment cannot compose without (its YAML leaves them ``???``)."""
 
 
 @pytest.mark.parametrize("profile", ["toy", "paper"])
 @pytest.mark.parametrize("experiment", EXPERIMENTS)
 def test_every_experiment_composes_and_validates(experiment, profile):
-    if profile not in compose([f"experiment={experiment}"]).experiment.profiles:
+    chosen = [f"experiment={experiment}", f"profile={profile}", *REQUIRED.get(experiment, [])]
+    if profile not in compose([chosen[0], *chosen[2:]]).experiment.profiles:
         # Issue 30.4: `experiment=forking profile=paper` quietly planned the toy world's arms on Qwen3.
         with pytest.raises(ConfigError, match=rf"experiment={experiment} is meant for profile=toy "
                                               rf"\(experiment.profiles\); got profile={profile}: .*any_profile=true"):
-            compose([f"experiment={experiment}", f"profile={profile}"])
-        cfg = compose([f"experiment={experiment}", f"profile={profile}", "experiment.any_profile=true"])
+            compose(chosen)
+        cfg = compose([*chosen, "experiment.any_profile=true"])
     else:
-        cfg = compose([f"experiment={experiment}", f"profile={profile}"])
+        cfg = compose(chosen)
     assert cfg.experiment.name == experiment
     assert cfg.profile.name == profile
 
 
 def test_the_toy_world_experiments_are_meant_for_the_toy_profile_only():
-    assert {name: compose([f"experiment={name}"]).experiment.profiles for name in EXPERIMENTS} == {
+    assert {name: compose([f"experiment={name}", *REQUIRED.get(name, [])]).experiment.profiles
+            for name in EXPERIMENTS} == {
         "ablations": ["toy", "paper"], "bfcl": ["toy", "paper"], "demo": ["toy"], "forking": ["toy"],
-        "table1": ["toy", "paper"], "table2": ["toy", "paper"], "toy_rl": ["toy"]}
+        "own_data": ["toy"], "table1": ["toy", "paper"], "table2": ["toy", "paper"], "toy_rl": ["toy"]}
 
 
 @pytest.mark.parametrize("preset", METHOD_PRESETS)

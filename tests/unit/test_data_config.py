@@ -6,9 +6,18 @@ import pytest
 from common.config import ConfigError, compose
 
 
-def test_toy_benchmarks_need_the_toy_source():
-    with pytest.raises(ConfigError, match="data.benchmark_source=toy needs data.source=toy"):
-        compose(["experiment=demo", "data.source=local", "data.path=x.parquet"])
+def test_toy_benchmarks_need_the_toy_source_or_a_local_file():
+    with pytest.raises(ConfigError, match="data.benchmark_source=toy needs data.source=toy or local"):
+        compose(["experiment=demo", "data.source=hub"])
+    cfg = compose(["experiment=demo", "data.source=local", "data.path=x.jsonl", "data.row_format=chat"])
+    assert (cfg.data.benchmark_source, cfg.data.row_format) == ("toy", "chat")
+
+
+def test_a_row_format_needs_rows_read_from_a_file_or_the_hub():
+    with pytest.raises(ConfigError, match="data.row_format=alpaca converts rows read from a file or the hub"):
+        compose(["experiment=demo", "data.row_format=alpaca"])
+    with pytest.raises(ConfigError, match="data.row_format"):
+        compose(["experiment=demo", "data.source=local", "data.path=x.jsonl", "data.row_format=sharegpt"])
 
 
 def test_toy_profile_defaults():

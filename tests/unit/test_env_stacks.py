@@ -1,5 +1,6 @@
 """Two stacks, two venvs: the Make targets name one stack each, and scripts/setup_env.sh refuses a venv that holds
-the other stack (read from installed metadata, whatever its stamp says), before pip runs."""
+the other stack (read from installed metadata, whatever its stamp says), before pip runs. Make installs the CUDA
+stack only where a GPU is and the command computes on it (issue 43.1)."""
 from __future__ import annotations
 
 import os
@@ -14,9 +15,10 @@ import pytest
 from common.preflight import installed_stack
 
 REPO = Path(__file__).resolve().parents[2]
-GPU_TARGETS = [
-    ["reproduce-table1", "PROFILE=paper"], ["reproduce-table2", "PROFILE=paper"], ["test-gpu"], ["env-gpu"],
-    ["bench", "ARGS=--device cuda"], ["dry-run", "STACK=gpu"],
+GPU_TARGETS = [  # on a machine with a GPU (HAVE_GPU=yes: what nvidia-smi's probe sets)
+    ["reproduce-table1", "PROFILE=paper", "HAVE_GPU=yes"], ["reproduce-table2", "PROFILE=paper", "HAVE_GPU=yes"],
+    ["test-gpu", "HAVE_GPU=yes"], ["env-gpu"], ["bench", "ARGS=--device cuda", "HAVE_GPU=yes"],
+    ["dry-run", "STACK=gpu"],
 ]
 CPU_TARGETS = [
     ["test"], ["test-e2e"], ["test-all"], ["demo"], ["bench"], ["smollm2"], ["env-cpu"], ["dry-run"],
@@ -28,9 +30,12 @@ GPU_MARKS = ("scripts/setup_env.sh gpu", ".venv-gpu")
 pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="needs GNU make")
 
 
-def make_n(*args: str) -> str:
-    return subprocess.run(["make", "-n", "--no-print-directory", *args], cwd=REPO, check=True,
-                          capture_output=True, text=True, env={**os.environ, "STACK": ""}).stdout
+def make_n(*args: str, check: bool = True) -> subprocess.CompletedProcess | str:
+    """``make -n`` on a machine without a GPU (``HAVE_GPU`` empty) unless the arguments say otherwise: its stdout, or
+    the completed process with ``check=False``."""
+    result = subprocess.run(["make", "-n", "--no-print-directory", *args], cwd=REPO, check=check, capture_output=True,
+                            text=True, env={**os.environ, "STACK": "", "HAVE_GPU": ""})
+    return result.stdout if check else result
 
 
 @pytest.mark.parametrize("args", GPU_TARGETS, ids=" ".join)
@@ -54,12 +59,54 @@ def test_make_and_python_default_to_the_same_profile():
                                                                                              "EXPERIMENT=demo")
 
 
-def test_paper_dry_run_uses_the_gpu_venv_once_it_exists(tmp_path):
+def test_paper_dry_run_uses_the_finished_gpu_venv_as_it_is(tmp_path):
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "python").touch()
+    (tmp_path / ".installed-gpu-0123456789abcdef").touch()
+    out = make_n("dry-run", "PROFILE=paper", f"GPU_VENV={tmp_path}")
+    assert "setup_env.sh" not in out, out
+    assert f"{tmp_path}/bin/python -m pipeline.run experiment=table1 profile=paper dry_run=true" in out
+
+
+@pytest.mark.parametrize("args", [
+    ["reproduce-table1", "PROFILE=paper"], ["reproduce-table2", "PROFILE=paper"],
+    ["reproduce-ablations", "PROFILE=paper"],
+    ["dry-run", "PROFILE=paper"], ["reproduce-table1", "PROFILE=paper", "HAVE_GPU=yes", "ARGS=dry_run=true"],
+    ["reproduce-table1", "PROFILE=paper", "HAVE_GPU=yes", "ARGS=preflight=true"],
+], ids=" ".join)
+def test_the_paper_profile_installs_nothing_cuda_without_a_gpu_or_when_only_planning(args):
+    """Issue 43.1: these started ``pip install -e .[gpu,dev]`` (GBs of CUDA wheels) before anything checked for a GPU;
+    now they run on the CPU stack, whose preflight names what the machine lacks, and say why in one line."""
+    out = make_n(*args)
+    assert not [mark for mark in GPU_MARKS if mark in out], out
+    assert "on the CPU stack" in out and "nothing CUDA is installed" in out
+    assert ".venv/bin/python -m pipeline.run experiment=" in out
+
+
+@pytest.mark.parametrize("profile", ["Toy", "cpu", "papr"])
+def test_an_unknown_profile_is_refused_naming_the_choices(profile):
+    profiles = " ".join(sorted(path.stem for path in (REPO / "conf" / "profile").glob("*.yaml")))
+    for target in ("reproduce-table1", "demo", "dry-run"):
+        result = make_n(target, f"PROFILE={profile}", check=False)
+        assert result.returncode != 0 and not result.stdout
+        assert f"unknown PROFILE '{profile}'; choose one of: {profiles}" in result.stderr
+
+
+def test_a_half_built_gpu_venv_is_named_and_not_used(tmp_path):
+    """An interrupted install leaves bin/python without setup_env.sh's stamp: the dry run plans on the CPU stack and
+    names it, instead of restarting the install."""
     (tmp_path / "bin").mkdir()
     (tmp_path / "bin" / "python").touch()
     out = make_n("dry-run", "PROFILE=paper", f"GPU_VENV={tmp_path}")
-    assert f"VENV={tmp_path} scripts/setup_env.sh gpu" in out
-    assert f"{tmp_path}/bin/python -m pipeline.run experiment=table1 profile=paper dry_run=true" in out
+    assert f"{tmp_path} is half-built" in out and f"rm -rf {tmp_path}" in out
+    assert f"VENV={tmp_path}" not in out and f"{tmp_path}/bin/python -m" not in out
+
+
+@pytest.mark.parametrize("args", [["test-gpu"], ["gpu-smoke"], ["bench", "ARGS=--device cuda"]], ids=" ".join)
+def test_gpu_commands_are_refused_without_a_gpu_before_installing(args):
+    result = make_n(*args, check=False)
+    assert result.returncode != 0 and not result.stdout
+    assert "needs a GPU and nvidia-smi lists none here" in result.stderr
 
 
 def fake_venv(root: Path, python_command: str, env: dict[str, str] | None = None) -> Path:

@@ -16,6 +16,7 @@ from pipeline.launch import StageFailed, is_done, run_command
 from common.locks import DirectoryLock
 from common.manifest import Manifest, invalidate, read_manifest, stage_run, write_manifest
 from common.paths import RunSpec, eval_dir, experiment_dir, sft_dir, sft_run
+from common.preflight import estimate_bytes
 from eval.run import run as eval_run
 from eval.stage import result_lines
 from pipeline.run import critical_path_lengths, execute, run, stage_overrides, status_line
@@ -260,6 +261,23 @@ def test_dry_run_says_which_commands_are_done(tmp_path, capsys):
         pass
     run(cfg, [])
     assert "(done, would be skipped) [data] data" in capsys.readouterr().out
+
+
+def test_the_paper_dry_run_prints_the_preflights_disk_estimate(tmp_path, capsys):
+    """Issue 43.5: the paper dry run said nothing of what the run would need; the preflight's disk estimate (Qwen3-4B
+    and -8B sized from their names when not cached) is printed, and the toy dry run prints none (its models are
+    not hub models)."""
+    overrides = ["experiment=table1", "profile=paper", f"experiment.run_root={tmp_path}", "dry_run=true"]
+    plan = run(compose(overrides), stage_overrides(overrides))
+    needed = estimate_bytes(plan)
+    assert needed["run_root"] > 1e12
+    assert (f"disk: the pending commands write about {needed['run_root'] / 1e9:.0f} GB under experiment.run_root and "
+            f"{needed['hf_cache'] / 1e9:.0f} GB into the HF cache") in capsys.readouterr().out
+    run(compose(overrides[2:]), [])
+    assert "disk:" not in capsys.readouterr().out
+    one_gpu = [*overrides, "profile.models=[qwen3_0_6b]", "profile.nproc_per_node=1", "sft.grad_accum=64"]
+    needed = estimate_bytes(build_plan(compose(one_gpu), stage_overrides(one_gpu)))
+    assert needed["hf_cache"] in (0, 0.6e9 * 2)  # the data stage's config names the profile's Qwen3-4B: not counted
 
 
 def test_multi_node_sft_is_one_command_per_node_started_by_srun_with_the_run_as_rendezvous_id(tmp_path, capsys):

@@ -36,7 +36,7 @@ def test_the_data_command_it_points_to_writes_the_benchmarks_it_reads():
     """The README's data command names the same experiment and profile, so both use one data folder."""
     text = README.read_text(encoding="utf-8")
     data_command = re.search(r"`python -m data\.prepare ([^`]+)`", text).group(1)
-    evaluate = [o for o in readme_command("eval.run") if o.split("=")[0] in ("experiment", "profile")]
+    evaluate = [o for o in readme_command("eval.run") if o.split("=")[0] in ("experiment", "profile", "data.source")]
     assert data_dir(compose(shlex.split(data_command))) == data_dir(compose(evaluate))
 
 
@@ -75,3 +75,16 @@ def test_every_experiment_the_readme_names_has_a_config():
     assert {"demo", "table1", "table2", "forking", "toy_rl"} <= named
     for name in named:
         assert (REPO / "conf" / "experiment" / f"{name}.yaml").is_file(), name
+
+
+def sequences_per_step(cfg) -> int:
+    return cfg.sft.micro_batch_size * cfg.sft.grad_accum * cfg.profile.nproc_per_node
+
+
+def test_the_one_gpu_recipe_keeps_the_papers_sequences_per_step():
+    """Issue 43.4: overriding model.path kept Qwen3-4B's name in every folder; the recipe names a model config."""
+    args = re.search(r'make dry-run PROFILE=paper ARGS="([^"]+)"', README.read_text(encoding="utf-8")).group(1)
+    one_gpu, paper = compose(["profile=paper", *shlex.split(args)]), compose(["profile=paper"])
+    assert sequences_per_step(one_gpu) == sequences_per_step(paper) == 64 and one_gpu.profile.nproc_per_node == 1
+    assert [(m, (REPO / "conf" / "model" / f"{m}.yaml").is_file()) for m in one_gpu.profile.models] == [
+        ("qwen3_0_6b", True)]
