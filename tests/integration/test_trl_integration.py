@@ -5,6 +5,7 @@ base bitwise, a 2-rank gloo DDP run and the example complete, and verl's model p
 from __future__ import annotations
 
 import copy
+import json
 import os
 import subprocess
 import sys
@@ -239,3 +240,23 @@ def test_verl_model_patch_runs_with_trl_installed():
 
     assert is_trl_available()
     apply_monkey_patch(random_qwen3(vocab_size=64, hidden_size=64, num_layers=1))
+
+
+def test_fsdp2_sharded_policy_reference_and_old_policy_give_the_unsharded_loss(tiny, tmp_path):
+    """The FSDP2 path on one gloo rank, sharded by hand as accelerate and TRL's ``prepare_fsdp`` shard (accelerate
+    never selects FSDP on a CPU): loss and gradients equal the unsharded ones, PSFT's refresh copies sharded weights."""
+    out = run([sys.executable, "tests/integration/trl_fsdp2_worker.py", str(tiny), str(tmp_path), "eksft", "psft"])
+    assert [line.split()[:2] for line in out.splitlines() if line.startswith("ok ")] == [["ok", "eksft"], ["ok", "psft"]]
+
+
+def test_the_gpu_check_builds_its_fsdp2_launch_and_its_worker_trains_on_a_cpu(tmp_path):
+    """scripts/trl_fsdp_gpu_check.py: ``--dry-run`` prints the plain and the ``accelerate launch`` FSDP2 commands;
+    the plain worker (the same code the FSDP2 run executes) trains a step of EKSFT on the tiny model."""
+    out = run([sys.executable, "scripts/trl_fsdp_gpu_check.py", "--dry-run", "--precisions", "fp32"])
+    fsdp2 = next(line for line in out.splitlines() if line.startswith("fsdp2 fp32: "))
+    assert "accelerate.commands.launch --num_processes 1" in fsdp2 and "--use_fsdp --fsdp_version 2" in fsdp2
+    assert fsdp2.endswith("fsdp2-fp32.json") and "--expect-fsdp" in fsdp2
+    tiny = build_tiny_model(tmp_path / "tiny")
+    run([sys.executable, "scripts/trl_fsdp_gpu_check.py", "--worker", "--model", str(tiny), "--steps", "1",
+         "--precision", "fp32", "--out", str(tmp_path / "plain.json")])
+    assert len(json.loads((tmp_path / "plain.json").read_text())["losses"]) == 1
