@@ -5,6 +5,7 @@ base bitwise, a 2-rank gloo DDP run and the example complete, and verl's model p
 from __future__ import annotations
 
 import copy
+import importlib.util
 import json
 import os
 import subprocess
@@ -250,13 +251,15 @@ def test_fsdp2_sharded_policy_reference_and_old_policy_give_the_unsharded_loss(t
 
 
 def test_the_gpu_check_builds_its_fsdp2_launch_and_its_worker_trains_on_a_cpu(tmp_path):
-    """scripts/trl_fsdp_gpu_check.py: ``--dry-run`` prints the plain and the ``accelerate launch`` FSDP2 commands;
-    the plain worker (the same code the FSDP2 run executes) trains a step of EKSFT on the tiny model."""
-    out = run([sys.executable, "scripts/trl_fsdp_gpu_check.py", "--dry-run", "--precisions", "fp32"])
-    fsdp2 = next(line for line in out.splitlines() if line.startswith("fsdp2 fp32: "))
+    """scripts/trl_fsdp_gpu_check.py: the plain and the ``accelerate launch`` FSDP2 commands, and the plain worker (the
+    code the FSDP2 run executes too) training a step of EKSFT on the tiny model, in this process."""
+    spec = importlib.util.spec_from_file_location("trl_fsdp_gpu_check", REPO / "scripts" / "trl_fsdp_gpu_check.py")
+    check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(check)
+    runs = check.commands(tmp_path / "tiny", tmp_path, "fp32", steps=1)
+    fsdp2 = " ".join(runs["fsdp2"])
     assert "accelerate.commands.launch --num_processes 1" in fsdp2 and "--use_fsdp --fsdp_version 2" in fsdp2
-    assert fsdp2.endswith("fsdp2-fp32.json") and "--expect-fsdp" in fsdp2
-    tiny = build_tiny_model(tmp_path / "tiny")
-    run([sys.executable, "scripts/trl_fsdp_gpu_check.py", "--worker", "--model", str(tiny), "--steps", "1",
-         "--precision", "fp32", "--out", str(tmp_path / "plain.json")])
+    assert runs["fsdp2"][-1].endswith("fsdp2-fp32.json") and "--expect-fsdp" in runs["fsdp2"]
+    assert "--expect-fsdp" not in runs["plain"]
+    check.train(str(build_tiny_model(tmp_path / "tiny")), "fp32", 1, False, str(tmp_path / "plain.json"))
     assert len(json.loads((tmp_path / "plain.json").read_text())["losses"]) == 1
