@@ -1,7 +1,7 @@
 # Every target is one call into the project; see README.md. PROFILE=toy runs on CPU, PROFILE=paper on GPUs; the
 # default is Python's (conf/config.yaml's `profile: toy`), so `make X` and `python -m pipeline.run` plan the same.
 # Two stacks, two venvs, never one installed over the other: the CPU stack (requirements/cpu.lock) in $(CPU_VENV),
-# the CUDA stack (pip install -e .[gpu,dev]) in $(GPU_VENV). Each target picks its stack; STACK=cpu|gpu overrides it.
+# the CUDA stack (pip install -e .[gpu,dev,trl]) in $(GPU_VENV). Each target picks its stack; STACK=cpu|gpu overrides it.
 CPU_VENV ?= .venv
 GPU_VENV ?= .venv-gpu
 PROFILE ?= toy

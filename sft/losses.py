@@ -140,12 +140,9 @@ def build_loss(method_cfg: SFTMethod) -> TokenLoss:
     return TOKEN_LOSSES[name].variant(method_cfg)(method_cfg)
 
 
-def compute_token_loss(method: str | SFTMethod, logits: Tensor, labels: Tensor, ref_logits: Tensor | None = None,
-                       old_logits: Tensor | None = None, *, step: int = 0,
-                       **params: Any) -> tuple[Tensor, dict[str, Tensor]]:
-    """Dense reference API: ``method`` (a name or a config) on HF-convention unshifted ``logits [B, L, V]`` and
-    ``labels [B, L]`` (-100 ignored) at optimiser step ``step``; ``params`` override config fields (e.g. ``rho``,
-    ``lambda_entropy``, ``lambda_kl``, ``compat="official_code"``). Returns ``(loss, metrics)``, metrics detached."""
+def method_config(method: str | SFTMethod, **params: Any) -> SFTMethod:
+    """The config of token loss ``method`` (a registered name, or a config) with ``params`` overriding its fields
+    (e.g. ``rho``, ``lambda_entropy``, ``compat="official_code"``); unknown names or fields are refused."""
     if isinstance(method, str):
         if method not in SFT_METHOD_SCHEMAS:
             raise ConfigError(f"unknown token loss {method!r}; valid: {sorted(SFT_METHOD_SCHEMAS)}")
@@ -157,7 +154,16 @@ def compute_token_loss(method: str | SFTMethod, logits: Tensor, labels: Tensor, 
     unknown = sorted(set(params) - known)
     if unknown:
         raise ConfigError(f"unknown parameters {unknown} for token loss {base.name!r}; valid: {sorted(known)}")
-    loss = build_loss(dataclasses.replace(base, **params))
+    return dataclasses.replace(base, **params)
+
+
+def compute_token_loss(method: str | SFTMethod, logits: Tensor, labels: Tensor, ref_logits: Tensor | None = None,
+                       old_logits: Tensor | None = None, *, step: int = 0,
+                       **params: Any) -> tuple[Tensor, dict[str, Tensor]]:
+    """Dense reference API: ``method`` (a name or a config, ``params`` overriding its fields: :func:`method_config`)
+    on HF-convention unshifted ``logits [B, L, V]`` and ``labels [B, L]`` (-100 ignored) at optimiser step ``step``.
+    Returns ``(loss, metrics)``, metrics detached."""
+    loss = build_loss(method_config(method, **params))
     loss.begin_step(step)
     result = dense_loss(loss, logits, labels, ref_logits=ref_logits, old_logits=old_logits)
     return result.loss, result.metrics

@@ -203,8 +203,8 @@ def canonical(name: str) -> str:
     return canonicalize_name(name)
 
 
-@pytest.mark.parametrize("lock, extras", [("requirements/cpu.lock", ("cpu", "dev", "smollm2")),
-                                          ("requirements/gpu.constraints", ("gpu", "dev"))])
+@pytest.mark.parametrize("lock, extras", [("requirements/cpu.lock", ("cpu", "dev", "smollm2", "trl")),
+                                          ("requirements/gpu.constraints", ("gpu", "dev", "trl"))])
 def test_locks_pin_every_requirement_of_pyproject_within_its_range(lock, extras):
     import tomllib
 
