@@ -8,6 +8,7 @@ it, so the per-step losses and the exported weights are bitwise equal (tolerance
 """
 from __future__ import annotations
 
+import shlex
 import socket
 from concurrent.futures import ThreadPoolExecutor, wait
 
@@ -57,20 +58,22 @@ def test_two_single_rank_nodes_match_one_node_with_two_ranks(tmp_path, monkeypat
     per_node = [*torchrun_prefix(two_cfg), "-m", "sft.train", *two_nodes]
     assert f"--rdzv_id={run_name}" in per_node and "--standalone" not in per_node
 
-    # every node runs the same command; the orchestrator expands the rendezvous endpoint from its environment
+    # every node runs the same command, started once per node by one launcher (srun in a Slurm job; two background
+    # shells here), and the orchestrator expands the rendezvous endpoint from its environment
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", str(free_port()))
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    command = StageCommand("sft", "sft/tiny/sft", per_node, [sft_run(two_cfg)], two_cfg)
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        nodes = [pool.submit(run_command, command, echo=False) for _ in range(2)]
-        _, running = wait(nodes, timeout=TIMEOUT_S)
+    node = shlex.join(per_node)
+    two_node_launcher = ["bash", "-c", f"{node} & first=$!; {node}; second=$?; wait $first && exit $second"]
+    command = StageCommand("sft", "sft/tiny/sft", two_node_launcher, [sft_run(two_cfg)], two_cfg)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        launch = pool.submit(run_command, command, echo=False)
+        _, running = wait([launch], timeout=TIMEOUT_S)
         if running:
             stop_all()
         log = (command.record_dir / "launch.log").read_text()
         assert not running, f"the two nodes did not finish in {TIMEOUT_S} s:\n{log[-3000:]}"
-        for node in nodes:
-            assert node.exception() is None, f"{node.exception()}\n{log[-3000:]}"
+        assert launch.exception() is None, f"{launch.exception()}\n{log[-3000:]}"
     assert log.count(f"--rdzv_id={run_name}") == 2 and "127.0.0.1:" in log
 
     one_manifest, two_manifest = read_manifest(sft_dir(one_cfg)), read_manifest(sft_dir(two_cfg))
