@@ -6,7 +6,7 @@ its manifest metrics.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 
 @dataclass
@@ -29,3 +29,14 @@ class Section:
         self.lines += other.lines
         self.files.update(other.files)
         self.metrics.update(other.metrics)
+
+
+def per_model(grid: Any, collected: Any, name: str, model_section: Callable[..., tuple[list[str], Any]]) -> Section:
+    """One subsection per model of ``grid``: ``model_section(cfg, model, out_dir, section) -> (lines, metrics)`` adds
+    its files to ``section``; its metrics go under ``<name>/<model name>``."""
+    section = Section()
+    for model in grid.models:
+        lines, metrics = model_section(grid.cfg, model, collected.out_dir, section)
+        section.lines += lines
+        section.metrics[f"{name}/{model.cfg.model.name}"] = metrics
+    return section

@@ -7,7 +7,7 @@ from pathlib import Path
 from report.analyses.drift import compare_checkpoints, fraction_above, plot_drift, write_drift
 from report.collect import PHASES, Collected, base_model_folder, model_title, row_label, trained_exports
 from report.paper_figures import slug as _slug
-from report.sections import Section
+from report.sections import Section, per_model
 from common.config import Config
 from common.grid import Grid, ModelGrid
 from common.paths import hf_export_dir
@@ -15,12 +15,7 @@ from common.paths import hf_export_dir
 
 def render(grid: Grid, collected: Collected) -> Section:
     """One subsection per model; metrics ``drift/<model>``: {phase: {method: fraction above the threshold}}."""
-    section = Section()
-    for model in grid.models:
-        lines, metrics = drift_section(grid.cfg, model, collected.out_dir, section)
-        section.lines += lines
-        section.metrics[f"drift/{model.cfg.model.name}"] = metrics
-    return section
+    return per_model(grid, collected, "drift", drift_section)
 
 
 def drift_section(cfg: Config, model: ModelGrid, out_dir: Path, section) -> tuple[list[str], dict]:

@@ -8,7 +8,7 @@ from pathlib import Path
 from report.analyses.iou import IoUSeries, iou_markdown, iou_series, plot_iou
 from report.collect import Collected, model_title, row_label, trained_exports
 from report.paper_figures import iou_table, slug as _slug
-from report.sections import Section
+from report.sections import Section, per_model
 from report.tables import load_paper_tables
 from common.config import Config
 from common.grid import Grid, ModelGrid
@@ -17,12 +17,7 @@ from common.paths import TRAINING_METRICS_FILE
 
 def render(grid: Grid, collected: Collected) -> Section:
     """One subsection per model; metrics ``iou/<model>``: {run: min/avg/max}."""
-    section = Section()
-    for model in grid.models:
-        lines, summaries = iou_section(grid.cfg, model, collected.out_dir, section)
-        section.lines += lines
-        section.metrics[f"iou/{model.cfg.model.name}"] = summaries
-    return section
+    return per_model(grid, collected, "iou", iou_section)
 
 
 def render_paper_table(grid: Grid, collected: Collected) -> Section:
