@@ -20,7 +20,7 @@ from typing import Any
 from report.bfcl import run as bfcl_report
 from report.collect import PHASES, collect_runs, model_title
 from report.paper_figures import artefact_lines, curve_benchmarks
-from report.sections import analyses, curves, headroom, iou, paper, rl_gain, runs, sweep, tables
+from report.sections import analyses, curves, headroom, iou, paper, readiness, rl_gain, runs, sweep, tables
 from common.config import Config, stage_main
 from common.grid import experiment_grid, report_run
 from common.manifest import Manifest, read_manifest, stage_run
@@ -36,6 +36,7 @@ SECTIONS = (
     curves.render,              # SFT and RL training curves
     rl_gain.render,             # RL gain per arm
     headroom.render,            # RL headroom
+    readiness.render,           # RL readiness: coverage and predicted DAPO groups per start
     runs.render,                # commits, machines, run times
 )
 """The sections of ``report.md``, in order; each ``render(grid, collected) -> report.sections.Section``."""
