@@ -73,7 +73,7 @@ def test_base_pretraining_dtype_comes_from_the_config_not_the_cpu(cpu_kind, monk
     monkeypatch.setattr(pretrain, "train", fake_train)
     cpu_kind("AVX512", True)
     tiny = ["toy.pretrain_steps=1", "toy.num_pretrain_docs=100", "toy.pretrain_seq_len=16",
-            "toy.pretrain_eval_problems=0", "logging.progress=false"]
+            "toy.pretrain_eval_problems=0", "toy.fork_entropy_problems=0", "logging.progress=false"]
     metrics = base.build_base(compose([*TOY, *tiny]), tmp_path / "fp32")
     assert used == [torch.float32] and metrics["pretrain_dtype"] == "float32"
     base.build_base(compose([*TOY, *tiny, "toy.pretrain_dtype=bfloat16"]), tmp_path / "bf16")
