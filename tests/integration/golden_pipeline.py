@@ -7,13 +7,16 @@ kernels ``profile.cpu_isa`` pins (the process restarts itself with them, as a st
     python tests/integration/golden_pipeline.py --run-root /tmp/golden --threads 2            # prints the numbers
     python tests/integration/golden_pipeline.py --run-root /tmp/golden --threads 1 --record   # rewrites the file
 
-``tests/integration/test_golden_numbers.py`` runs it with 1 and 2 threads and compares.
+``tests/integration/test_golden_numbers.py`` runs it with 1 thread and compares (:func:`check_against_record`);
+``tests/e2e/test_golden_numbers_two_threads.py`` with 2.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -61,6 +64,32 @@ def run_pipeline(run_root: Path, threads: int, extra: list[str] = ()) -> dict[st
         for key in ("pass@1", "pass@16", "mean_token_entropy_nats", "mean_response_tokens"):
             numbers[f"{method}/{BENCHMARK}/{key}"] = metrics[key]
     return numbers
+
+
+def golden_numbers(stdout: str) -> dict[str, float]:
+    """The numbers a run of this script printed (its last ``GOLDEN`` line)."""
+    lines = [line for line in stdout.splitlines() if line.startswith("GOLDEN ")]
+    assert lines, stdout[-3000:]
+    return json.loads(lines[-1].removeprefix("GOLDEN "))
+
+
+def differences(measured: dict[str, float], golden: dict, tolerance: dict) -> list[str]:
+    """Every number missing, extra, or off by more than the relative tolerance (so a recorded 0 must be 0)."""
+    problems = sorted(set(golden) ^ set(measured))
+    for key in sorted(set(golden) & set(measured)):
+        if not math.isclose(measured[key], golden[key], rel_tol=tolerance["relative"], abs_tol=0.0):
+            problems.append(f"{key}: {measured[key]!r}, recorded {golden[key]!r} "
+                            f"(allowed ±{tolerance['relative']:g} relative)")
+    return problems
+
+
+def check_against_record(run_root: Path, threads: int) -> list[str]:
+    """Runs this script in its own process with ``threads`` threads; what differs from the recorded numbers."""
+    recorded = json.loads(GOLDEN_FILE.read_text())
+    result = subprocess.run([sys.executable, __file__, "--run-root", str(run_root), "--threads", str(threads)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO, timeout=1200)
+    assert result.returncode == 0, result.stdout[-3000:]
+    return differences(golden_numbers(result.stdout), recorded["numbers"], recorded["tolerance"])
 
 
 def main() -> None:
