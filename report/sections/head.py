@@ -49,10 +49,19 @@ def fork_families(cfg: Config) -> list[str]:
 
 
 def measure_fork(folder: str, prompts: Mapping[str, Sequence[list[dict[str, str]]]]) -> dict[str, float]:
-    """:func:`common.forks.fork_distribution` of the model in ``folder`` (HF format) on ``prompts``."""
+    """:func:`common.forks.fork_distribution` of the model in ``folder`` (HF format) on ``prompts``, on one thread: one
+    prompt per forward pass through a toy model gains nothing from more, and on a busy 2-core machine they cost
+    (scripts/toy_styles.py, ``exact_fork_distribution``)."""
+    import torch
+
     from common.models import load_causal_lm, load_tokenizer
 
-    return fork_distribution(load_causal_lm(folder).eval(), load_tokenizer(folder), prompts)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return fork_distribution(load_causal_lm(folder).eval(), load_tokenizer(folder), prompts)
+    finally:
+        torch.set_num_threads(threads)
 
 
 def fork_measurements(grid: Grid, families: list[str], measure: Measure) -> dict[tuple[str, str, str], dict]:
