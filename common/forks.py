@@ -8,15 +8,17 @@ no sampling. Per family of problems:
 
 The toy stage's command line (``python -m toy.entropy --fork-only``), ``scripts/toy_styles.py --fork`` and the
 report's fork table (:mod:`report.sections.head`) all measure here; :func:`summarize` pools one method's models (its
-seeds) the way both tables show them.
+seeds) the way both tables show them. torch is imported where a model is measured, so the report and the script
+start without it.
 """
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
-
-import torch
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from common.config.toy import FORK_BEST_STRATEGY, FORK_OPENINGS
+
+if TYPE_CHECKING:
+    import torch
 
 FORK_ENTROPY = "fork_entropy_nats"
 """The fork entropy over every prompt, in nats (:func:`fork_distribution`)."""
@@ -24,6 +26,8 @@ FORK_ENTROPY = "fork_entropy_nats"
 
 def token_entropy(logits: torch.Tensor) -> torch.Tensor:
     """H = −Σ p ln p over the last dimension, in float32."""
+    import torch
+
     logp = torch.log_softmax(logits.float(), dim=-1)
     return -(logp.exp() * logp).sum(dim=-1)
 
@@ -33,13 +37,14 @@ def best_strategy_key(family: str) -> str:
     return f"fork_{family}_p_{FORK_BEST_STRATEGY[family]}"
 
 
-@torch.no_grad()
 def fork_distribution(model: Any, tokenizer: Any, prompts: Mapping[str, Sequence[list[dict[str, str]]]],
                       openings: Mapping[str, str] = FORK_OPENINGS) -> dict[str, float]:
     """On ``prompts`` (family → chat prompts, each a list of ``{role, content}`` messages): per family
     ``fork_<family>_entropy_nats`` (mean H over its prompts) and ``fork_<family>_p_<strategy>`` (mean probability of
     the strategy's opening token; ``openings``: strategy → its first words), and :data:`FORK_ENTROPY` over all
     prompts."""
+    import torch
+
     opening = {strategy: tokenizer(text, add_special_tokens=False)["input_ids"][0]
                for strategy, text in openings.items()}
     by_family: dict[str, list[dict[str, float]]] = {}
@@ -47,7 +52,8 @@ def fork_distribution(model: Any, tokenizer: Any, prompts: Mapping[str, Sequence
         for messages in family_prompts:
             text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
             encoded = tokenizer(text, return_tensors="pt", add_special_tokens=False).to(model.device)
-            logits = model(**encoded).logits[0, -1].float()
+            with torch.no_grad():
+                logits = model(**encoded).logits[0, -1].float()
             probabilities = torch.softmax(logits, dim=-1)
             by_family.setdefault(family, []).append(
                 {"entropy_nats": float(token_entropy(logits)),
