@@ -21,6 +21,10 @@ FORK_BEST_STRATEGY = {"small": "column", "carry": "round", "plain": "place"}
 FORK_FAMILY_RULES = {"small": "a + b ≤ 99", "carry": "a + b ≥ 100, the ones carry",
                      "plain": "a + b ≥ 100, the ones do not carry"}
 """Which problems ``a + b`` each family holds (docs/toy_world.md, "Problems, families and strategies")."""
+ARITHMETIC_BENCHMARK_RULES = {"toy_add": "sums and differences of 2–4 numbers (arithmetic world)",
+                              "toy_mixed": "sums with at least one product `a * b` or group `(a ± b) * c` "
+                                           "(arithmetic world)"}
+"""What the arithmetic world's benchmarks hold (docs/toy_world.md, "Problems")."""
 FORK_BENCHMARK_PREFIX = "toy_fork_"
 """Benchmark ``toy_fork_<family>`` holds held-out problems of one family."""
 

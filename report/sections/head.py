@@ -11,14 +11,16 @@ from report.tables import AVERAGE, REFERENCE_VARIANT, ResultTable, Row, rl_gains
 from common.benchmarks import read_benchmark
 from common.config import Config
 from common.config.rl import ALGORITHM_TITLES
-from common.config.toy import FORK_BENCHMARK_PREFIX, FORK_BEST_STRATEGY, FORK_FAMILY_RULES
+from common.config.toy import (
+    ARITHMETIC_BENCHMARK_RULES,
+    FORK_BENCHMARK_PREFIX,
+    FORK_BEST_STRATEGY,
+    FORK_FAMILY_RULES,
+)
 from common.forks import FORK_ENTROPY, best_strategy_key, fork_distribution, summarize
 from common.grid import Grid
 from common.paths import benchmark_file, data_dir, hf_export_dir, report_benchmarks
 
-TOY_BENCHMARK_RULES = {"toy_add": "sums and differences of 2–4 numbers (arithmetic world)",
-                       "toy_mixed": "sums with at least one product `a * b` or group `(a ± b) * c` (arithmetic world)"}
-"""What the arithmetic world's benchmarks hold (docs/toy_world.md, "Problems")."""
 FORK_PHASES = {"sft": "before RL", "rl": "after RL"}
 """The fork table's phases: the models of Table 1 (base and SFT exports) and of Table 2 (RL exports)."""
 
@@ -26,13 +28,13 @@ Measure = Callable[[str, Mapping[str, Sequence[list[dict[str, str]]]]], dict[str
 """(model folder, family → chat prompts) → :func:`common.forks.fork_distribution` of that model."""
 
 
-def render(grid: Grid, collected: Collected, measure: Measure | None = None) -> Section:
+def render(grid: Grid, collected: Collected) -> Section:
     """``## What this run shows`` (:func:`claims`), the benchmark legend (:func:`legend`) and ``### The fork``
     (:func:`fork_table`, forking-world experiments only); metrics ``fork``: per (model, phase, method) the pooled fork
     distribution."""
     cfg = grid.cfg
     families = fork_families(cfg)
-    forks = fork_measurements(grid, families, measure or measure_fork) if families else {}
+    forks = fork_measurements(grid, families, measure_fork) if families else {}
     lines = ["## What this run shows", "",
              "Each claim from this report's own cells (Table 1, Table 2, the RL gain, the fork table): mean [95% "
              "bootstrap interval over seeds and problems], in points of pass@k unless said.", "",
@@ -124,7 +126,7 @@ def legend(cfg: Config, families: list[str]) -> list[str]:
         if family in families:
             what = f": {FORK_FAMILY_RULES[family]}; only `{FORK_BEST_STRATEGY[family]}` is always right"
         else:
-            what = f": {TOY_BENCHMARK_RULES[bench]}" if bench in TOY_BENCHMARK_RULES else ""
+            what = f": {ARITHMETIC_BENCHMARK_RULES[bench]}" if bench in ARITHMETIC_BENCHMARK_RULES else ""
         items.append(f"* {title} (`{bench}`){what}")
     return ["Benchmarks:", "", *items]
 
