@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable, Protocol
 
+from common.config.common import looks_local
 from common.errors import UserError
 from common.locks import existing_parent
 
@@ -249,11 +250,6 @@ def in_hub_cache(repo_id: str, repo_type: str) -> bool:
 def hub_offline() -> bool:
     return any(os.environ.get(name, "").lower() in ("1", "true", "yes", "on")
                for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"))
-
-
-def looks_local(path: str) -> bool:
-    """A filesystem path rather than a hub id ``org/name``."""
-    return path.startswith(("/", ".", "~")) or path.count("/") != 1
 
 
 def hub_problems(check: str, repos: list[tuple[str, str, str]], fix: str) -> list[Problem]:

@@ -34,6 +34,7 @@ from pipeline.launch import StageFailed, force_restart, is_done, manifest_states
 from common.locks import DirectoryLock
 from common.paths import experiment_dir, report_benchmarks, report_dir
 from common.preflight import PreflightError, estimate_bytes, require_plan
+from pipeline.estimates import estimate_line
 from common.processes import interrupted_by, termination_signals_interrupt
 from pipeline.migrations import retire_cpu_chosen_bf16_bases, warn_about_old_layout
 from pipeline.stages import StageCommand, build_plan, check_force, force_patterns
@@ -84,6 +85,11 @@ def describe(command: StageCommand) -> str:
     return "\n".join(lines)
 
 
+def pending(cfg: Config, plan: list[StageCommand]) -> list[StageCommand]:
+    """The commands of ``plan`` that would run: every one under ``force``, else those not done."""
+    return [command for command in plan if cfg.force or not is_done(command)]
+
+
 def run(cfg: Config, overrides: list[str]) -> list[StageCommand]:
     """Runs (or, with ``cfg.dry_run``, prints) the experiment's plan; returns the plan."""
     if not cfg.dry_run:
@@ -110,22 +116,23 @@ def run(cfg: Config, overrides: list[str]) -> list[StageCommand]:
             print(f"{len(shared)} of {len(plan)} commands write only runs that experiment={train_in} (experiment."
                   f"train_in) has in its plan too, with the same identities: done there, they are reused here, not "
                   f"redone ({', '.join(sorted(shared))})")
-        needed = estimate_bytes([command for command in plan if cfg.force or not is_done(command)])
+        needed = estimate_bytes(pending(cfg, plan))
         if any(needed.values()):
             print(f"disk: the pending commands write about {needed['run_root'] / 1e9:.0f} GB under "
                   f"experiment.run_root and {needed['hf_cache'] / 1e9:.0f} GB into the HF cache (the preflight's "
-                  "estimate, common.preflight.estimate_bytes); GPU-hours: no estimate (no paper-profile step time is "
-                  "measured yet)")
+                  "estimate, common.preflight.estimate_bytes)")
+        print(estimate_line(pending(cfg, plan), cfg.profile.name, cfg.experiment.parallel))
         print(f"dry run: nothing was started; the run would leave its results in {results_path(cfg, plan)}")
         return plan
+    waiting = pending(cfg, plan)
     try:
-        pending = [command for command in plan if cfg.force or not is_done(command)]
-        require_plan(cfg, pending)
+        require_plan(cfg, waiting)
     except PreflightError as error:
         raise SystemExit(str(error)) from None
     if cfg.preflight:
-        print(f"preflight: ok for the {len(pending)} pending stage commands")
+        print(f"preflight: ok for the {len(waiting)} pending stage commands")
         return plan
+    print(estimate_line(waiting, cfg.profile.name, cfg.experiment.parallel))
     started = time.time()
     run_plan(plan, experiment_dir(cfg), f"orchestrator of experiment {cfg.experiment.name}",
              cfg.experiment.parallel, force=cfg.force)

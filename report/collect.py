@@ -30,6 +30,9 @@ from common.paths import EVAL_METRICS_FILE, base_run, eval_run, hf_export_dir, r
 PHASES = {"sft": ("table1", "Method", "Table 1 (stage 1: without RL)"),
           "rl": ("table2", "Method(+{algorithm})", "Table 2 (stage 2: after RL)")}
 """Per phase: the table's file stem, its row header and its title."""
+PHASE_MODELS = {"sft": "after SFT, before RL (Table 1's models)",
+                "rl": "after RL (Table 2's models)"}
+"""Per phase, which models a figure of that phase shows: its title names them."""
 
 
 def row_label(cfg: Config, variant: str) -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-from report.analyses import pyplot, save_figure
+from report.analyses import method_colour, pyplot, save_figure
 from eval.intervals import Draws, Estimate, common_problems, estimate, value_matrix
 from eval.metrics import k_values
 
@@ -24,15 +24,16 @@ def pass_at_k_band(by_seed: dict[int, dict]) -> tuple[list[int], list[Estimate]]
 
 
 def plot_pass_at_k(curves: dict[str, dict[int, dict]], title: str, path: Path) -> Path:
-    """Writes one figure: ``curves`` maps a method label to {seed: metrics.json}; one line and band per method."""
+    """Writes one figure: ``curves`` maps a method label to {seed: metrics.json}; one line and band per method, in
+    the method's colour (:func:`report.analyses.method_colour`)."""
     plt = pyplot()
     figure, axes = plt.subplots(figsize=(5.6, 3.8), dpi=100)
     all_ks: set[int] = set()
     for label, by_seed in curves.items():
         ks, estimates = pass_at_k_band(by_seed)
         all_ks.update(ks)
-        line, = axes.plot(ks, [e.mean for e in estimates], marker="o", markersize=3, label=label)
-        axes.fill_between(ks, [e.low for e in estimates], [e.high for e in estimates], color=line.get_color(),
+        axes.plot(ks, [e.mean for e in estimates], marker="o", markersize=3, label=label, color=method_colour(label))
+        axes.fill_between(ks, [e.low for e in estimates], [e.high for e in estimates], color=method_colour(label),
                           alpha=0.15, linewidth=0)
     axes.set_xscale("log", base=2)
     axes.set_xticks(sorted(all_ks), [str(k) for k in sorted(all_ks)])

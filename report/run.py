@@ -4,10 +4,11 @@ Reads the evaluations, training logs and exports of the experiment's grid (:func
 models, seeds and arms, then the sweep points); those runs, and no others, are its inputs
 (:func:`common.grid.report_run`). It collects the tables of both phases once (:func:`report.collect.collect_runs`),
 then walks :data:`SECTIONS` in order: each section (:mod:`report.sections`) writes its files into ``report_dir(cfg)``
-and returns its lines of ``report.md``, those files and its metrics. ``report.md`` starts with the map of the paper's
-tables and figures to these files (:func:`report.paper_figures.artefact_lines`); ``manifest.json`` lists every file
-and holds the metrics. docs/report.md describes every section. A tool-use experiment
-(``data.benchmark_source=bfcl``) gets the BFCL appendix tables instead (:mod:`report.bfcl`).
+and returns its lines of ``report.md``, those files and its metrics. ``report.md`` opens with what the run shows
+(:mod:`report.sections.head`), then the map of the paper's tables and figures to these files
+(:func:`report.paper_figures.artefact_lines`); ``manifest.json`` lists every file and holds the metrics.
+docs/report.md describes every section. A tool-use experiment (``data.benchmark_source=bfcl``) gets the BFCL appendix
+tables instead (:mod:`report.bfcl`).
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from typing import Any
 from report.bfcl import run as bfcl_report
 from report.collect import PHASES, collect_runs, model_title
 from report.paper_figures import artefact_lines, curve_benchmarks
-from report.sections import analyses, curves, headroom, iou, paper, readiness, rl_gain, runs, sweep, tables
+from report.sections import analyses, curves, head, headroom, iou, paper, readiness, rl_gain, runs, sweep, tables
 from common.config import Config, stage_main
 from common.grid import experiment_grid, report_run
 from common.manifest import Manifest, read_manifest, stage_run
@@ -28,6 +29,7 @@ from common.paths import report_dir
 from common.tracking import start_wandb
 
 SECTIONS = (
+    head.render,                # what this run shows, the benchmark legend, the fork table (forking world)
     tables.render,              # Tables 1-2, their pass@k curves and eval manifests
     paper.render,               # the paper's ablation tables and Figure 1
     analyses.render,            # per model: parameter drift, IoU, case study (report.analysis.run)
@@ -39,7 +41,8 @@ SECTIONS = (
     readiness.render,           # RL readiness: coverage and predicted DAPO groups per start
     runs.render,                # commits, machines, run times
 )
-"""The sections of ``report.md``, in order; each ``render(grid, collected) -> report.sections.Section``."""
+"""The sections of ``report.md``, in order; each ``render(grid, collected) -> report.sections.Section``. The first is
+the head: the map of the paper's artefacts follows it."""
 
 
 def run(cfg: Config) -> Manifest:
@@ -56,15 +59,17 @@ def run(cfg: Config) -> Manifest:
             return read_manifest(out_dir)
         lines = [f"# Report: experiment `{cfg.experiment.name}` (profile {cfg.profile.name})", ""]
         metrics: dict[str, Any] = {}
+        head_end = 0
         for render in SECTIONS:
             section = render(grid, collected)
             lines += section.lines
+            head_end = head_end or len(lines)
             for relative, description in section.files.items():
                 run_.add_output(relative, description)
             metrics.update({key: value for key, value in section.metrics.items() if value})
         benchmarks = curve_benchmarks(collected.tables["sft"].curves) if "sft" in collected.tables else []
-        lines[2:2] = artefact_lines(list(run_.manifest.outputs), [model_title(m.cfg) for m in grid.models],
-                                    benchmarks)
+        lines[head_end:head_end] = artefact_lines(list(run_.manifest.outputs),
+                                                  [model_title(m.cfg) for m in grid.models], benchmarks)
         (out_dir / "report.md").write_text("\n".join(lines), encoding="utf-8")
         run_.add_output("report.md", "tables, plots and links to every eval manifest")
         run_.manifest.metrics = metrics

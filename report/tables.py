@@ -362,8 +362,11 @@ def attach_paper_values(table: ResultTable, phase: str, paper_tables: dict) -> N
 
 
 def rank_marks(values: Sequence[float | None]) -> list[str]:
-    """``best`` / ``second`` / ``""`` per value, ranked on values rounded to one decimal (dense ranking)."""
+    """``best`` / ``second`` / ``""`` per value, ranked on values rounded to one decimal (dense ranking); nothing is
+    marked where fewer than two values are present (nothing to rank)."""
     rounded = [None if v is None else round(v, 1) for v in values]
+    if sum(v is not None for v in rounded) < 2:
+        return [""] * len(rounded)
     distinct = sorted({v for v in rounded if v is not None}, reverse=True)
     marks = {value: mark for value, mark in zip(distinct, ("best", "second"))}
     return [marks.get(v, "") if v is not None else "" for v in rounded]
@@ -374,7 +377,8 @@ def interval_marks(estimates: Sequence[Estimate | None]) -> list[str]:
 
     The top printed value (:func:`rank_marks`) is ``best`` when it is one row whose interval lies above every
     other row's, else ``n.s.``. After a ``best``, the next value is ``second`` when it is one row whose interval
-    lies above every row below it, else ``n.s.``; after an ``n.s.`` nothing else is marked.
+    lies above every row below it, else ``n.s.``; after an ``n.s.`` nothing else is marked. A column with fewer
+    than two cells has nothing to rank: no mark.
     """
     ranks = rank_marks([None if e is None else e.mean for e in estimates])
     marks = [""] * len(estimates)

@@ -17,9 +17,11 @@ which styles or strategies they up-weight, and whether these are the ones that a
 ``--pool-seeds`` pools the evaluations that differ only in their run id (the seeds of one method: every seed's
 evaluation has the same number of samples, so pooled shares are the seeds' mean) and gives the number of runs.
 ``--fork`` reads no samples: for every model a forking evaluation names in its manifest it computes the exact
-fork distribution (``toy.entropy.fork_distribution``, one forward pass per held-out problem) and prints one row per
+fork distribution (``common.forks``, one forward pass per held-out problem) and prints one row per
 method and phase, its seeds pooled: the fork entropy (mean over the seeds, with their range) and the mean
-probability of each family's right strategy (``column`` on small, ``round`` on carry, ``place`` on plain).
+probability of each family's right strategy (``column`` on small, ``round`` on carry, ``place`` on plain). It reads
+runs made in any checkout: a model path a manifest holds relative to its own checkout is looked up under the run
+root the experiment folder lies in (:func:`model_folder`).
 """
 from __future__ import annotations
 
@@ -32,10 +34,17 @@ from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common.config.toy import FORK_FAMILIES, FORK_STRATEGIES, ToyConfig  # noqa: E402
+from common.config.toy import (  # noqa: E402
+    FORK_BENCHMARK_PREFIX,
+    FORK_BEST_STRATEGY,
+    FORK_FAMILIES,
+    FORK_STRATEGIES,
+    ToyConfig,
+)
 from common.errors import user_errors_in_one_line  # noqa: E402
+from common.forks import FORK_ENTROPY, best_strategy_key, summarize  # noqa: E402
 from common.manifest import read_manifest  # noqa: E402
-from toy.forking import BENCHMARK_PREFIX, BEST_STRATEGY, solution_strategy  # noqa: E402
+from toy.forking import solution_strategy  # noqa: E402
 from toy.arithmetic import STYLES, solution_style  # noqa: E402
 
 OTHER = "other"
@@ -65,7 +74,7 @@ def legend(tables: str) -> str:
 
 
 def world_of(benchmark: str) -> str:
-    return "forking" if benchmark.startswith(BENCHMARK_PREFIX) else "arithmetic"
+    return "forking" if benchmark.startswith(FORK_BENCHMARK_PREFIX) else "arithmetic"
 
 
 def classify(text: str, world: str) -> str:
@@ -127,12 +136,30 @@ def table(experiment_dir: Path, phase: str | None, benchmark: str | None, pool_s
     return "\n\n".join(tables)
 
 
+def model_folder(recorded: str, experiment_dir: Path, evaluation: Path) -> str:
+    """The folder of a model an evaluation's manifest names (``recorded``): as given when it is absolute and there,
+    else the longest tail of it that lies under this experiment's run root (``experiment_dir``'s parent). A run root
+    given as a relative path (``runs``, the default) makes the manifests hold paths relative to the checkout the run
+    was made in, so the run root is the one place to look for them from anywhere else."""
+    path = Path(recorded)
+    if path.is_absolute() and path.exists():
+        return recorded
+    run_root = experiment_dir.parent
+    for start in range(len(path.parts)):
+        candidate = run_root.joinpath(*path.parts[start:])
+        if candidate.exists():
+            return str(candidate)
+    raise SystemExit(f"{evaluation.relative_to(experiment_dir)}: its model {recorded} is not under the run root "
+                     f"{run_root}; pass runs/<experiment> of the run root that holds it")
+
+
 def fork_table(experiment_dir: Path, phase: str | None, measure: Callable[[str], dict[str, float]]) -> str:
-    """One row per (model, phase, method): ``measure(model_path)`` (a :func:`toy.entropy.fork_distribution` of that
-    model) for every model a forking evaluation of the method names, once per model; the fork entropy as the mean
-    over the models with their range, the right strategy's probability per family as the mean."""
+    """One row per (model, phase, method): ``measure(model_path)`` (a :func:`common.forks.fork_distribution` of that
+    model) for every model a forking evaluation of the method names, once per model (found by :func:`model_folder`),
+    pooled by :func:`common.forks.summarize`: the fork entropy as the mean over the models with their range, the
+    right strategy's probability per family as the mean."""
     models: dict[tuple[str, str, str], set[str]] = {}
-    for manifest_file in sorted(experiment_dir.glob(f"eval/*/*/*/{BENCHMARK_PREFIX}*/manifest.json")):
+    for manifest_file in sorted(experiment_dir.glob(f"eval/*/*/*/{FORK_BENCHMARK_PREFIX}*/manifest.json")):
         model, file_phase, variant, _ = manifest_file.parent.parts[-4:]
         if phase and file_phase != phase:
             continue
@@ -140,26 +167,25 @@ def fork_table(experiment_dir: Path, phase: str | None, measure: Callable[[str],
         if not manifest.complete:
             continue
         key = (model, file_phase, RUN_ID_SUFFIX.sub("", variant))
-        models.setdefault(key, set()).add(manifest.details["model"]["path"])
+        models.setdefault(key, set()).add(
+            model_folder(manifest.details["model"]["path"], experiment_dir, manifest_file.parent))
     if not models:
         raise SystemExit(f"no complete forking evaluation under {experiment_dir}/eval matching phase={phase}")
-    families = [f"p({BEST_STRATEGY[family]} \\| {family})" for family in FORK_FAMILIES]
+    families = [f"p({FORK_BEST_STRATEGY[family]} \\| {family})" for family in FORK_FAMILIES]
     columns = ["model", "phase", "variant", "runs", "fork H (nats)", *families]
     rows = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for (model, file_phase, variant), paths in sorted(models.items()):
-        forks = [measure(path) for path in sorted(paths)]
-        entropies = [fork["fork_entropy_nats"] for fork in forks]
-        mean = sum(entropies) / len(entropies)
-        cells = [f"{mean:.2f} [{min(entropies):.2f}, {max(entropies):.2f}]"]
-        for family in FORK_FAMILIES:
-            key = f"fork_{family}_p_{BEST_STRATEGY[family]}"
-            cells.append(f"{sum(fork[key] for fork in forks) / len(forks):.2f}")
-        rows.append(f"| {model} | {file_phase} | {variant} | {len(forks)} | " + " | ".join(cells) + " |")
+        pooled = summarize([measure(path) for path in sorted(paths)], FORK_FAMILIES)
+        low, high = pooled["fork_entropy_range"]
+        cells = [f"{pooled[FORK_ENTROPY]:.2f} [{low:.2f}, {high:.2f}]",
+                 *(f"{pooled[best_strategy_key(family)]:.2f}" for family in FORK_FAMILIES)]
+        rows.append(f"| {model} | {file_phase} | {variant} | {len(paths)} | " + " | ".join(cells) + " |")
     return "\n".join(rows)
 
 
 def exact_fork_distribution(problems: int) -> Callable[[str], dict[str, float]]:
-    """``model_path -> toy.entropy.fork_distribution`` on ``problems`` held-out problems (world seed 0)."""
+    """``model_path -> toy.entropy.fork_distribution`` (:func:`common.forks.fork_distribution` of the toy world's
+    held-out problems) on ``problems`` held-out problems (world seed 0)."""
     import torch
 
     from common.models import load_causal_lm, load_tokenizer

@@ -31,7 +31,9 @@ from dataclasses import dataclass
 
 import torch
 
+from common import forks
 from common.config.toy import FORK_FAMILIES, FORK_STRATEGIES, ToyConfig
+from common.forks import token_entropy
 from common.models import load_causal_lm, load_tokenizer
 from common.seeding import derive_seed
 from toy import forking, worlds
@@ -78,16 +80,14 @@ def classify_tokens(tokens: torch.Tensor, digit_ids: torch.Tensor, eos_id: int) 
     return classes
 
 
-def token_entropy(logits: torch.Tensor) -> torch.Tensor:
-    """H = −Σ p ln p over the last dimension, in float32."""
-    logp = torch.log_softmax(logits.float(), dim=-1)
-    return -(logp.exp() * logp).sum(dim=-1)
+def chat_messages(text: str) -> list[dict[str, str]]:
+    """The toy chat prompt of a question: the toy system prompt, then the question."""
+    return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": text}]
 
 
 def chat_prompt(tokenizer, text: str) -> str:
-    """The toy chat prompt of a question (toy system prompt), ending where the response's first token goes."""
-    messages = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": text}]
-    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    """The toy chat prompt of a question as text, ending where the response's first token goes."""
+    return tokenizer.apply_chat_template(chat_messages(text), add_generation_prompt=True, tokenize=False)
 
 
 @torch.no_grad()
@@ -143,29 +143,15 @@ def fork_profile(model, tokenizer, toy: ToyConfig) -> dict[str, float | int]:
     return metrics
 
 
-@torch.no_grad()
 def fork_distribution(model, tokenizer, toy: ToyConfig) -> dict[str, float]:
-    """Per family ``fork_<family>_entropy_nats`` (H of the next-token distribution after the prompt, mean over
-    problems) and ``fork_<family>_p_<strategy>`` (mean probability of the strategy's opening token), on
-    ``toy.fork_entropy_problems`` held-out problems, a third per family; ``fork_entropy_nats`` over all of them."""
+    """:func:`common.forks.fork_distribution` on ``toy.fork_entropy_problems`` held-out problems, a third per family
+    (the problems :func:`fork_profile` samples)."""
     problems = worlds.health_check_problems(toy, toy.fork_entropy_problems, derive_seed(toy.world_seed, "entropy"))
     rng = random.Random(toy.world_seed)
-    opening = {strategy: tokenizer(forking.solve(problems[0], strategy), add_special_tokens=False)["input_ids"][0]
-               for strategy in FORK_STRATEGIES}
-    by_family: dict[str, list[dict[str, float]]] = {}
+    prompts: dict[str, list[list[dict[str, str]]]] = {}
     for problem in problems:
-        encoded = tokenizer(chat_prompt(tokenizer, question(problem, rng)), return_tensors="pt",
-                            add_special_tokens=False).to(model.device)
-        logits = model(**encoded).logits[0, -1].float()
-        probabilities = torch.softmax(logits, dim=-1)
-        by_family.setdefault(problem.family, []).append(
-            {"entropy_nats": float(token_entropy(logits)),
-             **{f"p_{strategy}": float(probabilities[token]) for strategy, token in opening.items()}})
-    everything = [values for rows in by_family.values() for values in rows]
-    result = {"fork_entropy_nats": sum(values["entropy_nats"] for values in everything) / len(everything)}
-    for family, rows in by_family.items():
-        result.update({f"fork_{family}_{name}": sum(values[name] for values in rows) / len(rows) for name in rows[0]})
-    return result
+        prompts.setdefault(problem.family, []).append(chat_messages(question(problem, rng)))
+    return forks.fork_distribution(model, tokenizer, prompts)
 
 
 def main() -> None:

@@ -45,15 +45,8 @@ import random
 from dataclasses import dataclass
 from typing import Iterator, Mapping
 
-from common.config.toy import FORK_FAMILIES, FORK_STRATEGIES
+from common.config.toy import FORK_BEST_STRATEGY, FORK_FAMILIES, FORK_OPENINGS, FORK_STRATEGIES
 from toy.arithmetic import SYSTEM_PROMPT, chat_text, is_held_out, luffy_row, question
-
-OPENINGS = {"column": "Column:", "place": "Place value:", "round": "Round:"}
-"""The first words of each strategy's solution: the fork."""
-BEST_STRATEGY = {"small": "column", "carry": "round", "plain": "place"}
-"""The strategy that is right on every problem of a family."""
-BENCHMARK_PREFIX = "toy_fork_"
-"""Benchmark ``toy_fork_<family>`` holds held-out problems of one family."""
 
 
 @dataclass(frozen=True)
@@ -145,13 +138,13 @@ def solve(problem: Problem, strategy: str) -> str:
                 f"{larger} - {smaller} = {larger - smaller}.")
     else:
         raise ValueError(f"unknown forking strategy {strategy!r}; expected one of {FORK_STRATEGIES}")
-    return f"{OPENINGS[strategy]} {body} The answer is \\boxed{{{strategy_answer_text(problem, strategy)}}}."
+    return f"{FORK_OPENINGS[strategy]} {body} The answer is \\boxed{{{strategy_answer_text(problem, strategy)}}}."
 
 
 def solution_strategy(text: str) -> str | None:
     """The strategy a sampled solution opens with, or None when it opens with none of them."""
     stripped = text.lstrip()
-    for strategy, opening in OPENINGS.items():
+    for strategy, opening in FORK_OPENINGS.items():
         if stripped.startswith(opening):
             return strategy
     return None
@@ -165,7 +158,7 @@ def draw(rng: random.Random, weights: Mapping[str, float]) -> str:
 def document_weights(best_share: float) -> dict[str, dict[str, float]]:
     """Per family, the strategy mix of pretraining documents: the best strategy ``best_share``, the others evenly."""
     other = (1.0 - best_share) / (len(FORK_STRATEGIES) - 1)
-    return {family: {s: best_share if s == BEST_STRATEGY[family] else other for s in FORK_STRATEGIES}
+    return {family: {s: best_share if s == FORK_BEST_STRATEGY[family] else other for s in FORK_STRATEGIES}
             for family in FORK_FAMILIES}
 
 

@@ -6,7 +6,7 @@ import random
 from typing import Iterator
 
 from common.config import ConfigError
-from common.config.toy import FORK_FAMILIES, ToyConfig
+from common.config.toy import FORK_BENCHMARK_PREFIX, FORK_FAMILIES, ToyConfig
 from toy import arithmetic, forking
 
 ARITHMETIC_BENCHMARKS = ("add", "mixed")
@@ -33,7 +33,7 @@ def training_rows(toy: ToyConfig, seed: int) -> list[dict]:
 def benchmark_names(toy: ToyConfig) -> tuple[str, ...]:
     """The benchmark names this world can draw (``data.benchmarks`` keys)."""
     kinds = FORK_FAMILIES if toy.world == "forking" else ARITHMETIC_BENCHMARKS
-    prefix = forking.BENCHMARK_PREFIX if toy.world == "forking" else "toy_"
+    prefix = FORK_BENCHMARK_PREFIX if toy.world == "forking" else "toy_"
     return tuple(prefix + kind for kind in kinds)
 
 
@@ -43,7 +43,7 @@ def benchmark_problems(toy: ToyConfig, name: str, count: int, seed: int) -> list
         raise ConfigError(f"data.benchmarks.{name}: toy.world={toy.world} draws the benchmarks "
                           f"{list(benchmark_names(toy))}")
     if toy.world == "forking":
-        return forking.benchmark_problems(name.removeprefix(forking.BENCHMARK_PREFIX), count, seed)
+        return forking.benchmark_problems(name.removeprefix(FORK_BENCHMARK_PREFIX), count, seed)
     return arithmetic.benchmark_problems(name.removeprefix("toy_"), count, seed, toy.min_terms, toy.max_terms)
 
 

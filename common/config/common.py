@@ -177,6 +177,11 @@ class ProfileConfig:
         check_choice("profile.cpu_isa", self.cpu_isa, CPU_ISAS)
 
 
+def looks_local(path: str) -> bool:
+    """A filesystem path rather than a hub id ``org/name``."""
+    return path.startswith(("/", ".", "~")) or path.count("/") != 1
+
+
 @dataclass
 class ModelConfig:
     """The base model (``conf/model/*.yaml``)."""
@@ -199,6 +204,20 @@ class ModelConfig:
     attn_implementation: str = "sdpa"
     """transformers attention implementation (sdpa works everywhere; flash_attention_2 on GPUs)."""
 
+    def check_label(self) -> None:
+        """A hub model's label (``name`` for folders, ``display_name`` for tables and plots) is its own: a hub id
+        ``org/<display_name>``. Refuses ``model.path`` set to another hub model under a preset's labels (every folder
+        and the report would name the preset's model), naming the two ways out."""
+        if self.source != "hub" or not self.display_name or looks_local(self.path):
+            return
+        model = self.path.rsplit("/", 1)[1]
+        if model != self.display_name:
+            name = re.sub(r"[^a-z0-9]+", "_", model.lower()).strip("_")
+            raise ConfigError(f"model.path={self.path} is not the model of model.name={self.name} "
+                              f"({self.display_name}), whose labels its folders and report would carry; choose its "
+                              f"preset where conf/model/{name}.yaml exists: profile.models=[{name}]; or label it: "
+                              f"model.name={name} model.display_name={model} profile.models=[{name}]")
+
     def validate(self) -> None:
         check_name("model.name", self.name)
         check_choice("model.source", self.source, ("hub", "toy", "gguf"))
@@ -208,6 +227,7 @@ class ModelConfig:
             raise ConfigError("model.gguf_file must be set for model.source=gguf")
         if self.source != "gguf" and self.gguf_file:
             raise ConfigError(f"model.gguf_file is only read for model.source=gguf; got model.source={self.source}")
+        self.check_label()
         check_choice("model.dtype", self.dtype, ("bfloat16", "float32"))
         check_choice("model.export_dtype", self.export_dtype, ("", "bfloat16", "float32"))
         check_choice("model.attn_implementation", self.attn_implementation,

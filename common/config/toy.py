@@ -14,6 +14,19 @@ FORK_FAMILIES = ("small", "carry", "plain")
 """Problem families of the forking world (toy/forking.py explains each)."""
 FORK_STRATEGIES = ("column", "place", "round")
 """Solution strategies of the forking world."""
+FORK_OPENINGS = {"column": "Column:", "place": "Place value:", "round": "Round:"}
+"""The first words of each strategy's solution: the fork."""
+FORK_BEST_STRATEGY = {"small": "column", "carry": "round", "plain": "place"}
+"""The strategy that is right on every problem of a family."""
+FORK_FAMILY_RULES = {"small": "a + b ≤ 99", "carry": "a + b ≥ 100, the ones carry",
+                     "plain": "a + b ≥ 100, the ones do not carry"}
+"""Which problems ``a + b`` each family holds (docs/toy_world.md, "Problems, families and strategies")."""
+ARITHMETIC_BENCHMARK_RULES = {"toy_add": "sums and differences of 2–4 numbers (arithmetic world)",
+                              "toy_mixed": "sums with at least one product `a * b` or group `(a ± b) * c` "
+                                           "(arithmetic world)"}
+"""What the arithmetic world's benchmarks hold (docs/toy_world.md, "Problems")."""
+FORK_BENCHMARK_PREFIX = "toy_fork_"
+"""Benchmark ``toy_fork_<family>`` holds held-out problems of one family."""
 
 ROW_ONLY_FIELDS = ("num_rows", "num_benchmark_problems", "row_style_weights", "fork_teacher_weights",
                    "fork_teacher_verified")

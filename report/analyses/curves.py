@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable
 
 from common.paths import (
     STAT_CE,
@@ -28,7 +28,7 @@ from common.paths import (
     sft_stat_key,
 )
 from common.tracking import dapo_groups_kept
-from report.analyses import pyplot, save_figure
+from report.analyses import method_colour, pyplot, save_figure
 from report.analyses.iou import read_metrics_log
 
 Record = dict
@@ -119,26 +119,22 @@ def logged_panels(runs: dict[str, dict[int, dict[int, Record]]], panels: tuple[P
                                              for records in by_seed.values() for _, getter in panel.lines)]
 
 
-def plot_curves(runs: dict[str, dict[int, dict[int, Record]]], panels: list[Panel], title: str, path: Path,
-                colour_order: Sequence[str] = ()) -> None:
-    """One panel per quantity, one line per (run, seed); a run's seeds share a colour: the colour of its place in
-    ``colour_order`` (the experiment's rows, so an arm keeps its colour in every plot), then runs not in it. The
-    legend has a cell of its own, after the panels, so it hides no line."""
+def plot_curves(runs: dict[str, dict[int, dict[int, Record]]], panels: list[Panel], title: str, path: Path) -> None:
+    """One panel per quantity, one line per (run, seed); a run's seeds share its method's colour
+    (:func:`report.analyses.method_colour`, the same in every figure). The legend has a cell of its own, after the
+    panels, so it hides no line."""
     plt = pyplot()
     columns = min(3, len(panels) + 1)
     rows = -(-(len(panels) + 1) // columns)
     figure, axes = plt.subplots(rows, columns, figsize=(4.2 * columns, 3.0 * rows), dpi=100, squeeze=False)
-    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    places = [*colour_order, *(label for label in runs if label not in colour_order)]
     for index, panel in enumerate(panels):
         axis = axes[index // columns][index % columns]
         for label, by_seed in runs.items():
-            number = places.index(label)
             for s, records in enumerate(by_seed.values()):
                 for style, getter in panel.lines:
                     steps, values = series(records, getter)
                     if steps:
-                        axis.plot(steps, values, linestyle=style, linewidth=1, color=colours[number % len(colours)],
+                        axis.plot(steps, values, linestyle=style, linewidth=1, color=method_colour(label),
                                   marker="o" if len(steps) < 12 else None, markersize=3,
                                   label=label if s == 0 and style == "solid" else None)
         axis.set_title(panel.title, fontsize=9)

@@ -20,7 +20,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from report.analyses import AnalysisInputError, pyplot, save_figure
+from report.analyses import AnalysisInputError, method_colour, pyplot, save_figure
 from common.tracking import progress
 
 SINGLE_FILE = "model.safetensors"
@@ -181,20 +181,23 @@ def _total_relative(drifts: list[TensorDrift]) -> float:
 
 def plot_drift(by_method: dict[str, list[TensorDrift]], threshold: float, title: str,
                layers_path: Path, fraction_path: Path) -> None:
-    """Two figures: relative change per layer (one line per method, log y) and the fraction above the threshold."""
+    """Two figures, each titled by what it shows and then ``title`` (model, phase): relative change per layer (one
+    line per method, log y) and the fraction above the threshold; methods in their colours
+    (:func:`report.analyses.method_colour`)."""
     plt = pyplot()
     figure, axes = plt.subplots(figsize=(7.0, 3.6), dpi=100)
     keys: list[str] = []
     for label, drifts in by_method.items():
         layers = per_layer(drifts)
         keys = keys or list(layers)
-        axes.plot(range(len(layers)), list(layers.values()), marker="o", markersize=3, label=label)
+        axes.plot(range(len(layers)), list(layers.values()), marker="o", markersize=3, label=label,
+                  color=method_colour(label))
     axes.set_xticks(range(len(keys)), [k.replace("layer ", "") for k in keys],
                     rotation=90 if len(keys) > 20 else 0, fontsize=7 if len(keys) > 20 else 9)
     axes.set_xlabel("layer (embed, decoder layers, head)")
     axes.set_ylabel("‖θ − θ₀‖ / ‖θ₀‖")
     axes.set_yscale("log")
-    axes.set_title(title)
+    axes.set_title(f"Parameter drift per layer · {title}", fontsize=9)
     axes.grid(True, alpha=0.3)
     axes.legend(fontsize=8)
     save_figure(figure, layers_path)
@@ -202,11 +205,11 @@ def plot_drift(by_method: dict[str, list[TensorDrift]], threshold: float, title:
     figure, axes = plt.subplots(figsize=(5.0, 3.6), dpi=100)
     labels = list(by_method)
     values = [100 * fraction_above(by_method[label]) for label in labels]
-    bars = axes.bar(range(len(labels)), values, color=[f"C{i}" for i in range(len(labels))])
+    bars = axes.bar(range(len(labels)), values, color=[method_colour(label) for label in labels])
     axes.bar_label(bars, fmt="%.1f", fontsize=8)
     axes.set_xticks(range(len(labels)), labels, rotation=30, ha="right", fontsize=8)
     axes.set_ylabel(f"weights with |Δ| > {threshold:g}·|θ₀| (%)")
-    axes.set_title(title)
+    axes.set_title(f"Weights changed by more than {threshold:g}·|θ₀| · {title}", fontsize=9)
     axes.grid(True, axis="y", alpha=0.3)
     save_figure(figure, fraction_path)
 

@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from report.analyses import AnalysisInputError, pyplot, save_figure
+from report.analyses import AnalysisInputError, method_colour, pyplot, save_figure
 from common.paths import STAT_IOU, set_size_stat, sft_stat_key
 from common.tracking import read_metrics
 
@@ -81,11 +81,14 @@ def iou_markdown(summaries: dict[str, dict]) -> str:
 
 
 def plot_iou(series: dict[str, IoUSeries], title: str, iou_path: Path, fractions_path: Path | None) -> None:
-    """IoU vs step (one line per run); with ``fractions_path``, |M_H|, |M_KL|, |M| over |T| vs step in three panels."""
+    """IoU vs step (one line per run, ``<method>[, seed <s>]``, in its method's colour:
+    :func:`report.analyses.method_colour`); with ``fractions_path``, |M_H|, |M_KL|, |M| over |T| vs step in three
+    panels."""
     plt = pyplot()
     figure, axes = plt.subplots(figsize=(6.0, 3.6), dpi=100)
+    colours = {label: method_colour(label.split(", seed ")[0]) for label in series}
     for label, s in series.items():
-        axes.plot(s.steps, s.iou, linewidth=1, label=label)
+        axes.plot(s.steps, s.iou, linewidth=1, label=label, color=colours[label])
     axes.set_xlabel("optimiser step")
     axes.set_ylabel("IoU(M_H, M_KL)")
     axes.set_ylim(0, 1)
@@ -99,7 +102,7 @@ def plot_iou(series: dict[str, IoUSeries], title: str, iou_path: Path, fractions
     for panel, (name, text) in zip(panels, (("M_H", "|M_H| / |T|"), ("M_KL", "|M_KL| / |T|"), ("M", "|M| / |T|"))):
         for label, s in series.items():
             if s.fractions[name]:
-                panel.plot(s.steps, s.fractions[name], linewidth=1, label=label)
+                panel.plot(s.steps, s.fractions[name], linewidth=1, label=label, color=colours[label])
         panel.set_title(text)
         panel.set_xlabel("optimiser step")
         panel.grid(True, alpha=0.3)

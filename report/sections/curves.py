@@ -43,8 +43,7 @@ def curves_section(cfg: Config, model: ModelGrid, labels: list[str], out_dir: Pa
                       "quantities yet.", ""]
             continue
         relative = f"plots/curves_{_slug(title)}_{phase}.png"
-        plot_curves(runs, shown, f"{title} · {what} training", out_dir / relative,
-                    colour_order=[row_label(cfg, variant) for variant in labels])
+        plot_curves(runs, shown, f"{title} · {what} training", out_dir / relative)
         section.add_output(relative, f"{what} training curves, {title}")
         left_out = [panel.title for panel in panels if panel not in shown]
         lines += [f"{what}: " + ", ".join(panel.title for panel in shown) + " over optimiser steps; one line per run "

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from report.analyses.drift import compare_checkpoints, fraction_above, plot_drift, write_drift
-from report.collect import PHASES, Collected, base_model_folder, model_title, row_label, trained_exports
+from report.collect import PHASE_MODELS, PHASES, Collected, base_model_folder, model_title, row_label, trained_exports
 from report.paper_figures import slug as _slug
 from report.sections import Section, per_model
 from common.config import Config
@@ -39,14 +39,14 @@ def drift_section(cfg: Config, model: ModelGrid, out_dir: Path, section) -> tupl
                      for variant, stage in exports.items()}
         stem = f"drift_{name}_{phase}"
         write_drift(by_method, threshold, out_dir / f"{stem}.json", out_dir / f"{stem}.csv")
-        plot_drift(by_method, threshold, f"{title} · {PHASES[phase][2]}", out_dir / f"plots/{stem}_layers.png",
+        plot_drift(by_method, threshold, f"{title} · {PHASE_MODELS[phase]}", out_dir / f"plots/{stem}_layers.png",
                    out_dir / f"plots/{stem}_fraction.png")
         for relative, text in ((f"{stem}.json", "per-layer drift and fraction above threshold"),
                                (f"{stem}.csv", "per-tensor drift"), (f"plots/{stem}_layers.png", "drift per layer"),
                                (f"plots/{stem}_fraction.png", "fraction of weights above the change threshold")):
             section.add_output(relative, f"{text}, {title}, phase {phase}")
         metrics[phase] = {label: fraction_above(drifts) for label, drifts in by_method.items()}
-        lines += [f"Phase {phase} ({PHASES[phase][2]}): ‖θ − θ₀‖/‖θ₀‖ per layer and the share of weights with "
+        lines += [f"Phase {phase} ({PHASE_MODELS[phase]}): ‖θ − θ₀‖/‖θ₀‖ per layer and the share of weights with "
                   f"|θᵢ − θ₀ᵢ| > {threshold:g}·|θ₀ᵢ|, against the base model.", "",
                   f"![drift per layer](plots/{stem}_layers.png) ![fraction above threshold](plots/{stem}_fraction.png)",
                   "", "| Method | weights above threshold (%) |", "|---|:---:|",

@@ -6,8 +6,10 @@ from report.analyses.iou import read_metrics_log
 from report.collect import Collected, PhaseTable
 from report.sections import Section
 from report.tables import (
+    AVERAGE,
     INTERVALS_LEGEND,
     MISSING,
+    ResultTable,
     comparison_text,
     delta_label,
     primary_gains,
@@ -32,7 +34,9 @@ def rl_gain_section(collected: dict[str, PhaseTable], kept: dict[tuple[int, str]
     """Per RL arm: Table 2 − Table 1 of the same arm in each Table 2 metric's Avg column, paired on seeds and
     problems, and that gain minus SFT's (:func:`report.tables.rl_gains`), each with its seed-level t-interval; the
     ``Δ vs SFT`` of ``arms`` in ``endpoints`` (``report.primary_endpoints.rl_gain``) are primary comparisons with
-    Holm-adjusted p-values (:func:`report.tables.primary_gains`), the others exploratory; beside them the share of
+    Holm-adjusted p-values (:func:`report.tables.primary_gains`), the others exploratory. Each gain stands beside the
+    arm's levels before and after RL (its Avg cells in Table 1 and Table 2: a gain alone hides where it ends). Beside
+    them the share of
     the prompt groups DAPO kept in the arm's RL runs (``kept``: (model index, variant) → seed → share,
     :func:`groups_kept_per_seed`)."""
     if "sft" not in collected or "rl" not in collected:
@@ -45,10 +49,10 @@ def rl_gain_section(collected: dict[str, PhaseTable], kept: dict[tuple[int, str]
              f"problems both evaluated, paired (same resamples); <sub>{delta_label(after)}</sub>: that gain minus "
              f"{after.reference}'s gain, paired on the seeds all four evaluations share.", "", INTERVALS_LEGEND, "",
              primary_gains_note(primary, endpoints), "",
-             "| model | arm | seeds | " + " | ".join(f"RL gain in Avg {metric} | {delta_label(after)}"
-                                                      for metric in after.metrics)
+             "| model | arm | seeds | " + " | ".join(f"Avg {metric} before → after RL | RL gain in Avg {metric} | "
+                                                      f"{delta_label(after)}" for metric in after.metrics)
              + f" | {first} gain per seed | groups DAPO kept |",
-             "|---|---|:---:|" + ":---:|:---:|" * len(after.metrics) + ":---:|:---:|"]
+             "|---|---|:---:|" + ":---:|:---:|:---:|" * len(after.metrics) + ":---:|:---:|"]
     metrics = {}
     for m, blocks in enumerate(zip(*by_metric.values())):  # one model: its (title, gains) under each metric
         title = blocks[0][0]
@@ -56,10 +60,13 @@ def rl_gain_section(collected: dict[str, PhaseTable], kept: dict[tuple[int, str]
             cells = []
             for metric, gain in zip(after.metrics, arm):
                 versus, key = gain.versus_reference, (title, gain.label, metric)
-                cells += [signed_estimate(gain.gain, gain.seed_interval),
+                levels = [average_level(table, title, gain.variant, metric) for table in (before, after)]
+                cells += [" → ".join(MISSING if level is None else f"{level:.1f}" for level in levels),
+                          signed_estimate(gain.gain, gain.seed_interval),
                           MISSING if versus is None else signed_estimate(versus, gain.versus_seed)
                           + comparison_text(primary, key)]
                 metrics[f"{title}/{gain.label}/{metric}"] = {
+                    "before": levels[0], "after": levels[1],
                     "gain": gain.gain.mean, "low": gain.gain.low, "high": gain.gain.high,
                     "versus_reference": None if versus is None else versus.mean,
                     **({"seed_t": [gain.seed_interval.low, gain.seed_interval.high]} if gain.seed_interval else {}),
@@ -77,6 +84,12 @@ def rl_gain_section(collected: dict[str, PhaseTable], kept: dict[tuple[int, str]
                         "on, mean over the arm's RL runs. It discards a group whose rollouts all got one verdict "
                         "(all right or all wrong: no group-relative advantage), counted per step as "
                         f"`{RL_DISCARDED_GROUPS}` in each run's `{TRAINING_METRICS_FILE}`.", ""], metrics
+
+
+def average_level(table: ResultTable, title: str, variant: str, metric: str) -> float | None:
+    """The ``Avg <metric>`` cell of ``variant``'s row in ``table``'s block ``title`` (None where it has none)."""
+    rows = [row for block in table.blocks if block.title == title for row in block.rows if row.variant == variant]
+    return rows[0].ours.get((AVERAGE, metric)) if rows else None
 
 
 def groups_kept_per_seed(models: list[ModelGrid], labels: list[str]) -> dict[tuple[int, str], dict[int, float]]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from report.collect import PHASES, Collected, collect, evaluated_methods, model_title, row_label
+from report.collect import PHASE_MODELS, PHASES, Collected, collect, evaluated_methods, model_title, row_label
 from report.paper_figures import slug as _slug
 from report.plots import plot_heatmap
 from report.sections import Section
@@ -52,12 +52,11 @@ def sweep_section(cfg: Config, sweeps: list, out_dir: Path, section) -> list[str
         for suffix, render in (("md", to_markdown), ("csv", to_csv), ("tex", to_latex)):
             (out_dir / f"{stem}.{suffix}").write_text(render(table), encoding="utf-8")
             section.add_output(f"{stem}.{suffix}", f"{table.caption} ({suffix})")
-        plot_sweep(sweep, table, f"{title} · {row_label(cfg, sweep.method)} · {PHASES[phase][2]}",
-                   out_dir / f"plots/{stem}.png")
+        figure_title = f"Sweep · {title} · {row_label(cfg, sweep.method)} · {PHASE_MODELS[phase]}"
+        plot_sweep(sweep, table, figure_title, out_dir / f"plots/{stem}.png")
         section.add_output(f"plots/{stem}.png", f"metrics vs {table.row_header}, {title}, phase {phase}")
         lines += [f"#### {table.caption}", "", to_markdown(table), f"![sweep](plots/{stem}.png)", "",
-                  *sweep_heatmaps(sweep, table, f"{title} · {row_label(cfg, sweep.method)} · {PHASES[phase][2]}",
-                                  stem, out_dir, section),
+                  *sweep_heatmaps(sweep, table, figure_title, stem, out_dir, section),
                   f"Files: [{stem}.md]({stem}.md), [{stem}.csv]({stem}.csv), [{stem}.tex]({stem}.tex); labels "
                   + ", ".join(f"`{label}`" for label, _ in sweep.points), ""]
     return lines

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from report.collect import PHASES, Collected, missing_seeds
+from report.collect import PHASE_MODELS, PHASES, Collected, missing_seeds
 from report.paper_figures import write_passk_csv, slug as _slug
 from report.plots import plot_pass_at_k
 from report.sections import Section
@@ -56,7 +56,8 @@ def render(grid: Grid, collected: Collected) -> Section:
         for (title, bench), by_method in curves.items():
             stem = f"passk_{_slug(title)}_{phase}_{bench}"
             column = cfg.report.benchmark_labels.get(bench, bench)
-            plot_pass_at_k(by_method, f"{title} · {column} · {stage}", out_dir / f"plots/{stem}.png")
+            plot_pass_at_k(by_method, f"pass@k · {title} · {column} · {PHASE_MODELS[phase]}",
+                           out_dir / f"plots/{stem}.png")
             write_passk_csv(by_method, out_dir / f"{stem}.csv")
             section.add_output(f"plots/{stem}.png", f"pass@k curves, {title}, {bench}, phase {phase}")
             section.add_output(f"{stem}.csv", f"pass@k and its 95% band per method and k, {title}, {bench}, "

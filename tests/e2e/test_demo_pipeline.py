@@ -52,7 +52,7 @@ def test_toy_experiment_runs_every_stage_and_skips_on_rerun(tmp_path):
         assert (report / name).is_file(), name
     assert list(report.rglob("*.png")), "no plots written"
     table2 = (report / "table2.md").read_text()
-    assert "EKSFT" in table2 and "Base" not in table2  # the demo runs DAPO from EKSFT only (rl_from_base=false)
+    assert "EKSFT" in table2 and "| SFT |" in table2 and "Base" not in table2  # DAPO from SFT and EKSFT, not Base (rl_from_base=false)
 
     started = time.time()
     rerun = subprocess.run(command, check=True, timeout=600, capture_output=True, text=True)

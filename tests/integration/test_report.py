@@ -168,8 +168,8 @@ def test_report_shows_the_papers_numbers_next_to_ours(tmp_path):
     _write_metrics(cfg, "sft", "eksft", "aime24", {"p": 16}, n=32)
     report.run(cfg)
     table = (report_dir(cfg) / "table1.md").read_text()
-    # One row with values: nothing to be separated from, so it is the best of its column.
-    assert "| EKSFT (paper eq.) | **50.0** [50.0, 50.0] (45.7) | **100.0** [100.0, 100.0] (73.3) | – (33.4) |" in table
+    # One row with values: nothing to rank, so no mark (issue 43: a one-row Table 2 had every cell bold).
+    assert "| EKSFT (paper eq.) | 50.0 [50.0, 50.0] (45.7) | 100.0 [100.0, 100.0] (73.3) | – (33.4) |" in table
     assert "***Qwen3-8B***" in table
     assert "Missing evaluations" in (report_dir(cfg) / "report.md").read_text()
 
@@ -240,13 +240,14 @@ def test_report_training_curves_and_rl_headroom(tmp_path):
     # differences to SFT's 50, 25 -> 37.5 ± 158.83, t = 37.5 / 12.5 = 3, p = 1 − 2 atan(3) / π. No rl_gain endpoint
     # is declared by default, so no Holm p.
     eksft = gains["Toy-Qwen3-0.8M/EKSFT (paper eq.)/pass@1"]
-    assert {key: eksft[key] for key in ("gain", "low", "high", "versus_reference")} == {
-        "gain": 50.0, "low": 25.0, "high": 75.0, "versus_reference": 37.5}
+    assert {key: eksft[key] for key in ("before", "after", "gain", "low", "high", "versus_reference")} == {
+        "before": 37.5, "after": 87.5, "gain": 50.0, "low": 25.0, "high": 75.0, "versus_reference": 37.5}
     assert eksft["seed_t"] == pytest.approx([50 - 317.655, 50 + 317.655], abs=1e-3)
     assert eksft["versus_seed_t"] == pytest.approx([37.5 - 158.828, 37.5 + 158.828], abs=1e-3)
     assert eksft["versus_p_t"] == pytest.approx(1 - 2 * math.atan(3) / math.pi) and "versus_p_holm" not in eksft
     assert gains["Toy-Qwen3-0.8M/SFT/pass@1"]["versus_reference"] is None
-    assert ("| Toy-Qwen3-0.8M | Base | 2 | +37.5 [+25.0, +50.0] ⟨−121.3, +196.3⟩ | +25.0 [+25.0, +25.0] "
+    # Each gain beside both levels (issue 43): Base's Avg pass@1 0, 25 -> 12.5 before RL, 50, 50 -> 50.0 after.
+    assert ("| Toy-Qwen3-0.8M | Base | 2 | 12.5 → 50.0 | +37.5 [+25.0, +50.0] ⟨−121.3, +196.3⟩ | +25.0 [+25.0, +25.0] "
             "⟨+25.0, +25.0⟩ expl. |") in text
     # Groups DAPO kept: only the sft arm's RL runs logged steps; 2 steps of B kept against 2·B discarded, both seeds.
     assert "| 0: +25.0, 1: +0.0 | 50.0% |" in text and "| 0: +50.0, 1: +25.0 | – |" in text

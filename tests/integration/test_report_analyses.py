@@ -148,7 +148,10 @@ def test_iou_gives_every_seed_its_own_row(tmp_path):
         log = [{"step": step, "stats/iou": iou} for step, iou in enumerate(ious, 1)]
         (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in log))
     out = tmp_path / "report"
-    _, summaries = iou_section(cfg, experiment_grid(cfg).models[0], out, _Outputs())
+    lines, summaries = iou_section(cfg, experiment_grid(cfg).models[0], out, _Outputs())
+    # Issue 43: the toy's IoU (0.97) beside the paper's 0.50 with no word on why; now one sentence says it.
+    assert any("Paper (Qwen3, ρ = 0.2): min 0.09, avg 0.50, max 0.59. Why a toy model's IoU is far above the "
+               "paper's 0.50" in line for line in lines)
     assert {label: (s["min"], s["max"]) for label, s in summaries.items()} == {
         "EKSFT (paper eq.), seed 0": (0.2, 0.6), "EKSFT (paper eq.), seed 1": (0.5, 0.7)}
     assert "| EKSFT (paper eq.), seed 1 | 2 | 0.50 | 0.60 | 0.70 |" in (out / "iou_Toy-Qwen3-0.8M.md").read_text()

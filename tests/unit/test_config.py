@@ -142,6 +142,22 @@ def test_toy_model_needs_toy_profile():
         compose(["profile=paper", "model=toy"])
 
 
+def test_a_models_label_comes_from_its_own_config():
+    # Issue 43: model.path=Qwen/Qwen3-0.6B ran under qwen3_4b's labels: every folder and the report said Qwen3-4B.
+    with pytest.raises(ConfigError) as error:
+        compose(["profile=paper", "model.path=Qwen/Qwen3-0.6B"])
+    assert str(error.value) == (
+        "model.path=Qwen/Qwen3-0.6B is not the model of model.name=qwen3_4b (Qwen3-4B), whose labels its folders and "
+        "report would carry; choose its preset where conf/model/qwen3_0_6b.yaml exists: profile.models=[qwen3_0_6b]; "
+        "or label it: model.name=qwen3_0_6b model.display_name=Qwen3-0.6B profile.models=[qwen3_0_6b]")
+    labelled = compose(["profile=paper", "model.path=Qwen/Qwen3-0.6B", "model.name=qwen3_0_6b",
+                        "model.display_name=Qwen3-0.6B", "profile.models=[qwen3_0_6b]"])
+    assert (labelled.model.name, labelled.model.display_name) == ("qwen3_0_6b", "Qwen3-0.6B")
+    for preset in sorted((CONF_DIR / "model").glob("*.yaml")):  # every preset's label is its own model's
+        compose([f"model={preset.stem}", f"profile={'toy' if preset.stem in ('toy', 'smollm2_135m') else 'paper'}"])
+    compose(["profile=paper", "model.path=/models/my-local-copy"])  # a local folder: the label is the user's to set
+
+
 def test_a_run_root_under_a_file_or_not_writable_is_refused_naming_the_key_and_the_fix(tmp_path, monkeypatch):
     # Issue 32.4: such a run root gave a ~20-line traceback from DirectoryLock.__enter__ that never named the key.
     from common import locks

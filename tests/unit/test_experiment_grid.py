@@ -36,11 +36,19 @@ def test_rl_methods_choose_the_rl_arms_and_base_gets_one_unless_told_not_to():
         ["rl/toy/eksft", "eval/toy/rl/eksft"]
 
 
+def test_the_demo_runs_dapo_from_sft_beside_eksft():
+    # Issue 43: the demo's RL result had no control (DAPO from EKSFT only); SFT + DAPO is its control.
+    overrides = ["experiment=demo", "profile=toy"]
+    plan = build_plan(compose(overrides), overrides)
+    assert [c.name for c in plan if c.stage == "rl"] == ["rl/toy/sft", "rl/toy/eksft"]
+    assert [c.name for c in plan if c.stage == "eval_rl"] == ["eval/toy/rl/sft", "eval/toy/rl/eksft"]
+
+
 def test_rl_methods_not_trained_are_passed_over():
     # experiment=demo names eksft among its RL arms; `experiment.methods=[sft]` must still compose
     cfg = compose(["experiment=demo", "profile=toy", "experiment.methods=[sft]"])
-    assert cfg.experiment.rl_methods == ["eksft"]
-    assert rl_variants(cfg) == []
+    assert cfg.experiment.rl_methods == ["sft", "eksft"]
+    assert rl_variants(cfg) == ["sft"]
     assert rl_variants(compose([*TWO_METHODS, "experiment.rl_methods=[psft]"])) == ["base"]
 
 

@@ -205,7 +205,8 @@ def test_unreachable_hub_is_one_problem_that_hints_at_local_data(monkeypatch):
 
 def test_hub_answering_404_names_the_key(monkeypatch):
     monkeypatch.setattr(preflight, "probe", lambda url, timeout=0: 404 if "Qwen3-40B" in url else 200)
-    problem = only(preflight.check_model(paper("model.path=Qwen/Qwen3-40B"), "sft"), "model")
+    problem = only(preflight.check_model(paper("model.path=Qwen/Qwen3-40B", "model.display_name=Qwen3-40B"), "sft"),
+                   "model")
     assert "model.path=Qwen/Qwen3-40B: the hub answers HTTP 404" in problem.message
     monkeypatch.setattr(preflight, "probe", lambda url, timeout=0: 200)
     assert preflight.check_model(paper(), "sft") == []

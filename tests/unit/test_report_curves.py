@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 
-from report.analyses import curves
+from report.analyses import curves, method_colour
 
 from common.paths import RL_DISCARDED_GROUPS
 from report.analyses.curves import RL_PANELS, SFT_PANELS, logged_panels, plot_curves, read_runs, rl_panels, series
@@ -74,10 +74,9 @@ def test_an_arm_keeps_its_colour_and_the_legend_has_its_own_cell(tmp_path, monke
     monkeypatch.setattr(curves, "save_figure", lambda figure, path: figures.append(figure))
     runs = read_runs({"SFT": {0: _write(tmp_path / "sft.jsonl", SFT_LOG)}, "sweep": {0: tmp_path / "sft.jsonl"}})
     shown = logged_panels(runs, SFT_PANELS)
-    plot_curves(runs, shown, "t", tmp_path / "curves.png", colour_order=["Base", "SFT"])
+    plot_curves(runs, shown, "t", tmp_path / "curves.png")
     axes = figures[0].axes
-    colours = curves.pyplot().rcParams["axes.prop_cycle"].by_key()["color"]
     first = {line.get_label(): line.get_color() for line in axes[0].get_lines()}
-    assert first == {"SFT": colours[1], "sweep": colours[2]}  # Base (no SFT run) keeps colour 0 for itself
+    assert first == {"SFT": method_colour("SFT"), "sweep": method_colour("sweep")}  # the colours of every figure
     legend = axes[len(shown)]
     assert not legend.axison and [text.get_text() for text in legend.get_legend().get_texts()] == ["SFT", "sweep"]

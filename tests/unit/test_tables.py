@@ -31,6 +31,7 @@ def test_rank_marks_dense_with_ties_and_missing():
     assert rank_marks([60.0, 73.3, 70.0, 73.3, None, 73.3]) == ["", "best", "second", "best", "", "best"]
     assert rank_marks([1.04, 1.0, 0.5]) == ["best", "best", "second"]  # ranked on the printed value
     assert rank_marks([None, None]) == ["", ""]
+    assert rank_marks([None, 45.0]) == ["", ""]  # one value: nothing to rank (issue 43: a one-row table all bold)
 
 
 def test_interval_marks_only_where_intervals_separate():
@@ -45,7 +46,10 @@ def test_interval_marks_only_where_intervals_separate():
     assert interval_marks([e(10, 8, 12), e(30, 19, 32), e(20, 18, 22)]) == ["", "n.s.", ""]
     # a tie on the printed value is never separated; missing cells are skipped
     assert interval_marks([e(30, 30, 30), None, e(30.04, 30.04, 30.04)]) == ["n.s.", "", "n.s."]
-    assert interval_marks([None, e(5, 5, 5)]) == ["", "best"]
+    assert interval_marks([None, e(5, 5, 5), e(2, 1, 3)]) == ["", "best", "second"]
+    # one value in the column: nothing to rank, no mark (issue 43: Table 2 with one row had every cell bold)
+    assert interval_marks([None, e(5, 5, 5)]) == ["", ""]
+    assert interval_marks([e(5, 4, 6)]) == [""]
 
 
 def _doc(*counts: int, n: int = 32) -> dict:

@@ -11,9 +11,11 @@ import pytest
 import torch
 
 from common.config import ConfigError
-from common.config.toy import FORK_FAMILIES, FORK_STRATEGIES, FORKING_FIELDS, ToyConfig
+from common.config.toy import (FORK_BEST_STRATEGY, FORK_FAMILIES, FORK_OPENINGS, FORK_STRATEGIES, FORKING_FIELDS,
+                               ToyConfig)
 from toy import forking, worlds
-from toy.entropy import classify_tokens, token_entropy
+from common.forks import token_entropy
+from toy.entropy import classify_tokens
 from toy.forking import Problem, family_problems, is_reliable, solve, strategy_answer
 from toy.pretrain import boxed_integer
 from toy.tokenizer import train_tokenizer
@@ -59,7 +61,7 @@ def test_each_strategy_is_right_exactly_where_documented():
             assert is_reliable(problem, "column") == (family == "small")
             assert is_reliable(problem, "place") == (not carry)
             assert is_reliable(problem, "round") == carry
-            assert boxed_integer(solve(problem, forking.BEST_STRATEGY[family])) == problem.answer
+            assert boxed_integer(solve(problem, FORK_BEST_STRATEGY[family])) == problem.answer
             for strategy in FORK_STRATEGIES:
                 assert boxed_integer(solve(problem, strategy)) == strategy_answer(problem, strategy)
 
@@ -136,7 +138,7 @@ def test_documents_use_every_strategy_on_every_family_and_never_a_held_out_probl
     assert set(seen) == set(itertools.product(FORK_FAMILIES, FORK_STRATEGIES))
     for family in FORK_FAMILIES:
         total = sum(n for (f, _), n in seen.items() if f == family)
-        assert seen[(family, forking.BEST_STRATEGY[family])] / total == pytest.approx(0.5, abs=0.06)
+        assert seen[(family, FORK_BEST_STRATEGY[family])] / total == pytest.approx(0.5, abs=0.06)
 
 
 def test_strategy_recognition():
@@ -147,8 +149,10 @@ def test_strategy_recognition():
 
 def test_the_fork_is_the_first_response_token():
     tokenizer = train_tokenizer(itertools.islice(forking.documents(0, MIX), 400), 512)
-    firsts = {tokenizer.encode(solve(Problem(45, 38), s), add_special_tokens=False)[0] for s in FORK_STRATEGIES}
-    assert len(firsts) == len(FORK_STRATEGIES)
+    firsts = {s: tokenizer.encode(solve(Problem(45, 38), s), add_special_tokens=False)[0] for s in FORK_STRATEGIES}
+    assert len(set(firsts.values())) == len(FORK_STRATEGIES)
+    # common.forks reads the fork from each opening's first token alone: the same token as the solution's
+    assert {s: tokenizer.encode(FORK_OPENINGS[s], add_special_tokens=False)[0] for s in FORK_STRATEGIES} == firsts
     assert len(tokenizer.encode("\n", add_special_tokens=False)) == 1
 
 

@@ -85,27 +85,58 @@ def _write_evaluation(path: Path, model_path: str, status: str = "complete") -> 
 
 
 def test_fork_table_measures_each_evaluated_model_once_and_pools_its_seeds(tmp_path):
-    forks = {"/sft0": (0.2, 0.1, 0.6, 0.9), "/sft1": (0.6, 0.3, 0.8, 1.0), "/base": (1.1, 0.5, 0.4, 0.3)}
+    forks = {"sft0": (0.2, 0.1, 0.6, 0.9), "sft1": (0.6, 0.3, 0.8, 1.0), "base": (1.1, 0.5, 0.4, 0.3)}
     measured = []
 
     def measure(model_path):
-        measured.append(model_path)
-        entropy, column, round_, place = forks[model_path]
+        measured.append(Path(model_path).name)
+        entropy, column, round_, place = forks[Path(model_path).name]
         return {"fork_entropy_nats": entropy, "fork_small_p_column": column, "fork_carry_p_round": round_,
                 "fork_plain_p_place": place, "fork_small_p_place": 1.0}
 
+    models = {name: tmp_path / "models" / name for name in (*forks, "rl", "arithmetic")}
+    for folder in models.values():
+        folder.mkdir(parents=True)
     for family in ("small", "carry"):
-        _write_evaluation(tmp_path / f"eval/toy/sft/sft-1a2b3c4d/toy_fork_{family}", "/sft0")
-        _write_evaluation(tmp_path / f"eval/toy/sft/sft-9f8e7d6c/toy_fork_{family}", "/sft1")
-    _write_evaluation(tmp_path / "eval/toy/sft/base-00aa11bb/toy_fork_small", "/base")
-    _write_evaluation(tmp_path / "eval/toy/rl/sft-22cc33dd/toy_fork_small", "/rl", status="running")
-    _write_evaluation(tmp_path / "eval/toy/sft/base-00aa11bb/toy_add", "/arithmetic")
+        _write_evaluation(tmp_path / f"eval/toy/sft/sft-1a2b3c4d/toy_fork_{family}", str(models["sft0"]))
+        _write_evaluation(tmp_path / f"eval/toy/sft/sft-9f8e7d6c/toy_fork_{family}", str(models["sft1"]))
+    _write_evaluation(tmp_path / "eval/toy/sft/base-00aa11bb/toy_fork_small", str(models["base"]))
+    _write_evaluation(tmp_path / "eval/toy/rl/sft-22cc33dd/toy_fork_small", str(models["rl"]), status="running")
+    _write_evaluation(tmp_path / "eval/toy/sft/base-00aa11bb/toy_add", str(models["arithmetic"]))
     header, _, *rows = toy_styles.fork_table(tmp_path, None, measure).splitlines()
     assert header == ("| model | phase | variant | runs | fork H (nats) | p(column \\| small) | p(round \\| carry) "
                       "| p(place \\| plain) |")
     assert rows == ["| toy | sft | base | 1 | 1.10 [1.10, 1.10] | 0.50 | 0.40 | 0.30 |",
                     "| toy | sft | sft | 2 | 0.40 [0.20, 0.60] | 0.20 | 0.70 | 0.95 |"]
-    assert sorted(measured) == ["/base", "/sft0", "/sft1"]
+    assert sorted(measured) == ["base", "sft0", "sft1"]
+
+
+def test_fork_table_finds_the_models_of_a_run_made_in_another_checkout(tmp_path, monkeypatch):
+    # Issue 43: manifests hold the model paths relative to the checkout the run was made in (run root `runs`); read
+    # from anywhere else they named nothing and the script died in a 30-line traceback.
+    experiment = tmp_path / "their-checkout" / "runs" / "demo"
+    sft_model, base_model = experiment / "sft/toy/sft-1a2b3c4d/hf", experiment.parent / "cache/base/00aa/hf"
+    for folder in (sft_model, base_model):
+        folder.mkdir(parents=True)
+    _write_evaluation(experiment / "eval/toy/sft/sft-1a2b3c4d/toy_fork_carry", "runs/demo/sft/toy/sft-1a2b3c4d/hf")
+    _write_evaluation(experiment / "eval/toy/sft/base-00aa11bb/toy_fork_carry", "runs/cache/base/00aa/hf")
+    (tmp_path / "here").mkdir()
+    monkeypatch.chdir(tmp_path / "here")  # another checkout: no runs/ of its own
+    measured = []
+
+    def measure(model_path):
+        measured.append(model_path)
+        return {"fork_entropy_nats": 1.0, **{f"fork_{f}_p_{s}": 0.5 for f, s in
+                                              (("small", "column"), ("carry", "round"), ("plain", "place"))}}
+
+    toy_styles.fork_table(experiment, None, measure)
+    assert sorted(measured) == sorted([str(base_model), str(sft_model)])
+    # A model folder that is gone is one line naming it and the evaluation that recorded it.
+    _write_evaluation(experiment / "eval/toy/rl/sft-22cc33dd/toy_fork_carry", "runs/demo/rl/toy/sft-22cc33dd/hf")
+    with pytest.raises(SystemExit, match=r"^eval/toy/rl/sft-22cc33dd/toy_fork_carry: its model "
+                                         r"runs/demo/rl/toy/sft-22cc33dd/hf is not under the run root \S+/runs; "
+                                         r"pass runs/<experiment> of the run root that holds it$"):
+        toy_styles.fork_table(experiment, None, measure)
 
 
 def test_fork_table_without_a_forking_evaluation_says_so(tmp_path):
