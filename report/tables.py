@@ -30,10 +30,12 @@ from typing import Sequence
 import numpy as np
 
 from eval.intervals import (
+    NO_SPREAD,
     Estimate,
     common_problems,
     estimate,
     holm,
+    no_spread,
     paired_difference,
     per_seed_means,
     seed_t_interval,
@@ -192,10 +194,12 @@ def endpoint_cell(endpoint: str) -> tuple[str, str]:
 
 
 def holm_family(p_values: dict) -> dict:
-    """Holm-adjusted p (:func:`eval.intervals.holm`) of every key with a p-value; None for keys without one."""
+    """Holm-adjusted p (:func:`eval.intervals.holm`) of every key with a p-value; None for keys without one. A
+    comparison whose per-seed differences have no spread (:data:`eval.intervals.NO_SPREAD`) stays in the family as
+    p = 1, so the family keeps its registered size and the others are adjusted no less, and keeps NO_SPREAD."""
     tested = [key for key, value in p_values.items() if value is not None]
-    adjusted = dict(zip(tested, holm([p_values[key] for key in tested])))
-    return {key: adjusted.get(key) for key in p_values}
+    adjusted = dict(zip(tested, holm([1.0 if no_spread(p_values[key]) else p_values[key] for key in tested])))
+    return {key: NO_SPREAD if no_spread(p_values.get(key)) else adjusted.get(key) for key in p_values}
 
 
 def mark_primary(table: ResultTable, endpoints: Sequence[str], arms: set[str]) -> list[str]:
@@ -433,8 +437,17 @@ def seed_interval_text(seed_level: Estimate | None, signed: bool = False) -> str
 
 
 def p_value_text(p_value: float | None) -> str:
-    """``0.031``; ``<0.001`` below that; ``n/a`` without a p-value (one seed)."""
+    """``0.031``; ``<0.001`` below that; ``n/a`` without a p-value (one seed); ``n/a (no spread)`` when every seed
+    gave the same difference (:data:`eval.intervals.NO_SPREAD`: no t-test)."""
+    if no_spread(p_value):
+        return "n/a (no spread)"
     return "n/a" if p_value is None else "<0.001" if p_value < 0.001 else f"{p_value:.3f}"
+
+
+def p_value_record(p_value: float | None) -> float | str | None:
+    """A p-value as the CSV and the metrics record it: the number, None without one, ``"no spread"`` for
+    :data:`eval.intervals.NO_SPREAD` (JSON has no NaN)."""
+    return "no spread" if no_spread(p_value) else p_value
 
 
 def comparison_text(primary: dict, cell) -> str:
@@ -502,7 +515,7 @@ def to_csv(table: ResultTable) -> str:
         return "" if value is None else f"{value:.4f}"
 
     def p_number(value: float | None) -> str:
-        return "" if value is None else f"{value:.6g}"
+        return "" if value is None else "no spread" if no_spread(value) else f"{value:.6g}"
 
     for b, block in enumerate(table.blocks):
         for r, row in enumerate(block.rows):
