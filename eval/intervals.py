@@ -28,7 +28,9 @@ C(2S − 1, S) distinct seed resamples (10 for S = 3), and the bootstrap varianc
 The seed-level interval is Student's t over the S per-seed means (each the mean over benchmarks of the seed's mean
 over problems; for a paired difference, the per-seed differences): ``mean ± t_{0.975, S−1} · sd / √S`` with the
 sample sd (ddof = 1). It is exact when the per-seed means are normal (each averages problems × samples) and is
-conditional on the problem set: it says how far another seed's training run may land on these problems.
+conditional on the problem set: it says how far another seed's training run may land on these problems. Where
+several SFT seeds are nested in each of several base models, the per-seed values are first averaged within each base
+model (:func:`top_level_means`) and the t runs over the base models: the base model is the top-level random factor.
 :func:`seed_t_test` is the matching two-sided t-test of mean 0 (the Δ tables' p-values; per-seed values with no
 spread have none, :data:`NO_SPREAD`); :func:`holm` adjusts a family of them (only the p-values: the intervals
 are the unadjusted 95% ones). :func:`cluster_spearman` resamples whole clusters (arms) for a rank correlation over pseudo-replicated
@@ -194,6 +196,16 @@ def _average_ranks(values: np.ndarray) -> np.ndarray:
 def per_seed_means(groups: Sequence[np.ndarray]) -> np.ndarray:
     """[S]: each seed's mean over benchmarks of its mean over problems (``groups[g][s, p]`` as in :func:`estimate`)."""
     return np.mean([np.asarray(g, dtype=float).mean(axis=1) for g in groups], axis=0)
+
+
+def top_level_means(per_seed: Sequence[float], units: Sequence) -> np.ndarray:
+    """[U]: the mean of the per-seed values within each top-level unit (``units[i]``: seed i's unit; in order of
+    first appearance). With several SFT seeds nested in each base model (``experiment.base_seeds``) the unit is the
+    base seed, so the t-interval and t-test run over base models (df = U − 1), not over the nested runs; with one
+    run per unit it is the identity."""
+    values = np.asarray(per_seed, dtype=float)
+    order = list(dict.fromkeys(units))
+    return np.array([values[[u == unit for u in units]].mean() for unit in order])
 
 
 def student_t_tail(t: float, df: int) -> float:
