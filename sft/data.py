@@ -56,8 +56,11 @@ def read_sft_tokens(path: str | Path, require_behaviour: bool = False) -> list[T
     if not path.is_file():
         raise SFTDataError(f"{path}: tokenised SFT split not found; run the data stage first")
     table = pq.read_table(path)
-    missing = [name for name in REQUIRED_COLUMNS + ((BEHAVIOUR_LOGP_COLUMN,) if require_behaviour else ())
-               if name not in table.column_names]
+    if require_behaviour and BEHAVIOUR_LOGP_COLUMN not in table.column_names:
+        raise SFTDataError(f"{path}: no column {BEHAVIOUR_LOGP_COLUMN}, which the loss reads (PEAR: the log-probs of "
+                           f"the policy that generated the rows, from the rows' behaviour_logprobs); rows or tokens "
+                           "written before the column existed: re-run the data stage (force=[data])")
+    missing = [name for name in REQUIRED_COLUMNS if name not in table.column_names]
     if missing:
         raise SFTDataError(f"{path}: missing column(s) {missing}; has {table.column_names}")
     rows = []

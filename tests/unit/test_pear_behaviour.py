@@ -97,5 +97,5 @@ def test_the_sft_stage_refuses_tokens_without_the_behaviour_column(tmp_path):
     pq.write_table(pa.table({"input_ids": [[1, 2, 3]], "labels": [[IGNORE_INDEX, 2, 3]], "row_id": [0],
                              "num_response_tokens": [2], "truncated": [False]}), path)
     assert read_sft_tokens(path)[0].behaviour_logp is None
-    with pytest.raises(SFTDataError, match=r"missing column\(s\) \['behaviour_logp'\]"):
+    with pytest.raises(SFTDataError, match=r"no column behaviour_logp, which the loss reads .*force=\[data\]"):
         read_sft_tokens(path, require_behaviour=True)
