@@ -37,20 +37,29 @@ def best_strategy_key(family: str) -> str:
     return f"fork_{family}_p_{FORK_BEST_STRATEGY[family]}"
 
 
+def fork_index(tokenizer: Any, prefix: str) -> int:
+    """Which response token is the fork: 0, or the token count of ``prefix`` (the fixed text before the fork) without
+    its trailing space, which belongs to the fork token."""
+    before_fork = prefix.rstrip()
+    return len(tokenizer(before_fork, add_special_tokens=False)["input_ids"]) if before_fork else 0
+
+
 def fork_distribution(model: Any, tokenizer: Any, prompts: Mapping[str, Sequence[list[dict[str, str]]]],
-                      openings: Mapping[str, str] = FORK_OPENINGS) -> dict[str, float]:
+                      openings: Mapping[str, str] = FORK_OPENINGS, prefix: str = "") -> dict[str, float]:
     """On ``prompts`` (family → chat prompts, each a list of ``{role, content}`` messages): per family
     ``fork_<family>_entropy_nats`` (mean H over its prompts) and ``fork_<family>_p_<strategy>`` (mean probability of
     the strategy's opening token; ``openings``: strategy → its first words), and :data:`FORK_ENTROPY` over all
-    prompts."""
+    prompts. ``prefix``: the fixed text every response writes before the fork (``toy.forking.fork_prefix``), read
+    after the prompt; the fork is the token after it."""
     import torch
 
-    opening = {strategy: tokenizer(text, add_special_tokens=False)["input_ids"][0]
+    before_fork = prefix.rstrip()
+    opening = {strategy: tokenizer(prefix + text, add_special_tokens=False)["input_ids"][fork_index(tokenizer, prefix)]
                for strategy, text in openings.items()}
     by_family: dict[str, list[dict[str, float]]] = {}
     for family, family_prompts in prompts.items():
         for messages in family_prompts:
-            text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False) + before_fork
             encoded = tokenizer(text, return_tensors="pt", add_special_tokens=False).to(model.device)
             with torch.no_grad():
                 logits = model(**encoded).logits[0, -1].float()

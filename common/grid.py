@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import NamedTuple, Union
 
 from common.config import Config, ConfigError, compose
 from common.config.common import computation_config
@@ -149,9 +150,53 @@ def sweep_arms(cfg: Config) -> list[Arm]:
     return [found[label] for label in sorted(found)]
 
 
-def seed_configs(cfg: Config) -> dict[int, Config]:
-    """``cfg`` once per seed of ``cfg.run_seeds()`` (``experiment.seeds``, else ``seed``)."""
-    return {seed: replace(cfg, seed=seed) for seed in cfg.run_seeds()}
+class NestedSeed(NamedTuple):
+    """A run's seeds when the base model is a random factor (``experiment.base_seeds``): the base model's seed and
+    the SFT seed nested in it. Sorted base first; the report's seed-level statistics take ``base`` as their unit."""
+
+    base: int
+    seed: int
+
+    def __str__(self) -> str:
+        return f"b{self.base}s{self.seed}"
+
+
+RunSeed = Union[int, NestedSeed]
+"""What keys a grid's runs: the seed, or a :class:`NestedSeed` when the experiment lists ``experiment.base_seeds``."""
+
+
+def base_seeds(cfg: Config) -> list[int | None]:
+    """``experiment.base_seeds``, or ``[None]`` (the configured ``toy.base_seed`` alone) when it is empty."""
+    return list(cfg.experiment.base_seeds) or [None]
+
+
+def with_base_seed(cfg: Config, base_seed: int | None) -> Config:
+    """``cfg`` on the base model of ``base_seed`` (``toy.base_seed``; None: ``cfg`` as it is)."""
+    return cfg if base_seed is None else replace(cfg, toy=replace(cfg.toy, base_seed=base_seed))
+
+
+def run_seeds(cfg: Config) -> list[RunSeed]:
+    """Every run's seed key: ``cfg.run_seeds()``, each nested in every ``experiment.base_seeds`` entry when the
+    experiment lists some."""
+    return [seed if base is None else NestedSeed(base, seed) for base in base_seeds(cfg) for seed in cfg.run_seeds()]
+
+
+def top_level_unit(seed: RunSeed) -> int:
+    """The independent unit a run belongs to: its base seed when the base model is a random factor, else its seed."""
+    return seed.base if isinstance(seed, NestedSeed) else seed
+
+
+def seed_config(cfg: Config, key: RunSeed) -> Config:
+    """``cfg`` for the runs of ``key``: its seed, on its base seed's model when it is a :class:`NestedSeed`."""
+    if isinstance(key, NestedSeed):
+        return with_base_seed(replace(cfg, seed=key.seed), key.base)
+    return replace(cfg, seed=key)
+
+
+def seed_configs(cfg: Config) -> dict[RunSeed, Config]:
+    """``cfg`` once per key of :func:`run_seeds` (``experiment.seeds``, else ``seed``; on the base model of each
+    ``experiment.base_seeds`` entry)."""
+    return {key: seed_config(cfg, key) for key in run_seeds(cfg)}
 
 
 @dataclass
@@ -160,8 +205,8 @@ class ModelGrid:
     then the sweep points)."""
 
     cfg: Config
-    seeds: dict[int, Config]
-    arms: dict[int, dict[str, Arm]]
+    seeds: dict[RunSeed, Config]
+    arms: dict[RunSeed, dict[str, Arm]]
     variants: list[str]
     """``base`` then every method label this model trains: its rows of Table 1 (:func:`variants`)."""
     rl_variants: list[str]
@@ -176,7 +221,7 @@ class ModelGrid:
         """Whether this model has an arm ``variant`` (``experiment.first_model_only`` arms: the first model only)."""
         return variant in self.first_seed
 
-    def experiment_arms(self, seed: int) -> list[Arm]:
+    def experiment_arms(self, seed: RunSeed) -> list[Arm]:
         """The experiment's arms of ``seed`` (``base`` and each ``experiment.methods`` entry; no sweep point)."""
         return [self.arms[seed][variant] for variant in self.variants]
 
@@ -224,9 +269,10 @@ def report_run(cfg: Config, grid: Grid | None = None) -> RunSpec:
     grid = grid or experiment_grid(cfg)
     folders: list[Path] = []
     for model in grid.models:
-        if (base := base_run(model.cfg)) is not None:
-            folders.append(base.directory)
-        folders.append(tokens_run(model.cfg).directory)
+        for base_seed in base_seeds(cfg):
+            if (base := base_run(with_base_seed(model.cfg, base_seed))) is not None:
+                folders.append(base.directory)
+            folders.append(tokens_run(with_base_seed(model.cfg, base_seed)).directory)
         for seed, scfg in model.seeds.items():
             for a in model.arms[seed].values():
                 folders += [folder for folder in (a.sft, a.rl) if folder is not None]
@@ -238,7 +284,8 @@ def report_run(cfg: Config, grid: Grid | None = None) -> RunSpec:
                        if k not in ("phase", "variant", "model_path", "model_run")},
               "report": computation_config(cfg.report),
               "experiment": {"methods": method_labels(cfg), "seeds": cfg.run_seeds(),
-                             "stages": list(cfg.experiment.stages)},
+                             "stages": list(cfg.experiment.stages),
+                             **({"base_seeds": list(cfg.experiment.base_seeds)} if cfg.experiment.base_seeds else {})},
               "models": {m.cfg.model.name: m.cfg.model.display_name for m in grid.models},
               "rl": {"rollout_n": cfg.rl.rollout_n, "kept_groups_per_step": cfg.rl.kept_groups_per_step},
               "device": cfg.profile.device, "data": data_run(cfg).directory.name}

@@ -78,6 +78,13 @@ RL_TRAIN_FILE = "rl.parquet"
 """The data run's RL split as verl RLHF rows (verl's ``data.train_files``)."""
 RL_VAL_FILE = "rl_val.parquet"
 """The RL rows held out for verl's validation (``data.val_files``), disjoint from :data:`RL_TRAIN_FILE`."""
+BEHAVIOUR_LOGPROBS_COLUMN = "behaviour_logprobs"
+"""The optional SFT row column (docs/data.md): the target as segments ``[{"text", "logprob"}, …]`` whose texts
+concatenate to it, each with its log-probability under the policy that generated the row (the teacher's tokens and
+log-probs; the forking world writes its teacher's exact ones). PEAR (``sft/method=pear``) reads it."""
+BEHAVIOUR_LOGP_COLUMN = "behaviour_logp"
+"""The tokens' column made from :data:`BEHAVIOUR_LOGPROBS_COLUMN`: per token, the log-probabilities of the segments
+that start in it (NaN on the prompt)."""
 SFT_TOKENS_FILE = "sft_tokens.parquet"
 """The tokenised SFT split in a tokens run folder."""
 HELDOUT_ROWS_FILE = "sft_heldout.parquet"
@@ -180,7 +187,7 @@ def data_run(cfg: Config) -> RunSpec:
             if k not in TOKENISATION_FIELDS and k != EXTRA_BENCHMARKS}
     config: dict[str, Any] = {"data": data}
     if cfg.data.source == "toy" or cfg.data.benchmark_source == "toy":
-        config["toy"] = computation_config(cfg.toy)
+        config["toy"] = cfg.toy.data_settings()
     inputs: dict[str, Path] = {}
     if cfg.data.source == "local":
         inputs["training_set"] = Path(cfg.data.path)

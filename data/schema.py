@@ -8,6 +8,11 @@ A row::
     ability     : str
     reward_model: {"ground_truth": str, "style": str}
     extra_info  : {"index": int, "split": str}
+    behaviour_logprobs : [{"text": str, "logprob": float}]   (optional; PEAR reads it)
+
+``behaviour_logprobs`` (:data:`common.paths.BEHAVIOUR_LOGPROBS_COLUMN`) is the target written as segments (the
+teacher's tokens) whose texts concatenate to it, each with its log-probability under the policy that generated the
+row; tokenisation gives each token the sum of the segments that start in it.
 
 :func:`check_row` raises :class:`InvalidRowError` naming the source, the row index and the field; the data stage
 either stops on it (``data.invalid_rows=error``) or skips the row and counts it in the manifest (``skip``).
@@ -20,6 +25,7 @@ import unicodedata
 from typing import Any, Mapping
 
 from common.errors import UserError
+from common.paths import BEHAVIOUR_LOGPROBS_COLUMN
 
 LUFFY_COLUMNS = ("data_source", "prompt", "target", "ability", "reward_model", "extra_info")
 VERL_COLUMNS = ("data_source", "prompt", "ability", "reward_model", "extra_info")
@@ -87,6 +93,29 @@ def check_row(row: Mapping[str, Any], index: int, source: str) -> None:
         raise InvalidRowError(source, index, "extra_info.index", f"must be an integer; got {_describe(extra.get('index'))}")
     if not isinstance(extra.get("split"), str):
         raise InvalidRowError(source, index, "extra_info.split", f"must be a string; got {_describe(extra.get('split'))}")
+    check_behaviour_logprobs(row, index, source)
+
+
+def check_behaviour_logprobs(row: Mapping[str, Any], index: int, source: str) -> None:
+    """Raises :class:`InvalidRowError` unless the row's optional ``behaviour_logprobs`` is a list of
+    ``{"text", "logprob"}`` segments (log-probabilities ≤ 0) whose texts concatenate to the target."""
+    segments = row.get(BEHAVIOUR_LOGPROBS_COLUMN)
+    if segments is None:
+        return
+    if not isinstance(segments, (list, tuple)) or not segments:
+        raise InvalidRowError(source, index, BEHAVIOUR_LOGPROBS_COLUMN,
+                              f"must be a non-empty list of {{text, logprob}} segments; got {_describe(segments)}")
+    for position, segment in enumerate(segments):
+        where = f"{BEHAVIOUR_LOGPROBS_COLUMN}[{position}]"
+        if not isinstance(segment, Mapping) or not isinstance(segment.get("text"), str):
+            raise InvalidRowError(source, index, where, f"must be a {{text, logprob}} mapping; got {_describe(segment)}")
+        logprob = segment.get("logprob")
+        if isinstance(logprob, bool) or not isinstance(logprob, (int, float)) or not logprob <= 0:
+            raise InvalidRowError(source, index, f"{where}.logprob", f"must be a log-probability ≤ 0; got "
+                                                                   f"{_describe(logprob)}")
+    if "".join(segment["text"] for segment in segments) != row["target"][0]["content"]:
+        raise InvalidRowError(source, index, BEHAVIOUR_LOGPROBS_COLUMN, "segments' texts must concatenate to the "
+                                                                        "target's content")
 
 
 def problem_text(row: Mapping[str, Any]) -> str:

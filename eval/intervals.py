@@ -28,9 +28,12 @@ C(2S − 1, S) distinct seed resamples (10 for S = 3), and the bootstrap varianc
 The seed-level interval is Student's t over the S per-seed means (each the mean over benchmarks of the seed's mean
 over problems; for a paired difference, the per-seed differences): ``mean ± t_{0.975, S−1} · sd / √S`` with the
 sample sd (ddof = 1). It is exact when the per-seed means are normal (each averages problems × samples) and is
-conditional on the problem set: it says how far another seed's training run may land on these problems.
-:func:`seed_t_test` is the matching two-sided t-test of mean 0 (the Δ tables' p-values); :func:`holm` adjusts a
-family of them. :func:`cluster_spearman` resamples whole clusters (arms) for a rank correlation over pseudo-replicated
+conditional on the problem set: it says how far another seed's training run may land on these problems. Where
+several SFT seeds are nested in each of several base models, the per-seed values are first averaged within each base
+model (:func:`top_level_means`) and the t runs over the base models: the base model is the top-level random factor.
+:func:`seed_t_test` is the matching two-sided t-test of mean 0 (the Δ tables' p-values; per-seed values with no
+spread have none, :data:`NO_SPREAD`); :func:`holm` adjusts a family of them (only the p-values: the intervals
+are the unadjusted 95% ones). :func:`cluster_spearman` resamples whole clusters (arms) for a rank correlation over pseudo-replicated
 points (several seeds per arm).
 """
 from __future__ import annotations
@@ -195,6 +198,16 @@ def per_seed_means(groups: Sequence[np.ndarray]) -> np.ndarray:
     return np.mean([np.asarray(g, dtype=float).mean(axis=1) for g in groups], axis=0)
 
 
+def top_level_means(per_seed: Sequence[float], units: Sequence) -> np.ndarray:
+    """[U]: the mean of the per-seed values within each top-level unit (``units[i]``: seed i's unit; in order of
+    first appearance). With several SFT seeds nested in each base model (``experiment.base_seeds``) the unit is the
+    base seed, so the t-interval and t-test run over base models (df = U − 1), not over the nested runs; with one
+    run per unit it is the identity."""
+    values = np.asarray(per_seed, dtype=float)
+    order = list(dict.fromkeys(units))
+    return np.array([values[[u == unit for u in units]].mean() for unit in order])
+
+
 def student_t_tail(t: float, df: int) -> float:
     """Two-sided tail ``P(|T_df| ≥ |t|) = I_{df/(df + t²)}(df/2, 1/2)``, Student's t with ``df`` degrees of freedom
     (the regularised incomplete beta function, ``mpmath.betainc``)."""
@@ -236,16 +249,26 @@ def seed_t_interval(per_seed: Sequence[float], confidence: float = CONFIDENCE) -
     return Estimate(mean, mean - half, mean + half)
 
 
+NO_SPREAD = math.nan
+"""What :func:`seed_t_test` returns when every seed gives the same value: the t statistic is undefined (sd = 0), so
+there is no p, neither 0 nor 1 (:func:`no_spread` tests for it; the tables print "no spread")."""
+
+
+def no_spread(p_value: float | None) -> bool:
+    """Whether ``p_value`` is :data:`NO_SPREAD` (per-seed values without spread: the t-test is undefined)."""
+    return p_value is not None and math.isnan(p_value)
+
+
 def seed_t_test(per_seed: Sequence[float]) -> float | None:
     """Two-sided p of the one-sample t-test of mean 0 over the per-seed values (for a paired difference: the
-    per-seed differences), ``t = mean / (sd / √S)`` with S − 1 degrees of freedom; None with fewer than 2 seeds.
-    Equal values give p = 1 when they are 0 and p = 0 otherwise."""
+    per-seed differences), ``t = mean / (sd / √S)`` with S − 1 degrees of freedom; None with fewer than 2 seeds, and
+    :data:`NO_SPREAD` when the values are all equal (sd = 0: t is x/0 or 0/0, and the test says nothing)."""
     values = np.asarray(per_seed, dtype=float)
     if len(values) < 2:
         return None
     mean, sd = float(values.mean()), float(values.std(ddof=1))
     if sd == 0:
-        return 1.0 if mean == 0 else 0.0
+        return NO_SPREAD
     return student_t_tail(mean / (sd / math.sqrt(len(values))), len(values) - 1)
 
 

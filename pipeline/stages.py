@@ -30,6 +30,7 @@ from typing import Callable
 from common.config import Config, ConfigError, compose, override_value
 from common.paths import (
     BASE_VARIANT,
+    BEHAVIOUR_LOGPROBS_COLUMN,
     RunSpec,
     base_run,
     configured_rl_run,
@@ -43,7 +44,7 @@ from common.paths import (
     sft_run,
     tokens_run,
 )
-from common.grid import Arm, arms, experiment_grid, experiment_method_names, report_run
+from common.grid import Arm, arms, base_seeds, experiment_grid, experiment_method_names, report_run
 
 
 @dataclass
@@ -149,9 +150,10 @@ def build_plan(cfg: Config, overrides: list[str]) -> list[StageCommand]:
     models, variants and RL arms; each command composes its own config from ``overrides`` and its arms from that
     (:func:`common.grid.arms`), and an override that would make the two differ is refused. SFT,
     evaluation and RL commands run once per seed of ``cfg.run_seeds()`` (``seed=<s>`` is added when the experiment
-    lists ``experiment.seeds``). Each command's ``needs`` names the commands in this plan that produce its inputs; a
-    producer left out of ``experiment.stages`` is not waited for (the stage itself checks its inputs).
-    """
+    lists ``experiment.seeds``), and with ``experiment.base_seeds`` the base model, tokenisation and every seed's
+    commands run once per base seed (``toy.base_seed=<b>``, names ending ``/base<b>[/seed<s>]``). Each command's
+    ``needs`` names the commands in this plan that produce its inputs; a producer left out of
+    ``experiment.stages`` is not waited for (the stage itself checks its inputs)."""
     stages = set(cfg.experiment.stages)
     seeds = cfg.run_seeds()
     per_seed = bool(cfg.experiment.seeds)
@@ -163,19 +165,21 @@ def build_plan(cfg: Config, overrides: list[str]) -> list[StageCommand]:
                                  cfg, {"source": cfg.data.source, "split_seed": cfg.data.split_seed,
                                        "num_sft_rows": cfg.data.num_sft_rows, "benchmarks": list(cfg.data.benchmarks),
                                        **({"extra_benchmarks": [run.variant for run in extras]} if extras else {})}))
-    for model in cfg.profile.models:
-        model_overrides = [*overrides, f"model={model}"]
+    for model, base_seed in ((model, base_seed) for model in cfg.profile.models for base_seed in base_seeds(cfg)):
+        # experiment.base_seeds: one base model per base seed, its commands named .../base<b>, every seed nested in it
+        scope = [] if base_seed is None else [f"base{base_seed}"]
+        model_overrides = [*overrides, f"model={model}", *([f"toy.base_seed={base_seed}"] if scope else [])]
         mcfg = compose(model_overrides)
         if mcfg.model != grid[model].cfg.model:
             raise ConfigError(f"profile.models: a model.* override in {overrides} reaches {model} in its stage "
                               f"commands but only {cfg.model.name} in the report; run one model per experiment")
         grid_variants, grid_rl_variants = grid[model].variants, grid[model].rl_variants
         base = base_run(mcfg)
-        base_model = [command_name("base", model)] if base is not None else []
-        tokenize = command_name("tokenize", model)
+        base_model = [command_name("base", model, *scope)] if base is not None else []
+        tokenize = command_name("tokenize", model, *scope)
         if "base" in stages:
             if base is not None:
-                plan.append(StageCommand("base", command_name("base", model),
+                plan.append(StageCommand("base", command_name("base", model, *scope),
                                          _python_module("toy.base", model_overrides), [base], mcfg,
                                          {"toy": vars(mcfg.toy)}))
             plan.append(StageCommand("base", tokenize, _python_module("data.tokenize_sft", model_overrides),
@@ -194,17 +198,18 @@ def build_plan(cfg: Config, overrides: list[str]) -> list[StageCommand]:
                                       f"train as {method_label(scfg.sft.method)} but the report looks for {label} (it "
                                       f"applies only to {cfg.sft.method.name} there); use sft.* settings, or run one "
                                       "method per experiment")
+                check_behaviour_logprobs(scfg, method)
                 if "sft" in stages:
                     argv = [*node_launcher(scfg), *torchrun_prefix(scfg), "-m", "sft.train", *method_overrides]
-                    plan.append(StageCommand("sft", command_name("sft", model, label, seed=seed_name), argv,
+                    plan.append(StageCommand("sft", command_name("sft", model, label, *scope, seed=seed_name), argv,
                                              [sft_run(scfg)], scfg, _sft_settings(scfg), needs=[tokenize]))
             start_model = {variant: ["data", *base_model] if variant == BASE_VARIANT else
-                           [command_name("sft", model, variant, seed=seed_name)] for variant in grid_variants}
+                           [command_name("sft", model, variant, *scope, seed=seed_name)] for variant in grid_variants}
             if "eval_sft" in stages:
                 plan.extend(_eval_commands(seed_cfg, seed_overrides, "sft", [seed_arms[v] for v in grid_variants],
-                                           start_model, seed_name))
+                                           start_model, seed_name, scope))
             for variant in grid_rl_variants:
-                rl_name = command_name("rl", model, variant, seed=seed_name)
+                rl_name = command_name("rl", model, variant, *scope, seed=seed_name)
                 if "rl" in stages:
                     start = seed_arms[variant].sft
                     rl_overrides = [*seed_overrides, f"rl.init={variant}", *_handed_down("rl.init_run", start)]
@@ -214,7 +219,7 @@ def build_plan(cfg: Config, overrides: list[str]) -> list[StageCommand]:
                                              needs=start_model[variant]))
                 if "eval_rl" in stages:
                     plan.extend(_eval_commands(seed_cfg, seed_overrides, "rl", [seed_arms[variant]],
-                                               {variant: ["data", rl_name]}, seed_name))
+                                               {variant: ["data", rl_name]}, seed_name, scope))
     if "report" in stages:
         plan.append(StageCommand("report", "report", _python_module("report.run", overrides), [report_run(cfg)], cfg,
                                  needs=[command.name for command in plan], refresh=lambda: [report_run(cfg)]))
@@ -222,6 +227,20 @@ def build_plan(cfg: Config, overrides: list[str]) -> list[StageCommand]:
     for command in plan:
         command.needs = [need for need in command.needs if need in names]
     return plan
+
+
+def check_behaviour_logprobs(cfg: Config, method: str) -> None:
+    """Refuses ``method`` when its loss reads the SFT rows' behaviour log-probabilities (PEAR) and the configured
+    data is known not to have them: only the forking toy world writes them (local rows may; the stage checks)."""
+    if not cfg.sft.method.reads_behaviour_logprobs():
+        return
+    known_without = {"toy": cfg.toy.world != "forking", "hub": True}.get(cfg.data.source, False)
+    if known_without:
+        source = f"data.source=toy with toy.world={cfg.toy.world}" if cfg.data.source == "toy" else \
+            f"data.source={cfg.data.source}"
+        raise ConfigError(f"sft/method={method} reads the SFT rows' column {BEHAVIOUR_LOGPROBS_COLUMN} (log-probs of "
+                          f"the policy that generated them), which {source} does not have: use rows that have it "
+                          "(docs/data.md), or sft/method=pear_base_ref (π_β = the base model, a variant)")
 
 
 def force_patterns(command: StageCommand, patterns: list[str] | tuple[str, ...]) -> list[str]:
@@ -243,8 +262,9 @@ def check_force(plan: list[StageCommand], patterns: list[str] | tuple[str, ...])
 
 
 def _eval_commands(cfg: Config, overrides: list[str], phase: str, evaluated: list[Arm],
-                   needs: dict[str, list[str]], seed: int | None) -> list[StageCommand]:
-    """One evaluation command per arm of ``evaluated``, handed the run folder it evaluates (``eval.model_run``)."""
+                   needs: dict[str, list[str]], seed: int | None, scope: list[str]) -> list[StageCommand]:
+    """One evaluation command per arm of ``evaluated``, handed the run folder it evaluates (``eval.model_run``);
+    ``scope``: ``[base<b>]`` under ``experiment.base_seeds``, else empty."""
     commands = []
     for a in evaluated:
         model = a.model(phase)
@@ -254,9 +274,9 @@ def _eval_commands(cfg: Config, overrides: list[str], phase: str, evaluated: lis
         runs = [eval_run(cfg, phase, a.variant, bench, model) for bench in report_benchmarks(cfg)]
         # it reads the tokenised held-out slice
         heldout = heldout_nll_run(cfg, a.variant, model) if phase == "sft" else None
-        commands.append(StageCommand(f"eval_{phase}", command_name("eval", cfg.model.name, phase, a.variant, seed=seed),
+        commands.append(StageCommand(f"eval_{phase}", command_name("eval", cfg.model.name, phase, a.variant, *scope, seed=seed),
                                      argv, runs + ([heldout] if heldout else []), ecfg,
                                      {**_eval_settings(cfg), "benchmarks": report_benchmarks(cfg)},
-                                     needs=needs[a.variant] + ([command_name("tokenize", cfg.model.name)]
+                                     needs=needs[a.variant] + ([command_name("tokenize", cfg.model.name, *scope)]
                                                                if heldout else [])))
     return commands

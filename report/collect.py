@@ -22,7 +22,7 @@ from report.tables import (
 from common.config import Config
 from common.config.rl import ALGORITHM_TITLES
 from common.config.sft import SFTMethod
-from common.grid import Arm, Grid, ModelGrid, method_labels
+from common.grid import Arm, Grid, ModelGrid, method_labels, run_seeds
 from common.manifest import StageInputError, read_manifest
 from common.models import local_model_dir
 from common.paths import EVAL_METRICS_FILE, base_run, eval_run, hf_export_dir, report_benchmarks, report_dir
@@ -56,7 +56,7 @@ def metrics_path(cfg: Config, phase: str, a: Arm, benchmark: str) -> Path:
 
 def collect(cfg: Config, phase: str, models: list[ModelGrid], labels: list[str]
             ) -> tuple[ResultTable, dict[str, Path], dict[tuple[str, str], dict]]:
-    """The phase's table over ``models`` x ``labels`` x seeds (``cfg.run_seeds()``) with intervals and paired
+    """The phase's table over ``models`` x ``labels`` x seeds (:func:`common.grid.run_seeds`) with intervals and paired
     differences, the metrics files it read (by ``model/phase/variant/benchmark/seed<s>``), and pass@k curves.
 
     Curves map (model title, benchmark) to {row label: {seed: metrics.json}}.
@@ -81,7 +81,7 @@ def collect(cfg: Config, phase: str, models: list[ModelGrid], labels: list[str]
                         inputs[f"{model.cfg.model.name}/{phase}/{variant}/{bench}/seed{seed}"] = path
     # The second column is pass@table_k unless some evaluation drew fewer samples than that.
     k = min([cfg.report.table_k, *(doc["n"] for by_seed in docs.values() for doc in by_seed.values())])
-    present = sorted({seed for by_seed in docs.values() for seed in by_seed}) or cfg.run_seeds()
+    present = sorted({seed for by_seed in docs.values() for seed in by_seed}) or run_seeds(cfg)
     table = ResultTable(caption=f"{stage}: pass@1 (avg@n) and pass@{k} in percent, mean [95% interval] over "
                                 f"{_seeds_text(present)} and problems",
                         row_header=header, columns=[*columns, AVERAGE, *extra_columns],
@@ -118,7 +118,7 @@ def primary_arms(cfg: Config) -> set[str]:
 
 def missing_seeds(cfg: Config, table: ResultTable) -> list[str]:
     """``model / method / benchmark: seeds …`` for every evaluation some but not all seeds have."""
-    expected = set(cfg.run_seeds())
+    expected = set(run_seeds(cfg))
     return [f"{block.title} / {row.label} / {column}: seed {', '.join(map(str, sorted(expected - set(by_seed))))}"
             for block in table.blocks for row in block.rows for column, by_seed in row.evaluations.items()
             if expected - set(by_seed)]

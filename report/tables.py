@@ -30,16 +30,20 @@ from typing import Sequence
 import numpy as np
 
 from eval.intervals import (
+    NO_SPREAD,
     Estimate,
     common_problems,
     estimate,
     holm,
+    no_spread,
     paired_difference,
     per_seed_means,
     seed_t_interval,
     seed_t_test,
+    top_level_means,
     value_matrix,
 )
+from common.grid import top_level_unit
 
 PAPER_TABLES = Path(__file__).with_name("paper_tables.json")
 AVERAGE = "Avg"
@@ -168,19 +172,26 @@ def fill_estimates(table: ResultTable, reference_variant: str = REFERENCE_VARIAN
                 row.ours[(column, metric)], row.intervals[(column, metric)] = cell.mean, cell
                 means = 100 * per_seed_means(groups)
                 row.per_seed[(column, metric)] = {seed: float(value) for seed, value in zip(seeds, means)}
-                if (seed_level := seed_t_interval(means)) is not None:
+                if (seed_level := seed_t_interval(unit_means(means, seeds))) is not None:
                     row.seed_intervals[(column, metric)] = seed_level
                 if reference is not None and row is not reference:
                     paired = _groups([row, reference], columns, k)
                     if paired is not None:
                         row.delta[(column, metric)] = paired_difference(*paired[1]).scaled(100)
-                        _seed_level_delta(row, (column, metric), *paired[1])
+                        _seed_level_delta(row, (column, metric), paired[0], *paired[1])
 
 
-def _seed_level_delta(row: Row, cell: tuple[str, str], groups: Sequence[np.ndarray],
+def unit_means(per_seed: np.ndarray, seeds: Sequence) -> np.ndarray:
+    """The per-seed values averaged within each top-level unit (:func:`common.grid.top_level_unit`: the base seed
+    under ``experiment.base_seeds``, else the seed itself), what the seed-level t-interval and t-test run over."""
+    return top_level_means(per_seed, [top_level_unit(seed) for seed in seeds])
+
+
+def _seed_level_delta(row: Row, cell: tuple[str, str], seeds: Sequence, groups: Sequence[np.ndarray],
                       reference: Sequence[np.ndarray]) -> None:
-    """The seed-level t-interval and t-test p of ``row``'s paired difference in ``cell`` (two or more seeds)."""
-    differences = 100 * (per_seed_means(groups) - per_seed_means(reference))
+    """The seed-level t-interval and t-test p of ``row``'s paired difference in ``cell`` (two or more top-level
+    units, :func:`unit_means`)."""
+    differences = unit_means(100 * (per_seed_means(groups) - per_seed_means(reference)), seeds)
     if (seed_level := seed_t_interval(differences)) is not None:
         row.delta_seed[cell], row.delta_p[cell] = seed_level, seed_t_test(differences)
 
@@ -192,10 +203,12 @@ def endpoint_cell(endpoint: str) -> tuple[str, str]:
 
 
 def holm_family(p_values: dict) -> dict:
-    """Holm-adjusted p (:func:`eval.intervals.holm`) of every key with a p-value; None for keys without one."""
+    """Holm-adjusted p (:func:`eval.intervals.holm`) of every key with a p-value; None for keys without one. A
+    comparison whose per-seed differences have no spread (:data:`eval.intervals.NO_SPREAD`) stays in the family as
+    p = 1, so the family keeps its registered size and the others are adjusted no less, and keeps NO_SPREAD."""
     tested = [key for key, value in p_values.items() if value is not None]
-    adjusted = dict(zip(tested, holm([p_values[key] for key in tested])))
-    return {key: adjusted.get(key) for key in p_values}
+    adjusted = dict(zip(tested, holm([1.0 if no_spread(p_values[key]) else p_values[key] for key in tested])))
+    return {key: NO_SPREAD if no_spread(p_values.get(key)) else adjusted.get(key) for key in p_values}
 
 
 def mark_primary(table: ResultTable, endpoints: Sequence[str], arms: set[str]) -> list[str]:
@@ -261,11 +274,11 @@ def rl_gains(before: ResultTable, after: ResultTable, metric: str,
                     mine = [a - b for a, b in zip(mine_after, mine_before)]
                     theirs = [a - b for a, b in zip(theirs_after, theirs_before)]
                     versus = paired_difference(mine, theirs).scaled(100)
-                    in_differences = 100 * (per_seed_means(mine) - per_seed_means(theirs))
+                    in_differences = unit_means(100 * (per_seed_means(mine) - per_seed_means(theirs)), shared[0])
                     versus_seed, versus_p = seed_t_interval(in_differences), seed_t_test(in_differences)
             gains.append(Gain(row_after.label, row_after.variant, estimate(differences).scaled(100), versus,
                               {seed: float(value) for seed, value in zip(seeds, per_seed)},
-                              seed_t_interval(per_seed), versus_seed, versus_p))
+                              seed_t_interval(unit_means(per_seed, seeds)), versus_seed, versus_p))
         result.append((block_after.title, gains))
     return result
 
@@ -437,8 +450,17 @@ def seed_interval_text(seed_level: Estimate | None, signed: bool = False) -> str
 
 
 def p_value_text(p_value: float | None) -> str:
-    """``0.031``; ``<0.001`` below that; ``n/a`` without a p-value (one seed)."""
+    """``0.031``; ``<0.001`` below that; ``n/a`` without a p-value (one seed); ``n/a (no spread)`` when every seed
+    gave the same difference (:data:`eval.intervals.NO_SPREAD`: no t-test)."""
+    if no_spread(p_value):
+        return "n/a (no spread)"
     return "n/a" if p_value is None else "<0.001" if p_value < 0.001 else f"{p_value:.3f}"
+
+
+def p_value_record(p_value: float | None) -> float | str | None:
+    """A p-value as the CSV and the metrics record it: the number, None without one, ``"no spread"`` for
+    :data:`eval.intervals.NO_SPREAD` (JSON has no NaN)."""
+    return "no spread" if no_spread(p_value) else p_value
 
 
 def comparison_text(primary: dict, cell) -> str:
@@ -506,7 +528,7 @@ def to_csv(table: ResultTable) -> str:
         return "" if value is None else f"{value:.4f}"
 
     def p_number(value: float | None) -> str:
-        return "" if value is None else f"{value:.6g}"
+        return "" if value is None else "no spread" if no_spread(value) else f"{value:.6g}"
 
     for b, block in enumerate(table.blocks):
         for r, row in enumerate(block.rows):

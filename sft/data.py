@@ -2,7 +2,9 @@
 
 Input contract (written by the data stage): ``common.paths.sft_tokens_path(cfg)`` with columns
 ``input_ids`` (list[int]), ``labels`` (list[int], HF convention: unshifted, ``-100`` on prompt tokens,
-``labels[i] == input_ids[i]`` elsewhere), ``row_id``, ``num_response_tokens``, ``truncated``.
+``labels[i] == input_ids[i]`` elsewhere), ``row_id``, ``num_response_tokens``, ``truncated``; optionally
+``behaviour_logp`` (list[float], one per token: log π_β of the token under the policy that generated the row, NaN
+on the prompt), which :func:`collate` hands to a loss that reads it (PEAR).
 
 Batching contract (what makes 1-rank and N-rank runs train on the same micro-batches):
 
@@ -18,13 +20,14 @@ Batching contract (what makes 1-rank and N-rank runs train on the same micro-bat
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import torch
 
-from common.paths import IGNORE_INDEX
+from common.paths import BEHAVIOUR_LOGP_COLUMN, IGNORE_INDEX
 from common.seeding import derive_seed
 
 REQUIRED_COLUMNS = ("input_ids", "labels", "row_id", "num_response_tokens", "truncated")
@@ -41,21 +44,31 @@ class TokenisedRow:
     row_id: str
     input_ids: tuple[int, ...]
     labels: tuple[int, ...]
+    behaviour_logp: tuple[float, ...] | None = None
+    """Per token, its log-probability under the policy that generated the row (NaN on the prompt); None when the
+    tokens file has no :data:`common.paths.BEHAVIOUR_LOGP_COLUMN`."""
 
 
-def read_sft_tokens(path: str | Path) -> list[TokenisedRow]:
-    """Reads and checks every row of the tokenised SFT split (raises :class:`SFTDataError` naming the bad row)."""
+def read_sft_tokens(path: str | Path, require_behaviour: bool = False) -> list[TokenisedRow]:
+    """Reads and checks every row of the tokenised SFT split (raises :class:`SFTDataError` naming the bad row);
+    ``require_behaviour``: the loss reads :data:`common.paths.BEHAVIOUR_LOGP_COLUMN`, which must be there."""
     path = Path(path)
     if not path.is_file():
         raise SFTDataError(f"{path}: tokenised SFT split not found; run the data stage first")
     table = pq.read_table(path)
+    if require_behaviour and BEHAVIOUR_LOGP_COLUMN not in table.column_names:
+        raise SFTDataError(f"{path}: no column {BEHAVIOUR_LOGP_COLUMN}, which the loss reads (PEAR: the log-probs of "
+                           f"the policy that generated the rows, from the rows' behaviour_logprobs); rows or tokens "
+                           "written before the column existed: re-run the data stage (force=[data])")
     missing = [name for name in REQUIRED_COLUMNS if name not in table.column_names]
     if missing:
         raise SFTDataError(f"{path}: missing column(s) {missing}; has {table.column_names}")
     rows = []
     columns = table.select(["row_id", "input_ids", "labels"]).to_pydict()
-    for index, (row_id, input_ids, labels) in enumerate(zip(columns["row_id"], columns["input_ids"],
-                                                             columns["labels"])):
+    behaviour = table.column(BEHAVIOUR_LOGP_COLUMN).to_pylist() if BEHAVIOUR_LOGP_COLUMN in table.column_names \
+        else [None] * table.num_rows
+    for index, (row_id, input_ids, labels, logps) in enumerate(zip(columns["row_id"], columns["input_ids"],
+                                                                    columns["labels"], behaviour)):
         where = f"{path}: row {index} (row_id {row_id!r})"
         if not input_ids:
             raise SFTDataError(f"{where}: input_ids is empty")
@@ -70,7 +83,11 @@ def read_sft_tokens(path: str | Path) -> list[TokenisedRow]:
         if not any(lab != IGNORE_INDEX for lab in labels[1:]):
             raise SFTDataError(f"{where}: no supervised token after the first position (all labels are "
                                f"{IGNORE_INDEX}); the data stage should have dropped or fixed this row")
-        rows.append(TokenisedRow(str(row_id), tuple(input_ids), tuple(labels)))
+        if logps is not None and len(logps) != len(input_ids):
+            raise SFTDataError(f"{where}: {BEHAVIOUR_LOGP_COLUMN} has {len(logps)} entries, input_ids has "
+                               f"{len(input_ids)}")
+        rows.append(TokenisedRow(str(row_id), tuple(input_ids), tuple(labels),
+                                 None if logps is None else tuple(math.nan if v is None else v for v in logps)))
     if not rows:
         raise SFTDataError(f"{path}: no rows")
     return rows
@@ -82,7 +99,8 @@ def supervised_token_count(labels: torch.Tensor) -> int:
 
 
 def collate(rows: list[TokenisedRow], pad_token_id: int) -> dict[str, torch.Tensor | None]:
-    """Right-pads ``rows`` to their own longest length; ``attention_mask`` is None when nothing is padded."""
+    """Right-pads ``rows`` to their own longest length; ``attention_mask`` is None when nothing is padded;
+    ``behaviour_logp`` [B, L] (NaN where padded) when every row has one."""
     length = max(len(row.input_ids) for row in rows)
     input_ids = torch.full((len(rows), length), pad_token_id, dtype=torch.long)
     labels = torch.full((len(rows), length), IGNORE_INDEX, dtype=torch.long)
@@ -93,7 +111,12 @@ def collate(rows: list[TokenisedRow], pad_token_id: int) -> dict[str, torch.Tens
         labels[i, :n] = torch.tensor(row.labels)
         attention_mask[i, :n] = 1
     padded = bool((attention_mask == 0).any())
-    return {"input_ids": input_ids, "attention_mask": attention_mask if padded else None, "labels": labels}
+    batch = {"input_ids": input_ids, "attention_mask": attention_mask if padded else None, "labels": labels}
+    if all(row.behaviour_logp is not None for row in rows):  # NaN where padded
+        batch["behaviour_logp"] = torch.full((len(rows), length), math.nan)
+        for i, row in enumerate(rows):
+            batch["behaviour_logp"][i, :len(row.behaviour_logp)] = torch.tensor(row.behaviour_logp)
+    return batch
 
 
 class DataOrder:

@@ -158,14 +158,16 @@ def method_config(method: str | SFTMethod, **params: Any) -> SFTMethod:
 
 
 def compute_token_loss(method: str | SFTMethod, logits: Tensor, labels: Tensor, ref_logits: Tensor | None = None,
-                       old_logits: Tensor | None = None, *, step: int = 0,
+                       old_logits: Tensor | None = None, *, step: int = 0, behaviour_logp: Tensor | None = None,
                        **params: Any) -> tuple[Tensor, dict[str, Tensor]]:
     """Dense reference API: ``method`` (a name or a config, ``params`` overriding its fields: :func:`method_config`)
-    on HF-convention unshifted ``logits [B, L, V]`` and ``labels [B, L]`` (-100 ignored) at optimiser step ``step``.
-    Returns ``(loss, metrics)``, metrics detached."""
+    on HF-convention unshifted ``logits [B, L, V]`` and ``labels [B, L]`` (-100 ignored) at optimiser step ``step``
+    (``behaviour_logp [B, L]``: each token's log-probability under the policy that generated the data, for a loss
+    that reads it). Returns ``(loss, metrics)``, metrics detached."""
     loss = build_loss(method_config(method, **params))
     loss.begin_step(step)
-    result = dense_loss(loss, logits, labels, ref_logits=ref_logits, old_logits=old_logits)
+    result = dense_loss(loss, logits, labels, ref_logits=ref_logits, old_logits=old_logits,
+                        behaviour_logp=behaviour_logp)
     return result.loss, result.metrics
 
 
@@ -649,21 +651,28 @@ class ProFitLoss(TokenLoss):
 
 @register_token_loss("pear")
 class PEARLoss(TokenLoss):
-    """PEAR (arXiv 2602.01058) with π_β the frozen reference: per sequence s with supervised rows T_s (consecutive, in
-    position order), ``δ_j = clip(log p_j − log q_j, log_ratio_low, log_ratio_high)``, and with
-    ``n_t = #{j ∈ T_s : j > t}``
+    """PEAR (arXiv 2602.01058): per sequence s with supervised rows T_s (consecutive, in position order),
+    ``δ_j = clip(log p_j − log π_β(y_j), log_ratio_low, log_ratio_high)``, and with ``n_t = #{j ∈ T_s : j > t}``
 
     token level ``w_t = clip(γ^{n_t} · exp(Σ_{j∈T_s, j>t} δ_j), weight_low, weight_high)`` (the discounted importance
     ratio of the rest of the response), sequence level ``w_t = clip(exp(Σ_{j∈T_s} δ_j), weight_low, weight_high)``;
-    ``L = −(1/|T|) Σ_{t∈T} sg(w_t) log p_t``."""
+    ``L = −(1/|T|) Σ_{t∈T} sg(w_t) log p_t``. π_β is the policy that generated the rows (``behaviour: data``,
+    :class:`PEARBehaviourLoss`, the paper's) or, in this class, the frozen reference (``behaviour: reference``, the
+    ``pear_base_ref`` variant: log π_β(y_j) = log q_j)."""
 
     needs_reference = True
     stats = ("logp", "ref_logp")
+    behaviour_term = "ref_logp"
+    """The statistic that holds log π_β(y_j)."""
+
+    @classmethod
+    def variant(cls, cfg: SFTMethod) -> type[TokenLoss]:
+        return PEARBehaviourLoss if cfg.reads_behaviour_logprobs() else PEARLoss
 
     def weigh(self, stats: TokenStats) -> TokenWeights:
         cfg = self.cfg
         mask = stats.has_target
-        log_ratio = torch.clamp(stats.values["logp"] - stats.values["ref_logp"], cfg.log_ratio_low,
+        log_ratio = torch.clamp(stats.values["logp"] - stats.values[self.behaviour_term], cfg.log_ratio_low,
                                 cfg.log_ratio_high).double() * mask
         log_weight = _sequence_sums(log_ratio, stats)[stats.sequence]
         if cfg.level == "token":  # the suffix after t: the sequence's sum minus the sum up to and including t
@@ -676,6 +685,15 @@ class PEARLoss(TokenLoss):
         metrics["pear_weight_mean"] = _mean_on(weight, mask)
         metrics["pear_weight_max"] = torch.where(mask, weight, 0.0).max() if mask.numel() else share.new_zeros(())
         return TokenWeights(coefs={"logp": -share * weight}, constant=share.new_zeros(()), metrics=metrics)
+
+
+class PEARBehaviourLoss(PEARLoss):
+    """PEAR as the paper defines it (``behaviour: data``, the ``pear`` preset): log π_β(y_j) is the data's
+    ``behaviour_logp``, the log-probability of the target under the policy that generated the row; no reference."""
+
+    needs_reference = False
+    stats = ("logp", "behaviour_logp")
+    behaviour_term = "behaviour_logp"
 
 
 def _sequence_sums(values: Tensor, stats: TokenStats) -> Tensor:

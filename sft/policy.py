@@ -86,13 +86,14 @@ class PolicyWithTokenLoss(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 labels: torch.Tensor | None = None, ref_hidden: torch.Tensor | None = None, *,
-                weights: TokenWeights | None = None,
-                statistics_only: bool = False) -> LossResult | StepStatistics | torch.Tensor:
+                weights: TokenWeights | None = None, statistics_only: bool = False,
+                behaviour_logp: torch.Tensor | None = None) -> LossResult | StepStatistics | torch.Tensor:
         """The micro-batch loss; with ``weights`` (its share of a selection over the optimiser step) without pass A.
         ``statistics_only``: no loss, no graph, only the loss's statistics of every row and the reference's hidden
         states, which the step's selection and the micro-batch's loss then share (:class:`StepStatistics`).
         ``ref_hidden`` given: the reference's final hidden states (from ``sft.reference_cache`` or that earlier
-        pass), and the reference trunk does not run."""
+        pass), and the reference trunk does not run. ``behaviour_logp``: the batch's behaviour log-probabilities
+        (``sft.data.collate``), for a loss that reads them."""
         if labels is None:
             return self.policy(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
         frozen = self.frozen_states(input_ids, attention_mask, ref_hidden)
@@ -101,11 +102,13 @@ class PolicyWithTokenLoss(nn.Module):
             with torch.no_grad():
                 hidden = final_hidden_states(self.policy, input_ids, attention_mask)
                 stats = chunked_statistics(self.token_loss, hidden, head_weight, labels, chunk_size=self.chunk_size,
-                                           compile_statistics=self.compile_statistics, **frozen)
+                                           compile_statistics=self.compile_statistics, behaviour_logp=behaviour_logp,
+                                           **frozen)
             return StepStatistics(stats, frozen.get("ref_hidden"))
         hidden = final_hidden_states(self.policy, input_ids, attention_mask)
         return chunked_loss(self.token_loss, hidden, head_weight, labels, chunk_size=self.chunk_size,
-                            weights=weights, compile_statistics=self.compile_statistics, **frozen)
+                            weights=weights, compile_statistics=self.compile_statistics,
+                            behaviour_logp=behaviour_logp, **frozen)
 
     @torch.no_grad()
     def frozen_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,

@@ -52,18 +52,22 @@ gradients are the closed forms ``−p(log p + H)`` and ``p(log p − log q − K
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import torch
 from torch import Tensor
 
-from common.paths import IGNORE_INDEX
+from common.paths import BEHAVIOUR_LOGP_COLUMN, IGNORE_INDEX
 
 REFERENCE_TERMS = frozenset({"kl", "code_kl", "forward_kl", "ref_logp"})
 """Terms that need the reference model's logits."""
 OLD_POLICY_TERMS = frozenset({"old_logp"})
 """Terms that need the old policy's logits."""
+DATA_TERMS = frozenset({"behaviour_logp"})
+"""Terms the data gives, not a model: ``behaviour_logp`` = log π_β(y) of the row's target under the policy that
+generated the SFT row (the tokens' :data:`common.paths.BEHAVIOUR_LOGP_COLUMN`, :func:`data_terms`)."""
 ALL_TERMS = frozenset({"logp", "prob_logp", "entropy", "ratio", "gem", "de", "topk_mass", "topk_entropy"}) \
     | REFERENCE_TERMS | OLD_POLICY_TERMS
 TARGET_FREE_TERMS = frozenset({"entropy", "topk_mass", "topk_entropy"})
@@ -311,20 +315,22 @@ def row_terms(logits: Tensor, targets: Tensor, names: Sequence[str], *, ref_logi
 
 
 def dense_loss(loss: TokenLossLike, logits: Tensor, labels: Tensor, *, ref_logits: Tensor | None = None,
-               old_logits: Tensor | None = None) -> LossResult:
+               old_logits: Tensor | None = None, behaviour_logp: Tensor | None = None) -> LossResult:
     """The loss on given full logits ``[B, L, V]`` (HF-convention, unshifted labels ``[B, L]``); the reference
-    the chunked head is tested against. Builds ``[N × V]`` copies: for tests and small inputs only."""
+    the chunked head is tested against. Builds ``[N × V]`` copies: for tests and small inputs only.
+    ``behaviour_logp [B, L]``: the data's :data:`DATA_TERMS` (:func:`data_terms`)."""
     _check_pair("logits", logits, "labels", labels)
     _check_models(loss, logits, ref_logits, old_logits, "ref_logits", "old_logits")
     rows = prediction_rows(labels, loss.uses_label_positions)
+    given = data_terms(loss, rows, behaviour_logp)
     logits_nv = logits.flatten(0, 1).index_select(0, rows.index)
     ref_nv = None if ref_logits is None else ref_logits.detach().flatten(0, 1).index_select(0, rows.index)
     old_nv = None if old_logits is None else old_logits.detach().flatten(0, 1).index_select(0, rows.index)
     with torch.no_grad():
         stats_dtype = logits.dtype if loss.stats_in_model_dtype else torch.float32
-        values = row_terms(logits_nv.to(stats_dtype), rows.targets, loss.stats,
+        values = row_terms(logits_nv.to(stats_dtype), rows.targets, [n for n in loss.stats if n not in DATA_TERMS],
                            ref_logits=_maybe_to(ref_nv, stats_dtype), old_logits=_maybe_to(old_nv, stats_dtype),
-                           **loss.term_options)
+                           **loss.term_options) | given
     weights = loss.weigh(_token_stats(rows, values, logits.shape[-1]))
     terms = row_terms(logits_nv.float(), rows.targets, list(weights.coefs), ref_logits=_maybe_to(ref_nv, torch.float32),
                       old_logp=values.get("old_logp"), **loss.term_options)
@@ -340,7 +346,8 @@ def dense_loss(loss: TokenLossLike, logits: Tensor, labels: Tensor, *, ref_logit
 def chunked_loss(loss: TokenLossLike, hidden: Tensor, head_weight: Tensor, labels: Tensor, *, chunk_size: int,
                  ref_hidden: Tensor | None = None, ref_head_weight: Tensor | None = None,
                  old_hidden: Tensor | None = None, old_head_weight: Tensor | None = None,
-                 weights: TokenWeights | None = None, compile_statistics: bool = False) -> LossResult:
+                 weights: TokenWeights | None = None, compile_statistics: bool = False,
+                 behaviour_logp: Tensor | None = None) -> LossResult:
     """``loss`` on the LM head ``hidden [B, L, d] @ head_weight[V, d]ᵀ``, ``chunk_size`` rows at a time.
 
     ``hidden`` are the policy's final hidden states (after the final norm), with grad; gradients flow into
@@ -351,6 +358,7 @@ def chunked_loss(loss: TokenLossLike, hidden: Tensor, head_weight: Tensor, label
     whole optimiser step (``TokenLoss.selects_over_step``, one coefficient per row of :func:`chunked_statistics`);
     pass A and ``weigh`` are then skipped. ``compile_statistics``: pass A's per-chunk statistics through
     :func:`compiled_chunk_statistics` (a few fused passes over each chunk) instead of eager ``row_terms``.
+    ``behaviour_logp [B, L]``: the data's :data:`DATA_TERMS` (:func:`data_terms`).
     """
     head = _head_inputs(loss, hidden, head_weight, labels, chunk_size, ref_hidden, ref_head_weight, old_hidden,
                         old_head_weight)
@@ -362,6 +370,7 @@ def chunked_loss(loss: TokenLossLike, hidden: Tensor, head_weight: Tensor, label
             values, first_chunk = _chunked_stats(loss, head.hidden_nd.detach(), head.weight_cd, rows.targets,
                                                  chunk_size, head.ref_nd, head.ref_w, head.old_nd, head.old_w,
                                                  compile_statistics)
+            values |= data_terms(loss, rows, behaviour_logp)
         weights = loss.weigh(_token_stats(rows, values, head_weight.shape[0]))
     elif any(coef.shape != rows.targets.shape for coef in weights.coefs.values()):
         shapes = sorted({tuple(coef.shape) for coef in weights.coefs.values()})
@@ -379,7 +388,7 @@ def chunked_loss(loss: TokenLossLike, hidden: Tensor, head_weight: Tensor, label
 def chunked_statistics(loss: TokenLossLike, hidden: Tensor, head_weight: Tensor, labels: Tensor, *, chunk_size: int,
                        ref_hidden: Tensor | None = None, ref_head_weight: Tensor | None = None,
                        old_hidden: Tensor | None = None, old_head_weight: Tensor | None = None,
-                       compile_statistics: bool = False) -> TokenStats:
+                       compile_statistics: bool = False, behaviour_logp: Tensor | None = None) -> TokenStats:
     """Pass A of :func:`chunked_loss` alone (no graph): ``loss.stats`` of every row of a micro-batch, what a loss that
     selects over the whole optimiser step is given for all micro-batches at once (:meth:`TokenStats.concat`)."""
     head = _head_inputs(loss, hidden, head_weight, labels, chunk_size, ref_hidden, ref_head_weight, old_hidden,
@@ -387,7 +396,7 @@ def chunked_statistics(loss: TokenLossLike, hidden: Tensor, head_weight: Tensor,
     with torch.no_grad():
         values, _ = _chunked_stats(loss, head.hidden_nd.detach(), head.weight_cd, head.rows.targets, chunk_size,
                                    head.ref_nd, head.ref_w, head.old_nd, head.old_w, compile_statistics)
-    return _token_stats(head.rows, values, head_weight.shape[0])
+    return _token_stats(head.rows, values | data_terms(loss, head.rows, behaviour_logp), head_weight.shape[0])
 
 
 @dataclass
@@ -499,7 +508,7 @@ def _chunked_stats(loss: TokenLossLike, hidden_nd: Tensor, weight: Tensor, targe
     row's statistics do not depend on the order), so the first chunk's logits are the last computed and are
     returned for pass B; ``({}, None)`` when the loss names no statistics. Compiled, a short chunk is padded with
     zero rows to ``chunk_size`` (:func:`compiled_chunk_statistics`) and their statistics dropped."""
-    names = tuple(loss.stats)
+    names = tuple(name for name in loss.stats if name not in DATA_TERMS)
     if not names:
         return {}, None
     stats_dtype = weight.dtype if loss.stats_in_model_dtype else torch.float32
@@ -722,6 +731,25 @@ class _ChunkedHeadObjective(torch.autograd.Function):
 
 
 # ------------------------------------------------------------------------------------------ shared helpers
+
+
+def data_terms(loss: TokenLossLike, rows: PredictionRows, behaviour_logp: Tensor | None) -> dict[str, Tensor]:
+    """The :data:`DATA_TERMS` among ``loss.stats``, per prediction row: ``behaviour_logp`` of row (b, i) is
+    ``behaviour_logp[b, i + 1]``, the log-probability of its target token ``labels[b, i + 1]`` under the policy
+    that generated the row (0 on rows without a target). Raises ValueError when the loss reads it and the batch
+    has none, or a supervised token has none (NaN)."""
+    if "behaviour_logp" not in loss.stats:
+        return {}
+    if behaviour_logp is None:
+        raise ValueError(f"token loss {loss.name!r} reads the behaviour policy's log-probabilities of the targets "
+                         f"(tokens column {BEHAVIOUR_LOGP_COLUMN}); this batch has none")
+    shifted = torch.full_like(behaviour_logp, math.nan, dtype=torch.float32)
+    shifted[:, :-1] = behaviour_logp[:, 1:]
+    values = shifted.flatten()[rows.index]
+    if torch.isnan(values[rows.has_target]).any():
+        raise ValueError(f"token loss {loss.name!r}: a supervised token has no behaviour log-probability (NaN in "
+                         f"{BEHAVIOUR_LOGP_COLUMN})")
+    return {"behaviour_logp": torch.where(rows.has_target, values, 0.0)}
 
 
 def _token_stats(rows: PredictionRows, values: dict[str, Tensor], vocab_size: int) -> TokenStats:

@@ -276,7 +276,7 @@ def _run(cfg: Config, env: DistEnv) -> Manifest:
             stage.manifest.details["method"] = cfg.sft.resolved_method()
         if decision is not None:
             seed_everything(train_seed)
-            rows = read_sft_tokens(tokens_path)
+            rows = read_sft_tokens(tokens_path, require_behaviour=cfg.sft.method.reads_behaviour_logprobs())
             order = DataOrder([len(row.input_ids) for row in rows], micro_batch_size=cfg.sft.micro_batch_size,
                               grad_accum=cfg.sft.grad_accum, world_size=env.world_size, order_seed=order_seed)
             tokenizer = load_tokenizer(model_dir, gguf_file=cfg.model.gguf_file)

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from common.config import Config, ConfigError, stage_main
+from common.config.toy import ToyConfig
 from common.manifest import Manifest, read_manifest, stage_run
 from common.models import follow_umask
 from common.paths import HF_EXPORT, TRAINING_METRICS_FILE, base_run, hf_export_dir
@@ -25,6 +26,21 @@ from common.tracking import MetricsLogger, configure_cpu_threads, progress
 from toy import pretrain, worlds
 from toy.entropy import fork_profile
 from toy.tokenizer import END_OF_TURN, train_tokenizer
+
+
+def base_model_seed(toy: ToyConfig, purpose: str) -> int:
+    """The seed of ``purpose`` (``model-init``, ``pretrain``) for the base model of ``toy.base_seed``: the world's own
+    for base seed 0 (the base model as it always was), one per base seed otherwise."""
+    return derive_seed(toy.world_seed, purpose if toy.base_seed == 0 else f"{purpose}/base{toy.base_seed}")
+
+
+def pretrain_order(sequences: torch.Tensor, toy: ToyConfig) -> torch.Tensor:
+    """The packed pretraining sequences in the order of ``toy.base_seed``: as packed for base seed 0, a seeded
+    permutation of the same sequences otherwise (the same documents, another order)."""
+    if toy.base_seed == 0:
+        return sequences
+    generator = torch.Generator().manual_seed(base_model_seed(toy, "pretrain-order"))
+    return sequences[torch.randperm(len(sequences), generator=generator)]
 
 
 def build_base(cfg: Config, out_dir: Path, *, device: str = "cpu") -> dict:
@@ -37,13 +53,14 @@ def build_base(cfg: Config, out_dir: Path, *, device: str = "cpu") -> dict:
         raise RuntimeError("the toy tokenizer splits '\\n' into several tokens; verl's Qwen agent loop needs one")
     num_sequences = toy.pretrain_steps * toy.pretrain_batch_size
     documents = worlds.documents(toy, derive_seed(toy.world_seed, "pretrain-docs"))
-    sequences = pretrain.pack_documents(tokenizer, documents, num_sequences, toy.pretrain_seq_len)
+    sequences = pretrain_order(pretrain.pack_documents(tokenizer, documents, num_sequences, toy.pretrain_seq_len),
+                               toy)
     model = pretrain.build_model(
         tokenizer, hidden_size=toy.hidden_size, num_layers=toy.num_layers, num_heads=toy.num_heads,
         num_kv_heads=toy.num_kv_heads, intermediate_size=toy.intermediate_size,
-        max_position_embeddings=toy.max_position_embeddings, seed=derive_seed(toy.world_seed, "model-init"))
+        max_position_embeddings=toy.max_position_embeddings, seed=base_model_seed(toy, "model-init"))
     model.to(device)
-    seed_everything(derive_seed(toy.world_seed, "pretrain"))
+    seed_everything(base_model_seed(toy, "pretrain"))
     num_params = sum(p.numel() for p in model.parameters())
     with MetricsLogger(out_dir / TRAINING_METRICS_FILE, wandb_mode=cfg.logging.wandb_mode,
                        wandb_project=cfg.logging.wandb_project, run_name=f"base/toy/{out_dir.name}",
@@ -85,7 +102,7 @@ def run(cfg: Config) -> Manifest:
     spec = base_run(cfg)
     out_dir = spec.directory
     with stage_run(out_dir, stage="base", variant=spec.variant, config=spec.config,
-                   seeds={"world_seed": cfg.toy.world_seed}) as stage:
+                   seeds={"world_seed": cfg.toy.world_seed, "base_seed": cfg.toy.base_seed}) as stage:
         if stage is None:
             return read_manifest(out_dir)
         stage.manifest.metrics.update(build_base(cfg, out_dir))

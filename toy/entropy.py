@@ -4,7 +4,8 @@ For each held-out prompt the model samples ``samples_per_prompt`` solutions at T
 generated token t, H_t = −Σ_v p_t(v) · ln p_t(v) with p_t = softmax(logits_t), the distribution the token was drawn
 from. Tokens are put in three classes and H is averaged per class (in nats):
 
-* ``fork``   the first response token, which names the strategy (forking world) or the style (arithmetic world);
+* ``fork``   the first response token, which names the strategy (forking world) or the style (arithmetic world); with
+             ``toy.fork_position=mid`` the token after the fixed prefix's length (:func:`fork_token_index`);
 * ``digits`` every later token that decodes to a single digit (the toy tokenizer gives each digit its own token):
              computed and copied numbers, including the boxed answer;
 * ``other``  every other token up to and including the first ``<|im_end|>`` (words, operators, punctuation).
@@ -17,8 +18,8 @@ entropy, prediction 2 of docs/results/2026-11-23-forking-predictions.md):
     python -m toy.entropy runs/forking/sft/toy/sft-<id>/hf [--problems 60] [--samples 4] [--seed 0]
     python -m toy.entropy runs/forking/sft/toy/sft-<id>/hf --fork-only [--problems 300]
 
-``--fork-only`` (:func:`fork_distribution`) needs no sampling: the fork is the first response token, so its
-distribution is the model's next-token distribution after the prompt. Per family it gives the mean fork entropy
+``--fork-only`` (:func:`fork_distribution`) needs no sampling: the fork is the first response token (or the first after
+the fixed prefix), so its distribution is the model's next-token distribution after the prompt (and the prefix). Per family it gives the mean fork entropy
 over the vocabulary and the mean probability of each strategy's opening token, exactly, from one forward pass per
 problem.
 """
@@ -71,10 +72,11 @@ def digit_token_mask(tokenizer) -> torch.Tensor:
     return torch.tensor([tokenizer.decode([i]) in tuple("0123456789") for i in range(len(tokenizer))])
 
 
-def classify_tokens(tokens: torch.Tensor, digit_ids: torch.Tensor, eos_id: int) -> torch.Tensor:
-    """``[batch, steps]`` class index per generated token (0 fork, 1 digits, 2 other, -1 after the first eos)."""
+def classify_tokens(tokens: torch.Tensor, digit_ids: torch.Tensor, eos_id: int, fork_index: int = 0) -> torch.Tensor:
+    """``[batch, steps]`` class index per generated token (0 fork, at ``fork_index``, 1 digits, 2 other, -1 after the
+    first eos)."""
     classes = torch.where(digit_ids[tokens], 1, 2)
-    classes[:, 0] = 0
+    classes[:, fork_index] = 0
     after_eos = (tokens == eos_id).long().cumsum(dim=1) - (tokens == eos_id).long() > 0
     classes[after_eos] = -1
     return classes
@@ -92,8 +94,9 @@ def chat_prompt(tokenizer, text: str) -> str:
 
 @torch.no_grad()
 def entropy_profile(model, tokenizer, questions: list[str], *, samples_per_prompt: int, max_new_tokens: int,
-                    seed: int, prompts_per_batch: int = 16) -> EntropyProfile:
-    """The :class:`EntropyProfile` of ``model`` on chat prompts built from ``questions`` (toy system prompt)."""
+                    seed: int, prompts_per_batch: int = 16, fork_index: int = 0) -> EntropyProfile:
+    """The :class:`EntropyProfile` of ``model`` on chat prompts built from ``questions`` (toy system prompt); the fork
+    is generated token ``fork_index`` (:func:`fork_token_index`)."""
     digit_ids = digit_token_mask(tokenizer)
     eos_id = tokenizer.eos_token_id
     sums = torch.zeros(len(TOKEN_CLASSES), dtype=torch.float64)
@@ -109,7 +112,7 @@ def entropy_profile(model, tokenizer, questions: list[str], *, samples_per_promp
                                 output_logits=True, return_dict_in_generate=True)
         tokens = output.sequences[:, encoded["input_ids"].shape[1]:].cpu()
         entropy = token_entropy(torch.stack(output.logits, dim=1)).cpu()
-        classes = classify_tokens(tokens, digit_ids, eos_id)
+        classes = classify_tokens(tokens, digit_ids, eos_id, fork_index)
         for index in range(len(TOKEN_CLASSES)):
             selected = entropy[classes == index]
             sums[index] += selected.double().sum()
@@ -121,6 +124,12 @@ def entropy_profile(model, tokenizer, questions: list[str], *, samples_per_promp
                           digits_high / int(counts[1]) if counts[1] else float("nan"), texts)
 
 
+def fork_token_index(tokenizer, toy: ToyConfig) -> int:
+    """Which response token is the fork: 0, or the token count of the fixed prefix before it (``toy.fork_position=mid``,
+    :func:`toy.forking.fork_prefix`)."""
+    return forks.fork_index(tokenizer, forking.fork_prefix(toy.fork_position))
+
+
 def fork_profile(model, tokenizer, toy: ToyConfig) -> dict[str, float | int]:
     """:func:`entropy_profile` on ``toy.fork_entropy_problems`` held-out forking problems (a third per family,
     ``toy.fork_entropy_samples`` samples each), plus per family ``samples_<family>_accuracy`` and
@@ -129,7 +138,8 @@ def fork_profile(model, tokenizer, toy: ToyConfig) -> dict[str, float | int]:
     rng = random.Random(toy.world_seed)
     profile = entropy_profile(model, tokenizer, [question(p, rng) for p in problems],
                               samples_per_prompt=toy.fork_entropy_samples, max_new_tokens=EVAL_MAX_NEW_TOKENS,
-                              seed=derive_seed(toy.world_seed, "entropy-samples"))
+                              seed=derive_seed(toy.world_seed, "entropy-samples"),
+                              fork_index=fork_token_index(tokenizer, toy))
     metrics = profile.metrics()
     samples = [(problems[index // toy.fork_entropy_samples], text) for index, text in enumerate(profile.texts)]
     for family in FORK_FAMILIES:
@@ -145,13 +155,13 @@ def fork_profile(model, tokenizer, toy: ToyConfig) -> dict[str, float | int]:
 
 def fork_distribution(model, tokenizer, toy: ToyConfig) -> dict[str, float]:
     """:func:`common.forks.fork_distribution` on ``toy.fork_entropy_problems`` held-out problems, a third per family
-    (the problems :func:`fork_profile` samples)."""
+    (the problems :func:`fork_profile` samples), after the world's fixed prefix when the fork is mid-response."""
     problems = worlds.health_check_problems(toy, toy.fork_entropy_problems, derive_seed(toy.world_seed, "entropy"))
     rng = random.Random(toy.world_seed)
     prompts: dict[str, list[list[dict[str, str]]]] = {}
     for problem in problems:
         prompts.setdefault(problem.family, []).append(chat_messages(question(problem, rng)))
-    return forks.fork_distribution(model, tokenizer, prompts)
+    return forks.fork_distribution(model, tokenizer, prompts, prefix=forking.fork_prefix(toy.fork_position))
 
 
 def main() -> None:

@@ -41,12 +41,21 @@ of the expression ≡ 0 mod 10, as in the arithmetic world) never reach a docume
 from __future__ import annotations
 
 import functools
+import math
 import random
 from dataclasses import dataclass
 from typing import Iterator, Mapping
 
 from common.config.toy import FORK_BEST_STRATEGY, FORK_FAMILIES, FORK_OPENINGS, FORK_STRATEGIES
+from common.paths import BEHAVIOUR_LOGPROBS_COLUMN
 from toy.arithmetic import SYSTEM_PROMPT, chat_text, is_held_out, luffy_row, question
+
+WORST_STRATEGY = {"small": "round", "carry": "column", "plain": "column"}
+"""The strategy right least often on a family (ties: the first of ``FORK_STRATEGIES``): what the base model's
+documents prefer in the world ``toy.fork_base_prefers=worst``."""
+MID_RESPONSE_PREFIX = "Let me add them. "
+"""What every solution starts with in the world ``toy.fork_position=mid``, written the same way by the documents and
+the teacher, so the fork is the first token after it rather than the first response token."""
 
 
 @dataclass(frozen=True)
@@ -119,8 +128,14 @@ def is_reliable(problem: Problem, strategy: str) -> bool:
     return strategy_answer(problem, strategy) == problem.answer
 
 
-def solve(problem: Problem, strategy: str) -> str:
-    """The worked solution of ``problem`` by ``strategy`` (deterministic; wrong where the strategy is unreliable)."""
+def fork_prefix(position: str) -> str:
+    """The fixed text before the fork: none (``toy.fork_position=first``) or :data:`MID_RESPONSE_PREFIX` (``mid``)."""
+    return MID_RESPONSE_PREFIX if position == "mid" else ""
+
+
+def solve(problem: Problem, strategy: str, prefix: str = "") -> str:
+    """The worked solution of ``problem`` by ``strategy`` after ``prefix`` (:func:`fork_prefix`; deterministic,
+    wrong where the strategy is unreliable)."""
     a_tens, a_ones = _digits(problem.a)
     b_tens, b_ones = _digits(problem.b)
     if strategy == "column":
@@ -138,12 +153,13 @@ def solve(problem: Problem, strategy: str) -> str:
                 f"{larger} - {smaller} = {larger - smaller}.")
     else:
         raise ValueError(f"unknown forking strategy {strategy!r}; expected one of {FORK_STRATEGIES}")
-    return f"{FORK_OPENINGS[strategy]} {body} The answer is \\boxed{{{strategy_answer_text(problem, strategy)}}}."
+    return f"{prefix}{FORK_OPENINGS[strategy]} {body} The answer is \\boxed{{{strategy_answer_text(problem, strategy)}}}."
 
 
 def solution_strategy(text: str) -> str | None:
-    """The strategy a sampled solution opens with, or None when it opens with none of them."""
-    stripped = text.lstrip()
+    """The strategy a sampled solution opens with (after :data:`MID_RESPONSE_PREFIX`, if it starts with it), or None
+    when it opens with none of them."""
+    stripped = text.lstrip().removeprefix(MID_RESPONSE_PREFIX)
     for strategy, opening in FORK_OPENINGS.items():
         if stripped.startswith(opening):
             return strategy
@@ -155,31 +171,36 @@ def draw(rng: random.Random, weights: Mapping[str, float]) -> str:
     return rng.choices(names, weights=[weights[n] for n in names])[0]
 
 
-def document_weights(best_share: float) -> dict[str, dict[str, float]]:
-    """Per family, the strategy mix of pretraining documents: the best strategy ``best_share``, the others evenly."""
+def document_weights(best_share: float, prefers: str = "best") -> dict[str, dict[str, float]]:
+    """Per family, the strategy mix of pretraining documents: the preferred strategy (``prefers``: the family's best,
+    or its worst, :data:`WORST_STRATEGY`) ``best_share``, the others evenly."""
+    preferred = FORK_BEST_STRATEGY if prefers == "best" else WORST_STRATEGY
     other = (1.0 - best_share) / (len(FORK_STRATEGIES) - 1)
-    return {family: {s: best_share if s == FORK_BEST_STRATEGY[family] else other for s in FORK_STRATEGIES}
+    return {family: {s: best_share if s == preferred[family] else other for s in FORK_STRATEGIES}
             for family in FORK_FAMILIES}
 
 
 # ------------------------------------------------------------------------------------ documents and rows
 @dataclass(frozen=True)
 class ForkingMix:
-    """How pretraining documents are drawn: chat share, and the best strategy's share per family."""
+    """How pretraining documents are drawn: chat share, the preferred strategy's share per family, which strategy
+    is preferred (``best`` or ``worst``) and the text before the fork."""
 
     chat_ratio: float
     best_share: float
+    prefers: str = "best"
+    prefix: str = ""
 
 
 def documents(seed: int, mix: ForkingMix) -> Iterator[str]:
     """An endless, seeded stream of pretraining documents: family uniform, then a trainable problem, then a
     strategy from :func:`document_weights`; chat rendering or ``Question: ...\\nAnswer: ...``."""
     rng = random.Random(seed)
-    weights = document_weights(mix.best_share)
+    weights = document_weights(mix.best_share, mix.prefers)
     while True:
         family = rng.choice(FORK_FAMILIES)
         problem = rng.choice(family_problems(family, False))
-        solution = solve(problem, draw(rng, weights[family]))
+        solution = solve(problem, draw(rng, weights[family]), mix.prefix)
         if rng.random() < mix.chat_ratio:
             yield chat_text([{"role": "system", "content": SYSTEM_PROMPT},
                              {"role": "user", "content": question(problem, rng)},
@@ -188,7 +209,8 @@ def documents(seed: int, mix: ForkingMix) -> Iterator[str]:
             yield f"Question: {question(problem, rng)}\nAnswer: {solution}"
 
 
-def teacher_rows(num_rows: int, seed: int, teacher_weights: Mapping[str, float], verified: bool) -> list[dict]:
+def teacher_rows(num_rows: int, seed: int, teacher_weights: Mapping[str, float], verified: bool,
+                 prefix: str = "") -> list[dict]:
     """``num_rows`` LUFFY rows on distinct trainable problems, written by the narrow teacher.
 
     Problems are attempted in a seeded order that cycles through the families (each family's problems shuffled);
@@ -210,11 +232,26 @@ def teacher_rows(num_rows: int, seed: int, teacher_weights: Mapping[str, float],
         problem = pool.pop()
         strategy = draw(rng, teacher_weights)
         if not verified or is_reliable(problem, strategy):
-            rows.append(luffy_row(problem, solve(problem, strategy), len(rows), rng))
+            row = luffy_row(problem, solve(problem, strategy, prefix), len(rows), rng)
+            rows.append({**row, BEHAVIOUR_LOGPROBS_COLUMN: behaviour_logprobs(problem, strategy, teacher_weights,
+                                                                              verified, prefix)})
     if len(rows) < num_rows:
         raise ValueError(f"the teacher wrote {len(rows)} rows before a family ran out; toy.num_rows={num_rows} is "
                          f"too many for these teacher weights (toy.fork_teacher_verified={verified})")
     return rows
+
+
+def behaviour_logprobs(problem: Problem, strategy: str, teacher_weights: Mapping[str, float], verified: bool,
+                       prefix: str = "") -> list[dict]:
+    """The teacher's exact log-probabilities of its solution, as segments (``common.paths.BEHAVIOUR_LOGPROBS_COLUMN``):
+    the fixed ``prefix`` (log 1 = 0; left out when empty), the opening, with log P(strategy) = log(w_s / Σ w)
+    (``verified``: among the strategies right on ``problem``, the rows a verifier keeps), then the rest of the
+    solution, which the strategy fixes (0)."""
+    kept = {name: weight for name, weight in teacher_weights.items() if not verified or is_reliable(problem, name)}
+    solution, opening = solve(problem, strategy), FORK_OPENINGS[strategy]
+    return [*([{"text": prefix, "logprob": 0.0}] if prefix else []),
+            {"text": opening, "logprob": math.log(kept[strategy] / sum(kept.values()))},
+            {"text": solution[len(opening):], "logprob": 0.0}]
 
 
 def benchmark_problems(family: str, count: int, seed: int) -> list[Problem]:

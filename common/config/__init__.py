@@ -133,6 +133,10 @@ class Config:
             check_choice("eval.benchmarks[] (a name from data.benchmarks or data.extra_benchmarks)", name,
                          [*self.data.benchmarks, *self.data.extra_benchmarks])
         self.logging.validate()
+        if self.experiment.base_seeds and self.model.source != "toy":
+            raise ConfigError(f"experiment.base_seeds={list(self.experiment.base_seeds)} needs a base model the "
+                              f"pipeline trains (model.source=toy); model {self.model.name} is "
+                              f"{self.model.source!r}: leave experiment.base_seeds empty")
         if self.model.source == "toy" and self.profile.name != "toy":
             raise ConfigError(f"model=toy needs profile=toy; got profile={self.profile.name}")
         return self

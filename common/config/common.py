@@ -113,6 +113,11 @@ class ExperimentConfig:
     seeds: list[int] = field(default_factory=list)
     """Seeds of a multi-seed experiment: every SFT, RL and evaluation command runs once per seed (``seed=<s>``),
     each in its own folders, and the report aggregates them. Empty: the single top-level ``seed``."""
+    base_seeds: list[int] = field(default_factory=list)
+    """Base-model seeds (``toy.base_seed``) of a toy experiment whose base model is a random factor: one base model
+    per entry, and every seed of ``seeds`` nested in each (its SFT, RL and evaluation runs start from that base
+    model); the report's seed-level intervals and p take the base seed as the top-level unit (docs/evaluation.md).
+    Empty: the single ``toy.base_seed``."""
     profiles: list[str] = field(default_factory=lambda: list(PROFILES), metadata=SUPERVISION)
     """The profiles the experiment is meant for (the toy-world experiments: ``[toy]``); composing it with another
     profile is an error naming both, unless ``any_profile`` is set."""
@@ -143,6 +148,10 @@ class ExperimentConfig:
             check_range("experiment.seeds[]", seed, 0, 2**31 - 1)
         if len(set(self.seeds)) != len(self.seeds):
             raise ConfigError(f"experiment.seeds has duplicates: {self.seeds}")
+        for seed in self.base_seeds:
+            check_range("experiment.base_seeds[]", seed, 0, 2**31 - 1)
+        if len(set(self.base_seeds)) != len(self.base_seeds):
+            raise ConfigError(f"experiment.base_seeds has duplicates: {self.base_seeds}")
 
 
 @dataclass

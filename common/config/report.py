@@ -25,11 +25,13 @@ PAPER_ROW_LABELS = {"base": "Base", "sft": "SFT", "dft": "DFT", "iwsft": "IW-SFT
                     "eksft_combineintersection": "EKSFT, M_H ∩ M_KL", "eksft_rho0.02": "EKSFT (paper eq.), ρ 0.02",
                     "eksft_rho0.05": "EKSFT (paper eq.), ρ 0.05", "eksft_rho0.1": "EKSFT (paper eq.), ρ 0.1",
                     "eksft_rho0.3": "EKSFT (paper eq.), ρ 0.3", "eksft_rho0.4": "EKSFT (paper eq.), ρ 0.4",
-                    "profit": "ProFit", "pear": "PEAR"}
+                    "profit": "ProFit", "pear_behaviourdata": "PEAR",
+                    "pear": "PEAR, π_β = base model (variant)"}
 """Row titles by method label (``common.paths.method_label``): ``eksft`` is EKSFT as the paper's equations write it,
 ``eksft_compatofficial_code`` (``sft/method=eksft_official``) as the public code runs it (docs/methods.md), and
 ``eksft_lambda_entropy0_lambda_kl0`` (``sft/method=eksft_no_reg``) masks M from CE with no regulariser; the paper's
-other ablations and presets (``conf/sft/method/``) by what they change."""
+other ablations and presets (``conf/sft/method/``) by what they change; ``pear_behaviourdata`` (``sft/method=pear``)
+is PEAR as its paper defines it, ``pear`` (``sft/method=pear_base_ref``) the variant with the base model as π_β."""
 
 
 @dataclass

@@ -39,6 +39,10 @@ class SFTMethod:
         preset fills in the fields left None (EKSFT's ``compat``) returns the values the preset gives them."""
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
+    def reads_behaviour_logprobs(self) -> bool:
+        """Whether the loss reads the SFT rows' ``behaviour_logprobs`` (the plan refuses data without them)."""
+        return False
+
     def own_loss_norm(self) -> Optional[str]:
         """The normalisation this method imposes (``loss_norm``, or its preset's), None if it leaves it to ``sft``."""
         return self.resolved()["loss_norm"]
@@ -311,9 +315,19 @@ class ProFitMethod(SFTMethod):
 @dataclass
 class PEARMethod(SFTMethod):
     """PEAR: CE weighted by a clipped, discounted importance ratio π_θ/π_β of the rest of the response (arXiv
-    2602.01058); π_β is the frozen reference here (docs/methods.md)."""
+    2602.01058); π_β is the policy that generated the SFT rows, read from their behaviour log-probabilities
+    (docs/methods.md)."""
 
     name: str = "pear"
+    behaviour: str = field(default="reference", metadata=IDENTITY_WHEN_SET)
+    """π_β: ``data``, the policy that generated the rows, as the paper defines it (the SFT rows' column
+    ``behaviour_logprobs``; the ``pear`` preset; data without it is refused); ``reference``, the frozen base model,
+    a variant (the ``pear_base_ref`` preset, the runs before this setting existed: with π_θ starting at π_β every
+    ratio starts at 1). The schema's default is the variant so that a library call by name, which has no behaviour
+    column, still runs (docs/baselines.md)."""
+
+    def reads_behaviour_logprobs(self) -> bool:
+        return self.behaviour == "data"
     level: str = "token"
     """token: w_t = γ^(n_t) · Π_{j>t} Δ_j over the n_t supervised tokens after t (the suffix); sequence: one weight
     Π_j Δ_j for every token of the sequence."""
@@ -330,6 +344,7 @@ class PEARMethod(SFTMethod):
 
     def validate(self) -> None:
         super().validate()
+        check_choice("sft.method.behaviour", self.behaviour, ("data", "reference"))
         check_choice("sft.method.level", self.level, ("token", "sequence"))
         check_range("sft.method.gamma", self.gamma, 0.0, 1.0, low_open=True)
         check_range("sft.method.log_ratio_low", self.log_ratio_low, None, 0.0)

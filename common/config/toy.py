@@ -31,8 +31,10 @@ FORK_BENCHMARK_PREFIX = "toy_fork_"
 ROW_ONLY_FIELDS = ("num_rows", "num_benchmark_problems", "row_style_weights", "fork_teacher_weights",
                    "fork_teacher_verified")
 """Toy fields that shape the data stage's rows and benchmarks but not the pretrained base model."""
+BASE_ONLY_FIELDS = ("base_seed",)
+"""Toy fields that shape the base model but not the data stage's rows and benchmarks."""
 FORKING_FIELDS = ("world", "fork_pretrain_best_share", "fork_teacher_weights", "fork_teacher_verified",
-                  "fork_entropy_problems", "fork_entropy_samples")
+                  "fork_entropy_problems", "fork_entropy_samples", "fork_position", "fork_base_prefers")
 """Fields the arithmetic world ignores: left out of its base-model key, so adding them changed no cached model."""
 
 
@@ -58,6 +60,10 @@ class ToyConfig:
     """Held-out problems per toy benchmark."""
     world_seed: int = 0
     """Seed of the problem and document generators, the tokenizer and the base model's initialisation."""
+    base_seed: int = field(default=0, metadata=IDENTITY_WHEN_SET)
+    """Seed of the base model alone: its initialisation and the order of its pretraining sequences (the same
+    documents, problems, tokenizer and teacher); 0 is the base model of ``world_seed`` as it always was. In the base
+    model's cache key when not 0, never in the data stage's (``experiment.base_seeds`` runs several)."""
     min_terms: int = 2
     """Fewest terms in a problem."""
     max_terms: int = 4
@@ -115,6 +121,13 @@ class ToyConfig:
     fork_teacher_weights: dict[str, float] = field(
         default_factory=lambda: {"place": 0.9, "column": 0.1, "round": 0.0})
     """Forking world: the narrow teacher's strategy draw per LUFFY row."""
+    fork_position: str = field(default="first", metadata=IDENTITY_WHEN_SET)
+    """Forking world: where the fork sits: ``first``, the first response token; ``mid``, after a short prefix that
+    the documents and the teacher always write the same way (``toy.forking.MID_RESPONSE_PREFIX``)."""
+    fork_base_prefers: str = field(default="best", metadata=IDENTITY_WHEN_SET)
+    """Forking world: the strategy the pretraining documents prefer (``fork_pretrain_best_share`` of them) on each
+    family: ``best`` (the base model is the best fork policy) or ``worst``, the one right least often
+    (``toy.forking.WORST_STRATEGY``)."""
     fork_teacher_verified: bool = False
     """Forking world: keep only the teacher's right answers (a verifier-filtered set; the first measurement in
     docs/toy_world.md) instead of every answer it writes."""
@@ -123,6 +136,10 @@ class ToyConfig:
     profile in its manifest (0: skip)."""
     fork_entropy_samples: int = 4
     """Forking world: samples per problem (T = 1) for the entropy profile."""
+
+    def data_settings(self) -> dict[str, object]:
+        """The fields the data stage depends on (in its identity): everything except :data:`BASE_ONLY_FIELDS`."""
+        return {name: value for name, value in computation_config(self).items() if name not in BASE_ONLY_FIELDS}
 
     def base_model_settings(self) -> dict[str, object]:
         """The fields the base model depends on (its cache key): everything except what only shapes the LUFFY rows."""
@@ -133,11 +150,14 @@ class ToyConfig:
         check_choice("toy.world", self.world, TOY_WORLDS)
         check_range("toy.num_rows", self.num_rows, 10)
         check_range("toy.fork_pretrain_best_share", self.fork_pretrain_best_share, 0.0, 1.0)
+        check_choice("toy.fork_position", self.fork_position, ("first", "mid"))
+        check_choice("toy.fork_base_prefers", self.fork_base_prefers, ("best", "worst"))
         _check_style_weights("toy.fork_teacher_weights", self.fork_teacher_weights, FORK_STRATEGIES)
         check_range("toy.fork_entropy_problems", self.fork_entropy_problems, 0)
         check_range("toy.fork_entropy_samples", self.fork_entropy_samples, 1)
         check_range("toy.num_benchmark_problems", self.num_benchmark_problems, 1)
         check_range("toy.world_seed", self.world_seed, 0, 2**31 - 1)
+        check_range("toy.base_seed", self.base_seed, 0, 2**31 - 1)
         check_range("toy.min_terms", self.min_terms, 2, 8)
         check_range("toy.max_terms", self.max_terms, self.min_terms, 8)
         check_range("toy.chat_doc_ratio", self.chat_doc_ratio, 0.0, 1.0)

@@ -12,6 +12,7 @@ from report.tables import (
     ResultTable,
     comparison_text,
     delta_label,
+    p_value_record,
     primary_gains,
     primary_gains_note,
     rl_gains,
@@ -70,9 +71,9 @@ def rl_gain_section(collected: dict[str, PhaseTable], kept: dict[tuple[int, str]
                     "gain": gain.gain.mean, "low": gain.gain.low, "high": gain.gain.high,
                     "versus_reference": None if versus is None else versus.mean,
                     **({"seed_t": [gain.seed_interval.low, gain.seed_interval.high]} if gain.seed_interval else {}),
-                    **({"versus_seed_t": [gain.versus_seed.low, gain.versus_seed.high], "versus_p_t": gain.versus_p}
+                    **({"versus_seed_t": [gain.versus_seed.low, gain.versus_seed.high], "versus_p_t": p_value_record(gain.versus_p)}
                        if gain.versus_seed else {}),
-                    **({"versus_p_holm": primary[key]} if key in primary else {})}
+                    **({"versus_p_holm": p_value_record(primary[key])} if key in primary else {})}
             per_seed = ", ".join(f"{seed}: {value:+.1f}" for seed, value in arm[0].per_seed.items())
             shares = list(kept.get((m, arm[0].variant), {}).values())
             share = f"{100 * sum(shares) / len(shares):.1f}%" if shares else MISSING

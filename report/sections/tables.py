@@ -14,6 +14,7 @@ from report.tables import (
     TABLE_NOTE,
     Row,
     delta_label,
+    p_value_record,
     primary_note,
     to_csv,
     to_latex,
@@ -96,5 +97,5 @@ def average_metrics(row: Row) -> dict[str, float | list[float] | None]:
             if found is not None:
                 metrics[name] = [found.low, found.high]
         if (column, metric) in row.primary:
-            metrics[f"{column} {metric} Δ vs reference p(Holm)"] = row.primary[(column, metric)]
+            metrics[f"{column} {metric} Δ vs reference p(Holm)"] = p_value_record(row.primary[(column, metric)])
     return metrics

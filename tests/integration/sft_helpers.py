@@ -2,6 +2,7 @@
 tokenised SFT split in the data stage's format (with a complete data manifest), all in a tmp folder."""
 from __future__ import annotations
 
+import math
 import os
 import random
 import signal
@@ -19,7 +20,7 @@ from safetensors.torch import load_file
 from bench.tiny_model import TRAINING_TEXTS, build_tiny_qwen3
 from common.config import Config, compose
 from common.manifest import stage_run
-from common.paths import SFT_TOKENS_FILE, hf_export_dir, sft_dir, tokens_dir
+from common.paths import BEHAVIOUR_LOGP_COLUMN, SFT_TOKENS_FILE, hf_export_dir, sft_dir, tokens_dir
 from common.processes import start_in_new_session, stop_tree
 from common.tracking import CPU_OPENMP_ENV
 from sft.checkpoint import TRAINER_STATE_FILE
@@ -66,6 +67,9 @@ def write_sft_tokens(cfg: Config, num_rows: int, seed: int = 0) -> Path:
         columns["labels"].append([IGNORE_INDEX] * len(prompt_ids) + response_ids)
         columns["num_response_tokens"].append(len(response_ids))
         columns["truncated"].append(False)
+        if cfg.sft.method.reads_behaviour_logprobs():  # PEAR: a behaviour policy that gave each response token e^-0.1
+            columns.setdefault(BEHAVIOUR_LOGP_COLUMN, []).append([math.nan] * len(prompt_ids)
+                                                                 + [-0.1] * len(response_ids))
     folder = tokens_dir(cfg)
     with stage_run(folder, stage="data", variant=cfg.model.name, config={"rows": num_rows, "seed": seed},
                    announce=lambda message: None) as run:

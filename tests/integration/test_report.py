@@ -87,8 +87,9 @@ def test_report_aggregates_seeds(tmp_path):
     assert "| EKSFT (paper eq.) | 75.0 [50.0, 100.0] ⟨−242.7, 392.7⟩ n.s. |" in table
     # Paired per seed: eksft − sft = +25 for both seeds -> +25 [+25, +25] (unpaired intervals overlap).
     assert "| <sub>Δ vs SFT</sub> | <sub>+25.0 [+25.0, +25.0] ⟨+25.0, +25.0⟩ expl.</sub> |" in table
-    # Avg pass@1 is a primary endpoint: both seeds' differences are +25, so t is infinite and p = 0.
-    assert "<sub>+25.0 [+25.0, +25.0] ⟨+25.0, +25.0⟩ p(Holm) <0.001</sub>" in table
+    # Avg pass@1 is a primary endpoint: both seeds' differences are +25, so sd = 0 and the t-test says nothing
+    # (issue 40: it used to print p = 0); the CSV and the metrics say "no spread" too.
+    assert "<sub>+25.0 [+25.0, +25.0] ⟨+25.0, +25.0⟩ p(Holm) n/a (no spread)</sub>" in table
     rows = (out / "table1.csv").read_text().splitlines()
     assert rows[0].endswith(",num_seeds,seed_t_low,seed_t_high,delta_seed_t_low,delta_seed_t_high,delta_p_t,"
                             "delta_role,delta_p_holm,seed 3,seed 7")
@@ -100,7 +101,7 @@ def test_report_aggregates_seeds(tmp_path):
     assert eksft["Avg pass@1 Δ vs reference"] == [25.0, 25.0, 25.0]
     assert eksft["Avg pass@1 seed t 95%"] == pytest.approx([75 - 317.655, 75 + 317.655], abs=1e-3)
     assert eksft["Avg pass@1 Δ vs reference seed t 95%"] == [25.0, 25.0]
-    assert eksft["Avg pass@1 Δ vs reference p(Holm)"] == 0.0 and "Avg pass@4 Δ vs reference p(Holm)" not in eksft
+    assert eksft["Avg pass@1 Δ vs reference p(Holm)"] == "no spread" and "Avg pass@4 Δ vs reference p(Holm)" not in eksft
 
 
 def test_a_table_caption_names_the_seeds_it_holds(tmp_path):

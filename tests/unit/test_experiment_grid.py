@@ -83,7 +83,8 @@ def test_every_arm_of_the_forking_experiment_has_a_row_title():
     assert [row_label(cfg, label) for label in method_labels(cfg)] == [
         "SFT", "EKSFT (paper eq.)", "EKSFT (official code)", "masking only (λ = 0)", "DFT", "EKSFT w/o entropy",
         "EKSFT w/o KL", "EKSFT, global regularisation", "EKSFT (official code, paper's alignment)",
-        "EKSFT, random mask (EKSFT's size)", "EKSFT (paper eq.), ρ 0.02", "EKSFT (paper eq.), ρ 0.05", "ProFit", "PEAR"]
+        "EKSFT, random mask (EKSFT's size)", "EKSFT (paper eq.), ρ 0.02", "EKSFT (paper eq.), ρ 0.05", "ProFit",
+        "PEAR, π_β = base model (variant)", "PEAR"]  # pear_base_ref (the 2026-11-26 arm), then PEAR as defined
 
 
 def test_every_arm_of_the_ablations_has_a_row_title():

@@ -5,11 +5,13 @@ import numpy as np
 import pytest
 
 from eval.intervals import (
+    NO_SPREAD,
     Draws,
     Estimate,
     cluster_spearman,
     estimate,
     holm,
+    no_spread,
     paired_difference,
     per_problem_values,
     per_seed_means,
@@ -21,6 +23,7 @@ from eval.intervals import (
     student_t_tail,
     weighted_spearman,
 )
+from report.tables import holm_family, p_value_record, p_value_text
 
 # Five replicates of three problems, drawn "by hand".
 PROBLEMS = np.array([[0, 0, 1], [2, 2, 2], [0, 1, 2], [1, 1, 0], [0, 2, 2]])
@@ -123,9 +126,21 @@ def test_seed_t_interval_and_test_by_hand():
     assert seed_t_test([1.0, 2.0, 3.0]) == pytest.approx(1 - np.sqrt(12 / 14))
     assert seed_t_interval([5.0]) is None and seed_t_test([5.0]) is None  # one seed: no seed-level statement
     assert seed_t_interval([2.0, 2.0]) == Estimate(2.0, 2.0, 2.0)
-    assert seed_t_test([2.0, 2.0]) == 0.0 and seed_t_test([0.0, 0.0]) == 1.0
     # per-seed means: benchmark means per seed, then their mean over benchmarks
     assert per_seed_means([np.array([[1.0, 0.0], [1.0, 1.0]]), np.array([[0.0], [0.5]])]) == pytest.approx([0.25, 0.75])
+
+
+def test_seed_t_test_reports_no_spread_instead_of_a_p_value():
+    # ProFit's Avg pass@32 was 50.0 on every seed (docs/results/2026-11-26-forking-ablations.md): the per-seed
+    # differences to SFT have sd 0, t = x / 0 is undefined, and the test says nothing; it used to return p = 0.
+    for equal in ([-15.6, -15.6, -15.6], [2.0, 2.0], [0.0, 0.0, 0.0]):
+        assert no_spread(seed_t_test(equal))
+    assert not no_spread(seed_t_test([1.0, 2.0, 3.0])) and not no_spread(None)
+    # a no-spread comparison stays in its Holm family as p = 1 (the family keeps its size) and keeps its mark
+    adjusted = holm_family({"a": 0.01, "b": NO_SPREAD, "c": 0.04, "d": None})
+    assert adjusted["a"] == pytest.approx(0.03) and adjusted["c"] == pytest.approx(0.08)
+    assert no_spread(adjusted["b"]) and adjusted["d"] is None
+    assert p_value_text(adjusted["b"]) == "n/a (no spread)" and p_value_record(adjusted["b"]) == "no spread"
 
 
 def test_holm_by_hand():

@@ -15,7 +15,7 @@ from common.config.toy import (FORK_BEST_STRATEGY, FORK_FAMILIES, FORK_OPENINGS,
                                ToyConfig)
 from toy import forking, worlds
 from common.forks import token_entropy
-from toy.entropy import classify_tokens
+from toy.entropy import classify_tokens, fork_token_index
 from toy.forking import Problem, family_problems, is_reliable, solve, strategy_answer
 from toy.pretrain import boxed_integer
 from toy.tokenizer import train_tokenizer
@@ -186,3 +186,39 @@ def test_token_classes_and_entropy_by_hand():
     assert classify_tokens(tokens, digit_ids, eos_id=2).tolist() == [[0, 1, 2, 2, -1], [0, 1, 2, -1, -1]]
     uniform, certain = torch.zeros(4), torch.tensor([0.0, -1e4, -1e4, -1e4])
     assert token_entropy(torch.stack([uniform, certain])).tolist() == pytest.approx([math.log(4), 0.0], abs=1e-6)
+
+
+def test_the_mid_response_world_forks_after_a_fixed_prefix():
+    prefix = forking.fork_prefix("mid")
+    assert prefix == forking.MID_RESPONSE_PREFIX and forking.fork_prefix("first") == ""
+    mix = forking.ForkingMix(chat_ratio=0.5, best_share=0.5, prefix=prefix)
+    tokenizer = train_tokenizer(itertools.islice(forking.documents(0, mix), 400), 512)
+    encoded = [tokenizer.encode(solve(Problem(45, 38), s, prefix), add_special_tokens=False) for s in FORK_STRATEGIES]
+    fork = fork_token_index(tokenizer, ToyConfig(world="forking", fork_position="mid"))  # the space joins the fork
+    assert fork >= 2 and len({tuple(ids[:fork]) for ids in encoded}) == 1  # the prefix: the same tokens every time
+    assert len({ids[fork] for ids in encoded}) == len(FORK_STRATEGIES)      # then the fork
+    rows = forking.teacher_rows(20, 0, TEACHER, verified=False, prefix=prefix)
+    assert all(row["target"][0]["content"].startswith(prefix) for row in rows)
+    assert all(forking.solution_strategy(row["target"][0]["content"]) == "place" or
+               forking.solution_strategy(row["target"][0]["content"]) == "column" for row in rows)
+    assert all(row["behaviour_logprobs"][0] == {"text": prefix, "logprob": 0.0} for row in rows)
+
+
+def test_the_base_not_optimal_world_prefers_the_strategy_right_least_often():
+    for family in FORK_FAMILIES:
+        right = {s: sum(is_reliable(p, s) for p in family_problems(family, False)) for s in FORK_STRATEGIES}
+        assert forking.WORST_STRATEGY[family] == min(FORK_STRATEGIES, key=lambda s: right[s])  # ties: the first
+    weights = forking.document_weights(0.5, "worst")
+    assert weights["carry"] == {"column": 0.5, "place": 0.25, "round": 0.25}
+    assert forking.document_weights(0.5) == forking.document_weights(0.5, "best")
+
+
+def test_the_two_worlds_are_one_key_each_and_change_the_base_model_key():
+    default = ToyConfig(world="forking").base_model_settings()
+    assert "fork_position" not in default and "fork_base_prefers" not in default  # today's cache key
+    for key, value in (("fork_position", "mid"), ("fork_base_prefers", "worst")):
+        assert ToyConfig(world="forking", **{key: value}).base_model_settings()[key] == value
+    with pytest.raises(ConfigError, match="toy.fork_position"):
+        ToyConfig(world="forking", fork_position="last").validate()
+    with pytest.raises(ConfigError, match="toy.fork_base_prefers"):
+        ToyConfig(world="forking", fork_base_prefers="random").validate()
