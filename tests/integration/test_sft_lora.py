@@ -13,13 +13,29 @@ the base with the saved adapter.
 """
 from __future__ import annotations
 
+import copy
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from sft_helpers import REPO_ROOT, build_tiny_model, child_env, run_in_session, tiny_overrides
+from safetensors.torch import load_file
+
+from common.config import compose
+from common.manifest import read_manifest
+from common.paths import hf_export_dir, lora_adapter_dir, sft_dir
+from sft.checkpoint import CHECKPOINTS_DIR
+from sft_helpers import (
+    REPO_ROOT,
+    build_tiny_model,
+    child_env,
+    kill_after_checkpoint,
+    prepare_run,
+    run_in_session,
+    run_torchrun,
+    tiny_overrides,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -28,6 +44,9 @@ LORA = {"lora.enabled": "true", "lora.rank": 4, "lora.alpha": 8, "lora.target_mo
 PROBE_IDS = [[5, 17, 42, 3, 99, 7, 64, 12, 31, 8, 77, 150], [9, 4, 200, 18, 66, 2, 13, 95, 120, 45, 6, 30]]
 PROMPT_TOKENS = 4
 STEPS = 3
+NUM_ROWS = 8
+TRAIN = dict(micro_batch_size=2, grad_accum=1, epochs=2, checkpoint_every=1, **LORA)
+"""2 ranks x 1 micro-batch of 2: 2 steps per epoch, 4 steps, a checkpoint after each."""
 
 
 def probe_batch() -> dict[str, torch.Tensor | None]:
@@ -191,6 +210,72 @@ def test_a_checkpoint_restores_every_ranks_adapter_and_optimiser_shards_bitwise(
         assert record["restored_bitwise"]
         policy_keys = [key for key in record["checkpoint_keys"] if key.startswith("policy.")]
         assert len(policy_keys) == 12 and all(".lora_" in key for key in policy_keys)  # never the frozen base
+
+
+@pytest.fixture(scope="module")
+def trained_runs(tmp_path_factory):
+    """EKSFT-LoRA through ``sft.train`` on 2 ranks, 4 steps: uninterrupted, and SIGKILLed after the checkpoint of
+    step 2, then resumed. Returns (uninterrupted config, resumed config, resumed manifest)."""
+    model_dir = build_tiny_model(tmp_path_factory.mktemp("lora_model"))
+    runs = []
+    for name in ("uninterrupted", "killed"):
+        cfg, overrides = prepare_run(tmp_path_factory.mktemp(name), model_dir, NUM_ROWS, "eksft", **TRAIN)
+        runs.append((cfg, [*overrides, "profile.nproc_per_node=2"]))
+    (cfg, overrides), (killed_cfg, killed_overrides) = runs
+    result = run_torchrun(overrides, nproc=2)
+    assert result.returncode == 0, result.stdout[-4000:]
+    killed_cfg = compose(killed_overrides)
+    kill_after_checkpoint(killed_overrides, sft_dir(killed_cfg) / CHECKPOINTS_DIR / "step_000002", nproc=2)
+    assert not read_manifest(sft_dir(killed_cfg)).complete, "the run finished before it was killed"
+    result = run_torchrun(killed_overrides, nproc=2)
+    assert result.returncode == 0, result.stdout[-4000:]
+    return compose(overrides), killed_cfg, read_manifest(sft_dir(killed_cfg))
+
+
+def test_sigkill_and_resume_on_two_ranks_ends_with_the_uninterrupted_adapter_bitwise(trained_runs):
+    cfg, resumed_cfg, manifest = trained_runs
+    assert manifest.complete and 2 <= manifest.details["resumed_from_step"] < 4
+    expected = load_file(lora_adapter_dir(sft_dir(cfg)) / "adapter_model.safetensors")
+    resumed = load_file(lora_adapter_dir(sft_dir(resumed_cfg)) / "adapter_model.safetensors")
+    assert expected.keys() == resumed.keys() and len(expected) == 12
+    assert all(torch.equal(resumed[name], expected[name]) for name in expected)
+    assert all(expected[name].abs().sum() > 0 for name in expected if "lora_B" in name)
+
+
+def test_the_merged_export_loads_in_transformers_and_is_the_base_with_the_adapter(trained_runs):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    _, cfg, manifest = trained_runs
+    assert manifest.details["export"]["max_abs_logprob_diff"] < 1e-5  # the reload against the in-memory model
+    assert {"hf", "adapter"} <= set(manifest.outputs)
+    run_dir = sft_dir(cfg)
+    merged = AutoModelForCausalLM.from_pretrained(hf_export_dir(run_dir), dtype=torch.float32).eval()
+    base = AutoModelForCausalLM.from_pretrained(cfg.model.path, dtype=torch.float32)
+    assert sum(p.numel() for p in merged.parameters()) == sum(p.numel() for p in base.parameters())
+    adapted = PeftModel.from_pretrained(base, lora_adapter_dir(run_dir)).eval()
+    input_ids = torch.tensor(PROBE_IDS)
+    with torch.no_grad():
+        torch.testing.assert_close(merged(input_ids=input_ids).logits, adapted(input_ids=input_ids).logits,
+                                   rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("init_lora", ["merged", "adapter"])
+def test_verl_takes_rl_from_the_lora_run_merged_or_from_its_adapter(trained_runs, init_lora):
+    """``rl.init_lora`` chooses: full RL from the merged ``hf/``, or verl's LoRA keys for the run's adapter on the
+    base model; verl's own config checks accept both."""
+    from rl.verl_args import build_overrides, validate_with_verl
+
+    cfg = copy.deepcopy(trained_runs[0])
+    cfg.rl.init_run, cfg.rl.init_lora = str(sft_dir(cfg)), init_lora
+    model = validate_with_verl(build_overrides(cfg)).actor_rollout_ref.model
+    if init_lora == "merged":
+        assert (model.path, model.lora_rank, model.lora_adapter_path) == (str(hf_export_dir(sft_dir(cfg))), 0, None)
+    else:
+        assert model.path == str(Path(cfg.model.path).resolve())
+        assert model.lora_adapter_path == str(lora_adapter_dir(sft_dir(cfg)))
+        assert (model.lora_rank, model.lora_alpha) == (4, 8)
+        assert list(model.target_modules) == ["q_proj", "v_proj", "up_proj"]
 
 
 if __name__ == "__main__":
