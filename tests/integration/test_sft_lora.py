@@ -27,6 +27,7 @@ from common.config import compose
 from common.manifest import read_manifest
 from common.paths import hf_export_dir, lora_adapter_dir, sft_dir
 from sft.checkpoint import CHECKPOINTS_DIR
+from sft.losses import TOKEN_LOSSES
 from sft_helpers import (
     REPO_ROOT,
     build_tiny_model,
@@ -259,6 +260,37 @@ def test_the_merged_export_loads_in_transformers_and_is_the_base_with_the_adapte
     with torch.no_grad():
         torch.testing.assert_close(merged(input_ids=input_ids).logits, adapted(input_ids=input_ids).logits,
                                    rtol=0, atol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("tiny_lora"))
+
+
+@pytest.fixture
+def one_rank():
+    from sft.distributed import close_distributed, init_distributed
+
+    env = init_distributed("cpu")
+    yield env
+    close_distributed(env)
+
+
+@pytest.mark.parametrize("method", sorted(TOKEN_LOSSES))
+def test_every_loss_trains_only_its_adapter(tmp_path, tiny_model, one_rank, method):
+    """One optimiser step of each registered loss on a LoRA policy (1 rank): only the trained adapter moves."""
+    from sft.optim import build_optimizer
+    from sft.train import build_root
+    from sft.trainer import train_step
+
+    options = {"method.threshold": 0.0} if method == "profit" else {}  # ProFit's τ is above every tiny-model p
+    cfg = compose(tiny_overrides(tmp_path / "runs", tiny_model, method, **LORA, **options))
+    root, _ = build_root(cfg, str(tiny_model), one_rank, calibration_sequences=PROBE_IDS)
+    optimizer = build_optimizer(root, cfg.sft)
+    before = {name: p.full_tensor().clone() for name, p in root.policy.named_parameters()}
+    train_step(root, optimizer, [probe_batch()], sft=cfg.sft, env=one_rank)
+    moved = {name for name, p in root.policy.named_parameters() if not torch.equal(p.full_tensor(), before[name])}
+    assert moved and all(".lora_" in name and ".default." in name for name in moved), sorted(moved)
 
 
 VERL_CHECK = """
