@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from common.config import Config, ConfigError
+from common.config.common import computation_config
 from common.config import override_value as format_value
 from common.config.rl import REWARD_STYLES, RLConfig
 from common.manifest import read_manifest
@@ -73,12 +74,15 @@ def init_model_path(cfg: Config) -> Path:
 
 def lora_keys(cfg: Config) -> dict[str, Any]:
     """With ``rl.init_lora=adapter``, verl's LoRA keys for the adapter of the SFT run RL starts from (its settings from
-    that run's manifest, ``sft.lora``); else none (a LoRA SFT run then starts full RL from its merged ``hf/``)."""
+    that run's manifest, ``sft.lora``; before that run exists, as the plan builds every command first, from this
+    config's ``sft.lora``, which that run is composed with); else none (a LoRA SFT run then starts full RL from its
+    merged ``hf/``)."""
     if cfg.rl.init_lora != "adapter":
         return {}
     _, init = rl_start(cfg)
     manifest = read_manifest(init) if init is not None else None
-    lora = manifest.config["sft"].get("lora", {}) if manifest is not None else {}
+    lora = manifest.config["sft"].get("lora", {}) if manifest is not None else \
+        computation_config(cfg.sft.lora) if init is not None else {}
     if not lora.get("enabled"):
         raise ConfigError(f"rl.init_lora=adapter: {init or 'the base model'} is no LoRA SFT run "
                           "(sft.lora.enabled=true); start from its merged export with rl.init_lora=merged")

@@ -11,7 +11,7 @@ import pytest
 
 from common.config import compose
 from common.manifest import read_manifest
-from common.paths import LORA_ADAPTER
+from common.paths import LORA_ADAPTER, hf_export_dir
 from pipeline.stages import build_plan
 from test_demo_pipeline import TINY
 
@@ -30,3 +30,5 @@ def test_the_demo_runs_end_to_end_with_lora(tmp_path, init_lora):
             assert manifest is not None and manifest.complete, f"{command.name}: {directory}"
             if command.stage == "sft":
                 assert manifest.config["sft"]["lora"]["enabled"] and LORA_ADAPTER in manifest.outputs
+            if command.stage == "rl":  # verl's merger leaves a LoRA actor's adapter beside the unmerged base
+                assert not (hf_export_dir(directory) / "lora_adapter").exists(), "RL export holds the base unmerged"

@@ -179,3 +179,13 @@ def test_rl_init_lora_adapter_from_a_full_fine_tuning_run_is_refused_naming_the_
     run = lora_sft_run(tmp_path / "sft", None)
     with pytest.raises(ConfigError, match=r"^rl.init_lora=adapter: .* is no LoRA SFT run .*rl.init_lora=merged"):
         build_overrides(compose(["profile=toy", f"rl.init_run={run}", "rl.init_lora=adapter"]))
+
+
+def test_rl_init_lora_adapter_is_planned_from_the_sft_config_before_the_sft_run_exists(tmp_path):
+    """The plan builds every command first: the SFT run's LoRA settings come from the config it is composed with."""
+    overrides = ["profile=toy", f"experiment.run_root={tmp_path}", "rl.init_lora=adapter", "sft.lora.rank=8"]
+    keys = dict(o.split("=", 1) for o in build_overrides(compose([*overrides, "sft.lora.enabled=true"])))
+    assert keys["actor_rollout_ref.model.lora_rank"] == "8"
+    assert keys["actor_rollout_ref.model.lora_adapter_path"].startswith(str(tmp_path))
+    with pytest.raises(ConfigError, match=r"^rl.init_lora=adapter: .* is no LoRA SFT run"):
+        build_overrides(compose(overrides))
