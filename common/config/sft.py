@@ -369,8 +369,8 @@ class LoRAConfig:
     """Train LoRA adapters instead of every weight."""
     rank: int = 16
     """r: the adapters' inner dimension."""
-    alpha: float = 32.0
-    """α: the update is ``(α / r) · B A``."""
+    alpha: int = 32
+    """α: the update is ``(α / r) · B A`` (an integer, as PEFT and verl type it)."""
     dropout: float = 0.0
     """Dropout on the adapters' input."""
     target_modules: list[str] = field(default_factory=lambda: list(LORA_DEFAULT_TARGETS))

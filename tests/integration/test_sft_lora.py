@@ -295,8 +295,11 @@ def test_every_loss_trains_only_its_adapter(tmp_path, tiny_model, one_rank, meth
 
 VERL_CHECK = """
 import json, sys
+from verl.utils.config import omega_conf_to_dataclass
+from verl.workers.config import HFModelConfig
 from rl.verl_args import validate_with_verl
 model = validate_with_verl(sys.argv[1:]).actor_rollout_ref.model
+omega_conf_to_dataclass(model, dataclass_type=HFModelConfig)  # as verl's rollout server types it (int lora_alpha)
 print(json.dumps({key: model[key] if key != "target_modules" else list(model[key])
                   for key in ("path", "lora_rank", "lora_alpha", "target_modules", "lora_adapter_path")}))
 """
@@ -315,7 +318,7 @@ def test_verl_takes_rl_from_the_lora_run_merged_or_from_its_adapter(trained_runs
     result = run_in_session([sys.executable, "-c", VERL_CHECK, *build_overrides(cfg)], timeout=300,
                             env={**child_env(), "VERL_PLATFORM": "cpu", "PYTHONPATH": str(REPO_ROOT)})
     assert result.returncode == 0, result.stdout[-4000:]
-    model = json.loads(result.stdout.strip().splitlines()[-1])
+    model = json.loads([line for line in result.stdout.splitlines() if line.startswith("{")][-1])
     if init_lora == "merged":
         assert (model["path"], model["lora_rank"], model["lora_adapter_path"]) == (
             str(hf_export_dir(sft_dir(cfg))), 0, None)

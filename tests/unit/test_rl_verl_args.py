@@ -154,7 +154,7 @@ def lora_sft_run(folder, lora: dict | None):
     return folder
 
 
-LORA_RUN = {"enabled": True, "rank": 4, "alpha": 8.0, "target_modules": ["q_proj", "v_proj"]}
+LORA_RUN = {"enabled": True, "rank": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}
 
 
 def test_rl_from_a_lora_sft_run_starts_from_its_merged_export_by_default(tmp_path):
@@ -172,7 +172,7 @@ def test_rl_init_lora_adapter_gives_verl_the_runs_adapter_on_the_base_model(tmp_
     assert keys["actor_rollout_ref.model.path"] == str(tmp_path / "base")
     assert keys["actor_rollout_ref.model.lora_adapter_path"] == str(run / "adapter")
     assert (keys["actor_rollout_ref.model.lora_rank"], keys["actor_rollout_ref.model.lora_alpha"],
-            keys["actor_rollout_ref.model.target_modules"]) == ("4", "8.0", "[q_proj,v_proj]")
+            keys["actor_rollout_ref.model.target_modules"]) == ("4", "8", "[q_proj,v_proj]")
 
 
 def test_rl_init_lora_adapter_from_a_full_fine_tuning_run_is_refused_naming_the_key(tmp_path):
