@@ -132,6 +132,8 @@ STAT_KL_ON_M, STAT_KL_REST = "kl_mean_M", "kl_mean_rest"
 """Mean KL(π_θ‖π_ref) on M and on the rest of T."""
 HF_EXPORT = "hf"
 """The HF folder (safetensors + tokenizer + generation config) a training stage hands downstream."""
+LORA_ADAPTER = "adapter"
+"""A LoRA SFT run's trained adapter alone (PEFT's ``adapter_config.json`` + ``adapter_model.safetensors``)."""
 BENCHMARKS_SUBDIR = "benchmarks"
 """The data run's folder of benchmark files, one :func:`benchmark_file` per benchmark, read by evaluation."""
 
@@ -493,3 +495,8 @@ def benchmark_file(name: str) -> str:
 def hf_export_dir(stage_directory: Path) -> Path:
     """The HF folder (safetensors + tokenizer + generation config) a training stage hands downstream."""
     return stage_directory / HF_EXPORT
+
+
+def lora_adapter_dir(stage_directory: Path) -> Path:
+    """A LoRA SFT run's adapter folder (:data:`LORA_ADAPTER`), beside its merged :func:`hf_export_dir`."""
+    return stage_directory / LORA_ADAPTER

@@ -41,7 +41,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable, Protocol
+from typing import TYPE_CHECKING, Any, Iterable, Protocol
 
 from common.config.common import looks_local
 from common.errors import UserError
@@ -75,6 +75,9 @@ CHECKPOINT_BYTES_PER_PARAM = 12
 """One training checkpoint: fp32 weights and two fp32 Adam moments (SFT's and verl's alike)."""
 OLD_POLICY_BYTES_PER_PARAM = 4
 """What an SFT checkpoint adds for a method that keeps a frozen fp32 old policy (PSFT: 16 B/parameter in all)."""
+ADAPTER_BYTES_PER_PARAM = 4
+"""A LoRA SFT run's fp32 adapter folder, beside its merged export; its checkpoints hold only the adapters (12 B, 16
+with PSFT's old adapter, per adapter parameter)."""
 HUB_BYTES_PER_PARAM = 2
 """A base model's bf16 safetensors in the HF cache."""
 OFFLINE_HINT = "download it where the hub answers and copy the HF cache here with HF_HUB_OFFLINE=1 set"
@@ -452,9 +455,8 @@ def check_nodes(cfg: "Config") -> list[Problem]:
 
 
 # ------------------------------------------------------------------------------------------------ disk
-def model_parameters(cfg: "Config") -> int | None:
-    """The base model's parameter count from its config.json (local folder or HF cache), else from a size in its
-    name (``Qwen3-4B`` → 4e9); None when neither tells. Counts embeddings, attention, MLP (no norms/biases)."""
+def model_config(cfg: "Config") -> dict[str, Any] | None:
+    """The base model's config.json (its text part) from the local folder or the HF cache; None when absent."""
     path = cfg.model.path
     candidates = [Path(path).expanduser() / "config.json"]
     if not looks_local(path):
@@ -463,20 +465,46 @@ def model_parameters(cfg: "Config") -> int | None:
     for candidate in candidates:
         if candidate.is_file():
             c = json.loads(candidate.read_text())
-            c = c.get("text_config", c)
-            hidden, layers = c["hidden_size"], c["num_hidden_layers"]
-            head_dim = c.get("head_dim") or hidden // c["num_attention_heads"]
-            attention = head_dim * (2 * c["num_attention_heads"] + 2 * c.get("num_key_value_heads",
-                                                                               c["num_attention_heads"])) * hidden
-            embeddings = c["vocab_size"] * hidden * (1 if c.get("tie_word_embeddings", False) else 2)
-            return embeddings + layers * (attention + 3 * hidden * c["intermediate_size"])
-    match = re.search(r"(\d+(?:\.\d+)?)[Bb]\b", path)
+            return c.get("text_config", c)
+    return None
+
+
+def linear_shapes(c: dict[str, Any]) -> dict[str, tuple[int, int]]:
+    """``(in, out)`` features of each linear layer of one decoder layer, by module name."""
+    hidden, inter = c["hidden_size"], c["intermediate_size"]
+    head_dim = c.get("head_dim") or hidden // c["num_attention_heads"]
+    heads, kv_heads = c["num_attention_heads"], c.get("num_key_value_heads", c["num_attention_heads"])
+    return {"q_proj": (hidden, heads * head_dim), "k_proj": (hidden, kv_heads * head_dim),
+            "v_proj": (hidden, kv_heads * head_dim), "o_proj": (heads * head_dim, hidden),
+            "gate_proj": (hidden, inter), "up_proj": (hidden, inter), "down_proj": (inter, hidden)}
+
+
+def model_parameters(cfg: "Config") -> int | None:
+    """The base model's parameter count from its config.json (:func:`model_config`), else from a size in its
+    name (``Qwen3-4B`` → 4e9); None when neither tells. Counts embeddings, attention, MLP (no norms/biases)."""
+    c = model_config(cfg)
+    if c is not None:
+        embeddings = c["vocab_size"] * c["hidden_size"] * (1 if c.get("tie_word_embeddings", False) else 2)
+        return embeddings + c["num_hidden_layers"] * sum(i * o for i, o in linear_shapes(c).values())
+    match = re.search(r"(\d+(?:\.\d+)?)[Bb]\b", cfg.model.path)
     return int(float(match.group(1)) * 1e9) if match else None
+
+
+def lora_parameters(cfg: "Config") -> int:
+    """Parameters of one ``sft.lora`` adapter: ``r · (in + out)`` per target linear layer per decoder layer, from
+    config.json (0 when it is not at hand, or for a target that is not a decoder layer's linear layer)."""
+    c = model_config(cfg)
+    if c is None:
+        return 0
+    shapes = linear_shapes(c)
+    targets = [shapes[name] for name in cfg.sft.lora.target_modules if name in shapes]
+    return c["num_hidden_layers"] * sum(cfg.sft.lora.rank * (i + o) for i, o in targets)
 
 
 def estimate_bytes(commands: Iterable[PlannedStage]) -> dict[str, int]:
     """Bytes the pending ``commands`` write: per SFT run P × (2 + c × ``sft.keep_checkpoints``) with c = 12, or 16
-    for a method that keeps an old policy (PSFT), per RL run P × (2 + 12 × ``rl.max_checkpoints_to_keep``)
+    for a method that keeps an old policy (PSFT), with ``sft.lora`` 2 P + A × (4 + c × ``sft.keep_checkpoints``)
+    (A = :func:`lora_parameters`), per RL run P × (2 + 12 × ``rl.max_checkpoints_to_keep``)
     (:data:`EXPORT_BYTES_PER_PARAM`, :data:`CHECKPOINT_BYTES_PER_PARAM`, :data:`OLD_POLICY_BYTES_PER_PARAM`), per
     uncached hub base model P × :data:`HUB_BYTES_PER_PARAM` (P = :func:`model_parameters`; models of unknown size
     count 0). Keys: ``run_root`` and ``hf_cache``."""
@@ -491,7 +519,12 @@ def estimate_bytes(commands: Iterable[PlannedStage]) -> dict[str, int]:
         if checkpoints is not None:
             old_policy = command.stage == "sft" and cfg.sft.method.keeps_old_policy
             checkpoint = CHECKPOINT_BYTES_PER_PARAM + (OLD_POLICY_BYTES_PER_PARAM if old_policy else 0)
-            totals["run_root"] += params * (EXPORT_BYTES_PER_PARAM + checkpoint * checkpoints)
+            if command.stage == "sft" and cfg.sft.lora.enabled:  # checkpoints hold the adapters, the export both
+                adapter = lora_parameters(cfg)
+                totals["run_root"] += params * EXPORT_BYTES_PER_PARAM + adapter * (
+                    ADAPTER_BYTES_PER_PARAM + checkpoint * checkpoints)
+            else:
+                totals["run_root"] += params * (EXPORT_BYTES_PER_PARAM + checkpoint * checkpoints)
         path = cfg.model.path
         if not looks_local(path) and not in_hub_cache(path, "model") and path not in cached:
             cached.add(path)

@@ -17,15 +17,18 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from common.config import Config
+from common.config import Config, ConfigError
+from common.config.common import computation_config
 from common.config import override_value as format_value
 from common.config.rl import REWARD_STYLES, RLConfig
+from common.manifest import read_manifest
 from common.paths import (
     RL_TRAIN_FILE,
     RL_VAL_FILE,
     base_model_path,
     data_dir,
     hf_export_dir,
+    lora_adapter_dir,
     rl_dir,
     rl_start,
 )
@@ -63,9 +66,29 @@ def resolve_variant(cfg: Config) -> str:
 
 def init_model_path(cfg: Config) -> Path:
     """The HF folder RL starts from: the base model, or the export of the SFT run the plan hands down
-    (``rl.init_run``; :func:`common.paths.rl_start`)."""
+    (``rl.init_run``; :func:`common.paths.rl_start`); the base model too when verl trains that run's LoRA adapter
+    (``rl.init_lora=adapter``, :func:`lora_keys`)."""
     _, init = rl_start(cfg)
-    return Path(base_model_path(cfg)) if init is None else hf_export_dir(init)
+    return Path(base_model_path(cfg)) if init is None or lora_keys(cfg) else hf_export_dir(init)
+
+
+def lora_keys(cfg: Config) -> dict[str, Any]:
+    """With ``rl.init_lora=adapter``, verl's LoRA keys for the adapter of the SFT run RL starts from (its settings from
+    that run's manifest, ``sft.lora``; before that run exists, as the plan builds every command first, from this
+    config's ``sft.lora``, which that run is composed with); else none (a LoRA SFT run then starts full RL from its
+    merged ``hf/``)."""
+    if cfg.rl.init_lora != "adapter":
+        return {}
+    _, init = rl_start(cfg)
+    manifest = read_manifest(init) if init is not None else None
+    lora = manifest.config["sft"].get("lora", {}) if manifest is not None else \
+        computation_config(cfg.sft.lora) if init is not None else {}
+    if not lora.get("enabled"):
+        raise ConfigError(f"rl.init_lora=adapter: {init or 'the base model'} is no LoRA SFT run "
+                          "(sft.lora.enabled=true); start from its merged export with rl.init_lora=merged")
+    return {"actor_rollout_ref.model.lora_rank": lora["rank"], "actor_rollout_ref.model.lora_alpha": lora["alpha"],
+            "actor_rollout_ref.model.target_modules": list(lora["target_modules"]),
+            "actor_rollout_ref.model.lora_adapter_path": _absolute(lora_adapter_dir(init))}
 
 
 def data_files(cfg: Config) -> tuple[Path, Path]:
@@ -87,7 +110,7 @@ def _absolute(path: str | Path) -> str:
 def _model_path(cfg: Config) -> str:
     """The start model as verl gets it: an absolute folder, or a hub id when the base model is a hub id."""
     path = init_model_path(cfg)
-    is_hub_id = rl_start(cfg)[1] is None and cfg.model.source == "hub" and not path.exists()
+    is_hub_id = path == Path(base_model_path(cfg)) and cfg.model.source == "hub" and not path.exists()
     return str(path) if is_hub_id else _absolute(path)
 
 
@@ -117,6 +140,7 @@ def _trainer_keys(cfg: Config) -> dict[str, Any]:
         **_objective_keys(rl),
         # actor: the policy loss (clip, aggregation, loss mode), optimiser
         "actor_rollout_ref.model.path": _model_path(cfg),
+        **lora_keys(cfg),
         "actor_rollout_ref.model.enable_gradient_checkpointing": rl.gradient_checkpointing,
         # actor and reference (they share the model config): ours, never verl's flash_attention_2 default, which
         # needs the flash-attn package; the rollout's vLLM picks its own attention kernels. With sdpa, verl's packed

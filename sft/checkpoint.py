@@ -2,7 +2,8 @@
 
 Layout in the run folder (``common.paths.sft_dir``)::
 
-    checkpoints/step_<N>/    DCP shards (policy, optimiser, old policy) + rank<r>.pt (RNG, scheduler)
+    checkpoints/step_<N>/    DCP shards (policy, or its LoRA adapters; optimiser; old policy) + rank<r>.pt (RNG,
+                             scheduler)
                              + trainer_state.json (written last: the checkpoint's completion marker, with the
                                sha256 of every other file of the folder under "files")
 
@@ -26,7 +27,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch import nn
 from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
     get_model_state_dict,
     get_optimizer_state_dict,
     set_model_state_dict,
@@ -36,6 +39,7 @@ from torch.distributed.checkpoint.state_dict import (
 from common.manifest import sha256_file
 from sft.data import DataOrder
 from sft.distributed import DistEnv
+from sft.lora import is_adapter_key, is_lora
 from sft.policy import PolicyWithTokenLoss
 
 CHECKPOINTS_DIR = "checkpoints"
@@ -129,9 +133,13 @@ class Checkpointer:
 
     @staticmethod
     def _sharded_state(root: PolicyWithTokenLoss, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-        state = {"policy": get_model_state_dict(root.policy),
-                 "optimizer": get_optimizer_state_dict(root.policy, optimizer)}
-        if root.old_policy is not None:
+        """What a checkpoint holds: the policy (with LoRA its adapters only, the old one included: the base never
+        changes), the optimiser and a separate old policy."""
+        policy = get_model_state_dict(root.policy)
+        if is_lora(root.policy):
+            policy = {name: tensor for name, tensor in policy.items() if is_adapter_key(name)}
+        state = {"policy": policy, "optimizer": get_optimizer_state_dict(root.policy, optimizer)}
+        if isinstance(root.old_policy, nn.Module):
             state["old_policy"] = get_model_state_dict(root.old_policy)
         return state
 
@@ -224,9 +232,9 @@ class Checkpointer:
                               f"{total_steps}; delete the checkpoints to restart")
         sharded = self._sharded_state(root, optimizer)
         dcp.load(sharded, checkpoint_id=str(path))
-        set_model_state_dict(root.policy, sharded["policy"])
+        set_model_state_dict(root.policy, sharded["policy"], options=StateDictOptions(strict=not is_lora(root.policy)))
         set_optimizer_state_dict(root.policy, optimizer, sharded["optimizer"])
-        if root.old_policy is not None:
+        if isinstance(root.old_policy, nn.Module):
             set_model_state_dict(root.old_policy, sharded["old_policy"])
         rank_state = torch.load(path / f"rank{self.env.rank}.pt", weights_only=False)
         scheduler.load_state_dict(rank_state["scheduler"])

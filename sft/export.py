@@ -22,6 +22,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, PreTrainedTokenizerBase
 
 from common.models import align_eos, follow_umask, load_causal_lm
+from sft.lora import is_adapter_key, is_lora, merged_hf_state_dict
 
 LOGPROB_TOLERANCE = {torch.float32: 1e-3, torch.bfloat16: 0.15}
 """Largest allowed |Δ log p| between the reloaded export and the in-memory model, by the lower of the export dtype
@@ -85,8 +86,9 @@ def verify_hf_folder(folder: Path, *, sequences: list[torch.Tensor], expected_lo
 def export_hf(policy_logprobs: Callable[[torch.Tensor], torch.Tensor], policy: torch.nn.Module, *,
               tokenizer: PreTrainedTokenizerBase, generation_config: GenerationConfig, sequences: list[torch.Tensor],
               folder: Path, dtype: torch.dtype, compute_dtype: torch.dtype, is_main: bool, device: torch.device,
-              announce: Callable[[str], None] = print) -> dict[str, Any] | None:
+              announce: Callable[[str], None] = print, adapter_folder: Path | None = None) -> dict[str, Any] | None:
     """Collective export of the FSDP2-sharded ``policy`` to ``folder`` in ``dtype``; returns the check record on rank 0.
+    A LoRA policy (``sft.lora``) is exported merged, and its trained adapter alone goes to ``adapter_folder``.
 
     ``policy_logprobs(input_ids)`` runs the in-memory (sharded) model on one sequence on every rank and returns its
     next-token log-probabilities ``[1, L, V]`` in float32; ``compute_dtype`` is the precision that forward ran in.
@@ -95,6 +97,10 @@ def export_hf(policy_logprobs: Callable[[torch.Tensor], torch.Tensor], policy: t
     state_dict = gather_full_state_dict(policy)
     if not is_main:
         return None
+    if is_lora(policy):
+        adapter_staging = adapter_folder.with_name(adapter_folder.name + ".tmp")
+        shutil.rmtree(adapter_staging, ignore_errors=True)
+        state_dict = merged_hf_state_dict(policy, state_dict, adapter_dir=adapter_staging)
     previous_eos = tokenizer.eos_token
     if align_eos(tokenizer, generation_config).tokenizer:
         announce(f"[export] tokenizer eos {previous_eos!r} differs from the chat template's end-of-turn "
@@ -108,9 +114,14 @@ def export_hf(policy_logprobs: Callable[[torch.Tensor], torch.Tensor], policy: t
                               tolerance=max(LOGPROB_TOLERANCE[dtype], LOGPROB_TOLERANCE[compute_dtype]))
     shutil.rmtree(folder, ignore_errors=True)
     staging.rename(folder)
+    if is_lora(policy):
+        shutil.rmtree(adapter_folder, ignore_errors=True)
+        adapter_staging.rename(adapter_folder)
+        record["adapter"] = adapter_folder.name
     return record
 
 
 def policy_parameter_count(policy: torch.nn.Module) -> int:
-    """Parameters of the (possibly sharded) policy, each tied tensor counted once."""
-    return sum(p.numel() for p in policy.parameters())
+    """Parameters of the (possibly sharded) policy without LoRA adapters (merged into the export), each tied tensor
+    counted once."""
+    return sum(p.numel() for name, p in policy.named_parameters() if not is_adapter_key(name))

@@ -19,6 +19,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from transformers import PreTrainedModel
 
 from sft.distributed import DistEnv
+from sft.lora import is_lora, refresh_old_adapter
 from sft.token_stats import LossResult, TokenStats, TokenWeights, chunked_loss, chunked_statistics
 
 
@@ -57,7 +58,9 @@ class PolicyWithTokenLoss(nn.Module):
 
     Called with ``labels=None`` it returns the policy's logits instead (only for the export check). With
     ``reference_head`` instead of ``reference`` (the reference cache), ``forward`` takes the reference's final hidden
-    states as ``ref_hidden [B, L, d]`` and applies only that head.
+    states as ``ref_hidden [B, L, d]`` and applies only that head. With LoRA (``sft.lora``) the policy is a
+    ``PeftModel`` and the reference and old policy are :class:`sft.lora.AdapterView` s of its own layers: the base with
+    the adapters disabled, and the old adapter, run inside this forward with the policy's frozen head.
     """
 
     def __init__(self, policy: PreTrainedModel, token_loss: Any, chunk_size: int,
@@ -75,12 +78,13 @@ class PolicyWithTokenLoss(nn.Module):
         self.compile_statistics = compile_statistics
 
     def models(self) -> list[PreTrainedModel]:
-        return [m for m in (self.policy, self.reference, self.old_policy) if m is not None]
+        """The models with layers of their own (a LoRA policy's reference and old policy are views of its layers)."""
+        return [m for m in (self.policy, self.reference, self.old_policy) if isinstance(m, nn.Module)]
 
     def train(self, mode: bool = True) -> "PolicyWithTokenLoss":
         super().train(mode)
         for frozen in (self.reference, self.reference_head, self.old_policy):
-            if frozen is not None:
+            if isinstance(frozen, nn.Module):
                 frozen.eval()
         return self
 
@@ -199,7 +203,11 @@ def frozen_head_copy(model: PreTrainedModel, dtype: str = "fp32") -> nn.Linear:
 
 @torch.no_grad()
 def refresh_old_policy(root: PolicyWithTokenLoss) -> None:
-    """Copies the policy's (sharded) weights into the old policy: same mesh and placements, so a local copy."""
+    """Copies the policy's (sharded) weights into the old policy: same mesh and placements, so a local copy; with
+    LoRA the trained adapter's tensors into the old adapter (``sft.lora.refresh_old_adapter``)."""
+    if is_lora(root.policy):
+        refresh_old_adapter(root.policy)
+        return
     old_params = dict(root.old_policy.named_parameters())
     for name, param in root.policy.named_parameters():
         old_params[name].copy_(param)

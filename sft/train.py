@@ -35,10 +35,12 @@ from common.manifest import Manifest, input_records, read_manifest, sha256_path,
 from common.models import load_causal_lm, load_tokenizer, local_model_dir
 from common.paths import (
     HF_EXPORT,
+    LORA_ADAPTER,
     TRAINING_METRICS_FILE,
     base_model_path,
     hf_export_dir,
     kernels_identity,
+    lora_adapter_dir,
     reference_cache_dir,
     sft_run,
     sft_tokens_path,
@@ -53,7 +55,9 @@ from sft.export import export_hf
 from sft.calibration import calibrate_token_loss
 from sft.losses import build_loss
 from sft.optim import build_optimizer, build_scheduler, total_optimizer_steps
+from sft.lora import OLD_ADAPTER, AdapterView, add_lora
 from sft.policy import (
+    FROZEN_DTYPES,
     PolicyWithTokenLoss,
     compile_decoder_layers,
     freeze,
@@ -191,7 +195,9 @@ def build_root(cfg: Config, model_dir: str, env: DistEnv, cached_reference: bool
 
     Every model is built on the meta device, sharded, then filled from rank 0's one full copy of the base model
     (:func:`load_from_main`): a rank holds its shards, not whole models. A loss that asks for a calibration
-    (``TokenLoss.calibration``) gets it from that copy, on ``calibration_sequences``, before anything trains."""
+    (``TokenLoss.calibration``) gets it from that copy, on ``calibration_sequences``, before anything trains. With
+    ``sft.lora`` the adapters go on before sharding and the frozen models are views of the policy (:mod:`sft.lora`);
+    a cached reference's rows then meet the policy's own frozen head."""
     token_loss = build_loss(cfg.sft.method)
     base = load_base_on_main(cfg, model_dir, env)
     if token_loss.calibration() is not None:
@@ -200,21 +206,33 @@ def build_root(cfg: Config, model_dir: str, env: DistEnv, cached_reference: bool
     policy = base.empty_copy()
     if cfg.sft.gradient_checkpointing:
         policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    live_reference = token_loss.needs_reference and not cached_reference
     frozen_dtype = cfg.sft.frozen_dtype
-    root = PolicyWithTokenLoss(
-        policy, token_loss, cfg.sft.chunk_size,
-        reference=freeze(base.empty_copy(), frozen_dtype) if live_reference else None,
-        old_policy=freeze(base.empty_copy(), frozen_dtype) if token_loss.needs_old_policy else None,
-        reference_head=frozen_head_copy(base.empty_copy(), frozen_dtype) if cached_reference else None,
-        compile_statistics=cfg.sft.compile_statistics)
+    full = base.full
+    if cfg.sft.lora.enabled:  # the reference and old policy are views of the policy's own layers (sft/lora.py)
+        adapters = dict(settings=cfg.sft.lora, old_adapter=token_loss.needs_old_policy,
+                        frozen_dtype=FROZEN_DTYPES[frozen_dtype])
+        policy = add_lora(policy, **adapters)
+        full = add_lora(full, **adapters) if env.is_main else None  # rank 0 initialises the adapters
+        root = PolicyWithTokenLoss(
+            policy, token_loss, cfg.sft.chunk_size,
+            reference=AdapterView(policy) if token_loss.needs_reference else None,
+            old_policy=AdapterView(policy, OLD_ADAPTER) if token_loss.needs_old_policy else None,
+            compile_statistics=cfg.sft.compile_statistics)
+    else:
+        live_reference = token_loss.needs_reference and not cached_reference
+        root = PolicyWithTokenLoss(
+            policy, token_loss, cfg.sft.chunk_size,
+            reference=freeze(base.empty_copy(), frozen_dtype) if live_reference else None,
+            old_policy=freeze(base.empty_copy(), frozen_dtype) if token_loss.needs_old_policy else None,
+            reference_head=frozen_head_copy(base.empty_copy(), frozen_dtype) if cached_reference else None,
+            compile_statistics=cfg.sft.compile_statistics)
     if cfg.sft.compile_layers:
         for model in root.models():
             compile_decoder_layers(model)
     shard_models(root, env, cfg.sft.mixed_precision)
-    full = base.full
-    load_from_main(root, [(root.policy, full), (root.reference, full), (root.old_policy, full),
-                          (root.reference_head, full.get_output_embeddings() if env.is_main else None)], env)
+    parts = [(root.policy, full), (root.reference, full), (root.old_policy, full),
+             (root.reference_head, full.get_output_embeddings() if env.is_main else None)]
+    load_from_main(root, [(target, source) for target, source in parts if isinstance(target, nn.Module)], env)
     return root, base.generation_config
 
 
@@ -235,7 +253,7 @@ def export_policy(cfg: Config, root: PolicyWithTokenLoss, tokenizer: PreTrainedT
     return export_hf(policy_logprobs, root.policy, tokenizer=tokenizer, generation_config=generation_config,
                      sequences=check_sequences, folder=hf_export_dir(out_dir), dtype=export_dtype(cfg),
                      compute_dtype=forward_dtype(cfg, env), is_main=env.is_main, device=env.device,
-                     announce=announce)
+                     announce=announce, adapter_folder=lora_adapter_dir(out_dir))
 
 
 def run(cfg: Config) -> Manifest:
@@ -293,6 +311,7 @@ def _run(cfg: Config, env: DistEnv) -> Manifest:
             if env.is_main:  # metric lines after the restored step get redone; the export is rewritten at the end
                 keep_metrics_up_to(out_dir / TRAINING_METRICS_FILE, state.global_step)
                 shutil.rmtree(hf_export_dir(out_dir), ignore_errors=True)
+                shutil.rmtree(lora_adapter_dir(out_dir), ignore_errors=True)
             with MetricsLogger(out_dir / TRAINING_METRICS_FILE, enabled=env.is_main, wandb_mode=cfg.logging.wandb_mode,
                                wandb_project=cfg.logging.wandb_project, config=config_record,
                                group=cfg.experiment.name,
@@ -325,6 +344,8 @@ def _run(cfg: Config, env: DistEnv) -> Manifest:
                     "rows_unused_per_epoch": len(rows) - order.steps_per_epoch * order.global_batch,
                     "export": export_record})
                 stage.add_output(HF_EXPORT, "HF safetensors + tokenizer + generation config (eos = chat end-of-turn)")
+                if cfg.sft.lora.enabled:
+                    stage.add_output(LORA_ADAPTER, "the trained LoRA adapter alone (merged into hf/)")
                 stage.add_output(TRAINING_METRICS_FILE, "one JSON line per logged optimiser step")
                 stage.add_output(CHECKPOINTS_DIR, "resumable DCP checkpoints (latest kept)", verify=False)
     dist.barrier()

@@ -2,7 +2,8 @@
 
 The trainer never branches on a method name, only on the capability flags of the loss built by
 ``sft.losses.build_loss``: ``needs_reference`` (a frozen copy of the base model, never refreshed) and
-``needs_old_policy`` (a frozen copy of the policy, refreshed every ``old_policy_refresh_every`` optimiser steps).
+``needs_old_policy`` (a frozen copy of the policy, refreshed every ``old_policy_refresh_every`` optimiser steps);
+with ``sft.lora`` both are views of the policy's own layers (:mod:`sft.lora`), and the loop is the same.
 With ``sft.reference_cache`` the reference trunk never runs during training: its final hidden states are read per
 micro-batch from ``sft.reference_cache`` and only the reference's LM head (``reference_head``) stays in the root.
 

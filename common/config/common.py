@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field, fields, is_dataclass
+from dataclasses import MISSING as NO_DEFAULT, Field, dataclass, field, fields, is_dataclass
 from typing import Any, Iterable, Optional
 
 from omegaconf import MISSING
@@ -32,12 +32,16 @@ def computation_config(section: Any) -> Any:
     if is_dataclass(section):
         return {f.name: computation_config(getattr(section, f.name)) for f in fields(section)
                 if not f.metadata.get("supervision")
-                and not (f.metadata.get("identity_when_set") and getattr(section, f.name) == f.default)}
+                and not (f.metadata.get("identity_when_set") and getattr(section, f.name) == _default(f))}
     if isinstance(section, dict):
         return {key: computation_config(value) for key, value in section.items()}
     if isinstance(section, (list, tuple)):
         return [computation_config(value) for value in section]
     return section
+
+
+def _default(f: Field) -> Any:
+    return f.default_factory() if f.default_factory is not NO_DEFAULT else f.default
 
 
 def check_name(key: str, value: Any) -> None:

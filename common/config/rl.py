@@ -48,6 +48,10 @@ class RLConfig(SamplingConfig):
     init_run: str = ""
     """The SFT run folder RL starts from, which the orchestrator's plan hands down; empty: the configured method's run
     (``sft.method``), or the base model for ``init=base``."""
+    init_lora: str = field(default="merged", metadata=IDENTITY_WHEN_SET)
+    """From a LoRA SFT run (``sft.lora.enabled``): ``merged``, full RL from its merged export (``hf/``); ``adapter``,
+    verl trains that run's adapter on the base model (``lora_rank``, ``lora_alpha``, ``target_modules``,
+    ``lora_adapter_path``)."""
     lr: float = 1e-6
     """Actor learning rate (AdamW)."""
     lr_warmup_steps: int = 10
@@ -212,6 +216,7 @@ class RLConfig(SamplingConfig):
         check_range("rl.ppo_kl_coef", self.ppo_kl_coef, 0.0)
 
     def validate(self) -> None:
+        check_choice("rl.init_lora", self.init_lora, ("merged", "adapter"))
         if "/" in self.init:
             raise ConfigError(f"rl.init must be 'base' or an SFT method label (a folder name); got {self.init!r}")
         if self.init == "base" and self.init_run:

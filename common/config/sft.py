@@ -21,6 +21,12 @@ optimizer_batch``), set by the method, never a choice: each micro-batch's loss i
 objective, which is their sum over micro-batches and ranks."""
 
 
+LORA_DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+"""Every linear layer of a Qwen3 decoder layer."""
+LORA_REFUSED_TARGETS = ("lm_head", "embed_tokens")
+"""Never adapted: the chunked loss head reads the head weight (tied to the embeddings in Qwen3-4B) directly."""
+
+
 @dataclass
 class SFTMethod:
     """Plain SFT: token-mean negative log-likelihood of the response tokens."""
@@ -370,6 +376,37 @@ SFT_METHOD_SCHEMAS: dict[str, type[SFTMethod]] = {
 
 
 @dataclass
+class LoRAConfig:
+    """LoRA adapters on the policy (``sft/lora.py``): only the adapters train, the base stays frozen, and a loss's
+    reference is the base with the adapters disabled (docs/sft.md, "LoRA")."""
+
+    enabled: bool = False
+    """Train LoRA adapters instead of every weight."""
+    rank: int = 16
+    """r: the adapters' inner dimension."""
+    alpha: int = 32
+    """α: the update is ``(α / r) · B A`` (an integer, as PEFT and verl type it)."""
+    dropout: float = 0.0
+    """Dropout on the adapters' input."""
+    target_modules: list[str] = field(default_factory=lambda: list(LORA_DEFAULT_TARGETS))
+    """Module names (suffixes) that get adapters; ``lm_head`` and ``embed_tokens`` are refused."""
+
+    def validate(self) -> None:
+        check_choice("sft.lora.enabled", self.enabled, (False, True))
+        check_range("sft.lora.rank", self.rank, 1)
+        check_range("sft.lora.alpha", self.alpha, 0.0, low_open=True)
+        check_range("sft.lora.dropout", self.dropout, 0.0, 1.0, high_open=True)
+        if not self.target_modules or not all(isinstance(name, str) and name for name in self.target_modules):
+            raise ConfigError(f"sft.lora.target_modules must be a non-empty list of module names; got "
+                              f"{self.target_modules}")
+        for name in self.target_modules:
+            if name.split(".")[-1] in LORA_REFUSED_TARGETS:
+                raise ConfigError(f"sft.lora.target_modules: {name!r} is refused: the chunked loss head reads the LM "
+                                  "head weight directly (tied to embed_tokens in Qwen3-4B); leave lm_head and "
+                                  "embed_tokens out")
+
+
+@dataclass
 class SFTConfig:
     """The SFT trainer (FSDP2 under torchrun); identical for every method."""
 
@@ -420,6 +457,8 @@ class SFTConfig:
     """fp32 or bf16: storage of the frozen reference, its cached head and PSFT's old policy (``sft.policy.freeze``).
     Under bf16 mixed precision on a GPU FSDP2 casts them to bf16 for every forward anyway, so bf16 changes no number
     there and saves 2 bytes per parameter."""
+    lora: LoRAConfig = field(default_factory=LoRAConfig, metadata=IDENTITY_WHEN_SET)
+    """LoRA adapters instead of full fine-tuning (off by default)."""
     reference_cache: bool = False
     """Losses that need the frozen reference read its final hidden states from a cache written once per (base model,
     tokenised split, precision) instead of running its trunk every step (``sft/reference_cache.py``; disk: tokens ×
@@ -474,6 +513,7 @@ class SFTConfig:
         check_choice("sft.compile_statistics", self.compile_statistics, (False, True))
         check_choice("sft.frozen_dtype", self.frozen_dtype, ("fp32", "bf16"))
         check_choice("sft.reference_cache", self.reference_cache, (False, True))
+        self.lora.validate()
         check_range("sft.checkpoint_every", self.checkpoint_every, 0)
         check_range("sft.keep_checkpoints", self.keep_checkpoints, 1)
         check_range("sft.process_group_timeout_s", self.process_group_timeout_s, 1)

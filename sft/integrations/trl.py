@@ -34,12 +34,12 @@ from transformers import AutoModelForCausalLM, PreTrainedModel, TrainerCallback
 from transformers.utils import ModelOutput
 from trl import SFTConfig, SFTTrainer
 from trl.models import prepare_fsdp
-from trl.trainer.utils import use_adapter
 
 from common.config.common import ConfigError, check_choice
 from common.config.sft import LOSS_NORMS, SFTMethod
 from common.paths import sft_stat_key
 from sft.data import supervised_token_count
+from sft.lora import AdapterView, refuse_adapted_embeddings
 from sft.losses import TokenLoss, build_loss, method_config
 from sft.policy import PolicyWithTokenLoss, freeze, refresh_old_policy
 from sft.trainer import micro_batch_weight
@@ -90,11 +90,11 @@ class TokenLossSFTTrainer(SFTTrainer):
         is_peft = is_peft_model(policy)
         trunk_owner = policy.get_base_model() if is_peft else policy
         if is_peft:
-            _refuse_adapted_embeddings(trunk_owner)
+            refuse_adapted_embeddings(trunk_owner, "TokenLossSFTTrainer")
         reference = old_policy = None
         if loss.needs_reference:
             if ref_model is None and is_peft:
-                reference = _BaseWithAdaptersDisabled(policy)
+                reference = AdapterView(policy)  # the base: every adapter disabled
             else:
                 reference = self._prepare_frozen(_load_like(ref_model, trunk_owner) if ref_model is not None
                                                  else copy.deepcopy(trunk_owner))
@@ -169,27 +169,6 @@ class _TokenLossSteps(TrainerCallback):
             refresh_old_policy(self.loss_root)
 
 
-class _BaseWithAdaptersDisabled:
-    """A PEFT model's base as the frozen reference: its trunk runs with every adapter disabled (TRL's
-    ``use_adapter(model, None)``, as ``GRPOTrainer`` takes its reference), its head is the base head (never adapted:
-    :func:`_refuse_adapted_embeddings`)."""
-
-    def __init__(self, peft_model: nn.Module):
-        self.peft_model = peft_model
-
-    def get_decoder(self):
-        decoder = self.peft_model.get_base_model().get_decoder()
-
-        def base_trunk(**inputs: Any):
-            with use_adapter(self.peft_model, None):
-                return decoder(**inputs)
-
-        return base_trunk
-
-    def get_output_embeddings(self) -> nn.Module:
-        return self.peft_model.get_base_model().get_output_embeddings()
-
-
 def _patch_root_forward(model: PreTrainedModel, loss_root: PolicyWithTokenLoss) -> None:
     """``model(..., labels=..., token_loss=True)`` runs ``loss_root`` inside ``model``'s own forward (so DDP's and the
     FSDP root's hooks run around it, as around TRL's own chunked head); any other call is the model's forward."""
@@ -243,16 +222,3 @@ def _refuse_unsupported(loss: TokenLoss, args: SFTConfig, trainer_kwargs: dict[s
     for refused, message in refusals:
         if refused:
             raise ConfigError(f"TokenLossSFTTrainer: {message}")
-
-
-def _refuse_adapted_embeddings(model: PreTrainedModel) -> None:
-    """The chunked head reads the head weight (tied to the embeddings in small Qwen3) directly: a PEFT adapter or
-    wrapper on either would be silently dropped."""
-    from peft.tuners.tuners_utils import BaseTunerLayer
-    from peft.utils.other import AuxiliaryTrainingWrapper
-
-    for role, module in (("lm_head", model.get_output_embeddings()), ("embed_tokens", model.get_input_embeddings())):
-        if isinstance(module, (BaseTunerLayer, AuxiliaryTrainingWrapper)):
-            raise ConfigError(f"TokenLossSFTTrainer: {role} is wrapped by PEFT ({type(module).__name__}): the chunked "
-                              f"head reads its weight directly; leave {role} out of the PEFT config's target_modules, "
-                              "modules_to_save and trainable_token_indices")

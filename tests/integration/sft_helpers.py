@@ -130,9 +130,11 @@ def run_torchrun(overrides: list[str], nproc: int, timeout: int = 240) -> subpro
     return result
 
 
-def kill_after_checkpoint(overrides: list[str], checkpoint_dir: Path, timeout: float = 240) -> int:
-    """Starts a 1-rank training process and SIGKILLs its process tree once ``checkpoint_dir`` is complete."""
-    process = start_in_new_session([sys.executable, "-m", "sft.train", *overrides], child_env(), cwd=REPO_ROOT)
+def kill_after_checkpoint(overrides: list[str], checkpoint_dir: Path, timeout: float = 240, nproc: int = 1) -> int:
+    """Starts training (1 process, or torchrun with ``nproc`` ranks) and SIGKILLs its process tree once
+    ``checkpoint_dir`` is complete."""
+    argv = sft_command(overrides, nproc) if nproc > 1 else [sys.executable, "-m", "sft.train", *overrides]
+    process = start_in_new_session(argv, child_env(), cwd=REPO_ROOT)
     output: list[str] = []
     threading.Thread(target=lambda: output.extend(process.stdout), daemon=True).start()  # the pipe never fills
     deadline = time.monotonic() + timeout

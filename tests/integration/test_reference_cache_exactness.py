@@ -45,11 +45,16 @@ def full(tensor: torch.Tensor) -> torch.Tensor:
 
 def losses_and_grads(cfg, model_dir, env, micro_batches, cache, zero_reference=False):
     """Each micro-batch's loss and the policy's gradients after their backward, from a fresh root whose policy
-    is moved away from the reference (every weight x 1.1, so the reference terms are not 0)."""
+    is moved away from the reference (every weight x 1.1, with LoRA every adapter weight + 0.05, so the reference
+    terms are not 0)."""
+    torch.manual_seed(0)  # the same LoRA initialisation in every root
     root, _ = train.build_root(cfg, str(model_dir), env, cached_reference=cache is not None)
     with torch.no_grad():
         for param in root.policy.parameters():
-            param.mul_(1.1)
+            if cfg.sft.lora.enabled:
+                param.add_(0.05 if param.requires_grad else 0.0)
+            else:
+                param.mul_(1.1)
     root.train()
     losses = []
     for indices, batch in micro_batches:
@@ -60,7 +65,7 @@ def losses_and_grads(cfg, model_dir, env, micro_batches, cache, zero_reference=F
             result = root(**batch)
         result.loss.backward()
         losses.append(result.loss.detach())
-    grads = {name: full(p.grad) for name, p in root.policy.named_parameters()}
+    grads = {name: full(p.grad) for name, p in root.policy.named_parameters() if p.requires_grad}
     return losses, grads
 
 
@@ -98,6 +103,29 @@ def test_cached_reference_gives_the_live_losses_and_gradients(tmp_path, model_di
         errors = {name: relative_error(cached_grads[name], grad) for name, grad in live_grads.items()}
         assert max(errors.values()) < 1e-2, errors
         assert max(relative_error(blind_grads[name], grad) for name, grad in live_grads.items()) > 1e-2
+
+
+def test_with_lora_the_base_models_cache_is_the_reference_bitwise(tmp_path, model_dir, env):
+    """The LoRA reference is the base with its adapters disabled: the cache built for full fine-tuning (same
+    folder) gives its losses and gradients bitwise."""
+    lora = {"lora.enabled": "true", "lora.rank": 4}
+    cfg, _ = prepare_run(tmp_path, model_dir, num_rows=4, method="eksft", mixed_precision="bf16",
+                         reference_cache=True, **lora)
+    tokens_path = train.sft_tokens_path(cfg)
+    rows = read_sft_tokens(tokens_path)
+    cache = train.prepare_reference_cache(cfg, str(model_dir), tokens_path, rows, env, announce=lambda m: None)
+    full_cfg, _ = prepare_run(tmp_path / "full", model_dir, num_rows=4, method="eksft", mixed_precision="bf16",
+                              reference_cache=True)
+    full_cfg.experiment.run_root = cfg.experiment.run_root
+    assert train.prepare_reference_cache(full_cfg, str(model_dir), tokens_path, rows, env, print).folder == cache.folder
+    order = DataOrder([len(r.input_ids) for r in rows], micro_batch_size=1, grad_accum=2, world_size=1, order_seed=0)
+    micro_batches = [(mb, collate([rows[i] for i in mb], pad_token_id=0)) for mb in order.rank_micro_batches(0, 0)]
+    live_losses, live_grads = losses_and_grads(cfg, model_dir, env, micro_batches, cache=None)
+    cached_losses, cached_grads = losses_and_grads(cfg, model_dir, env, micro_batches, cache=cache)
+    assert all(torch.equal(a, b) for a, b in zip(cached_losses, live_losses)), (cached_losses, live_losses)
+    assert live_grads.keys() == cached_grads.keys() and all(".lora_" in name for name in live_grads)
+    for name, grad in live_grads.items():
+        assert torch.equal(cached_grads[name], grad), name
 
 
 def test_cache_is_built_once_and_shared_by_methods(tmp_path, model_dir, env, monkeypatch):

@@ -292,6 +292,22 @@ def test_model_parameters_from_config_json(tmp_path):
     assert preflight.model_parameters(paper()) == 4_000_000_000  # from the name Qwen/Qwen3-4B
 
 
+def test_lora_disk_estimate_counts_the_merged_export_and_adapter_only_checkpoints(tmp_path):
+    """Qwen3-0.6B's shape (above), r = 16 on q/v: per layer 16 x ((1024 + 2048) + (1024 + 1024)) = 81,920, 28 layers:
+    2,293,760 adapter parameters. The run writes the bf16 merged export (2 B/parameter), the fp32 adapter (4 B) and
+    2 checkpoints of the adapter with its moments (12 B, 16 with PSFT's old adapter)."""
+    (tmp_path / "config.json").write_text(json.dumps({
+        "hidden_size": 1024, "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 8,
+        "head_dim": 128, "intermediate_size": 3072, "vocab_size": 151936, "tie_word_embeddings": True}))
+    lora = [f"model.path={tmp_path}", "sft.lora.enabled=true", "sft.lora.rank=16",
+            "sft.lora.target_modules=[q_proj,v_proj]"]
+    assert preflight.lora_parameters(paper(*lora)) == 2_293_760
+    run_root = {method: preflight.estimate_bytes([SimpleNamespace(stage="sft", config=paper(
+        *lora, f"sft/method={method}"))])["run_root"] for method in ("sft", "psft")}
+    assert run_root == {"sft": 595_984_384 * 2 + 2_293_760 * (4 + 12 * 2),
+                        "psft": 595_984_384 * 2 + 2_293_760 * (4 + 16 * 2)}
+
+
 def test_disk_estimate_counts_pending_sft_and_rl_runs():
     cfg = paper()
     commands = [SimpleNamespace(stage="sft", config=cfg, runs=[object()]),

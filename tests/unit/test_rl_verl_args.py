@@ -142,3 +142,50 @@ def test_format_value():
 def test_bad_rl_values_name_the_key(override, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         compose(["profile=paper", override])
+
+
+def lora_sft_run(folder, lora: dict | None):
+    """A complete SFT run folder whose manifest records ``sft.lora`` (None: a full fine-tuning run)."""
+    from common.manifest import stage_run
+
+    with stage_run(folder, stage="sft", variant="eksft", config={"sft": {"lora": lora} if lora else {}},
+                   announce=lambda message: None):
+        pass
+    return folder
+
+
+LORA_RUN = {"enabled": True, "rank": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}
+
+
+def test_rl_from_a_lora_sft_run_starts_from_its_merged_export_by_default(tmp_path):
+    run = lora_sft_run(tmp_path / "sft", LORA_RUN)
+    keys = dict(o.split("=", 1) for o in build_overrides(compose(["profile=toy", f"rl.init_run={run}"])))
+    assert keys["actor_rollout_ref.model.path"] == str(run / "hf")
+    assert not any("lora" in key or "target_modules" in key for key in keys)
+
+
+def test_rl_init_lora_adapter_gives_verl_the_runs_adapter_on_the_base_model(tmp_path):
+    run = lora_sft_run(tmp_path / "sft", LORA_RUN)
+    cfg = compose(["profile=toy", f"rl.init_run={run}", "rl.init_lora=adapter", f"model.path={tmp_path}/base",
+                   "model.source=hub"])
+    keys = dict(o.split("=", 1) for o in build_overrides(cfg))
+    assert keys["actor_rollout_ref.model.path"] == str(tmp_path / "base")
+    assert keys["actor_rollout_ref.model.lora_adapter_path"] == str(run / "adapter")
+    assert (keys["actor_rollout_ref.model.lora_rank"], keys["actor_rollout_ref.model.lora_alpha"],
+            keys["actor_rollout_ref.model.target_modules"]) == ("4", "8", "[q_proj,v_proj]")
+
+
+def test_rl_init_lora_adapter_from_a_full_fine_tuning_run_is_refused_naming_the_key(tmp_path):
+    run = lora_sft_run(tmp_path / "sft", None)
+    with pytest.raises(ConfigError, match=r"^rl.init_lora=adapter: .* is no LoRA SFT run .*rl.init_lora=merged"):
+        build_overrides(compose(["profile=toy", f"rl.init_run={run}", "rl.init_lora=adapter"]))
+
+
+def test_rl_init_lora_adapter_is_planned_from_the_sft_config_before_the_sft_run_exists(tmp_path):
+    """The plan builds every command first: the SFT run's LoRA settings come from the config it is composed with."""
+    overrides = ["profile=toy", f"experiment.run_root={tmp_path}", "rl.init_lora=adapter", "sft.lora.rank=8"]
+    keys = dict(o.split("=", 1) for o in build_overrides(compose([*overrides, "sft.lora.enabled=true"])))
+    assert keys["actor_rollout_ref.model.lora_rank"] == "8"
+    assert keys["actor_rollout_ref.model.lora_adapter_path"].startswith(str(tmp_path))
+    with pytest.raises(ConfigError, match=r"^rl.init_lora=adapter: .* is no LoRA SFT run"):
+        build_overrides(compose(overrides))
