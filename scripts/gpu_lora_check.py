@@ -19,7 +19,6 @@ import json
 import statistics
 import sys
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
@@ -106,18 +105,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dry-run", action="store_true", help="the tiny CPU size through the same code")
     parser.add_argument("--steps", type=int, default=3, help="timed steps per trainer")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps per trainer first")
-    parser.add_argument("--out", type=Path, default=None, help="results file (default runs/gpu_lora/<UTC time>.json)")
+    parser.add_argument("--out", type=Path, default=None, help="results file (default runs/gpu_lora_check/<UTC time>.json)")
     args = parser.parse_args(argv)
     from common.tracking import configure_cpu_threads
-    from gpu_smoke import versions  # scripts/gpu_smoke.py, beside this file
+    from gpu_smoke import script_start, versions  # scripts/gpu_smoke.py, beside this file
     from sft.distributed import close_distributed, init_distributed
 
-    device = "cpu" if args.dry_run else "cuda"
-    if device == "cuda" and not torch.cuda.is_available():
-        sys.exit("gpu_lora_check: no CUDA GPU visible; --dry-run checks the script on a CPU")
+    device, stamp, out = script_start("gpu_lora_check", args.dry_run, args.out)
     configure_cpu_threads(2)
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
-    out = args.out or REPO / "runs" / "gpu_lora" / f"{stamp}{'-dry-run' if args.dry_run else ''}.json"
     shape = step_args(args.dry_run)
     results: dict = {"date_utc": stamp, "dry_run": args.dry_run, "versions": versions(), "size": shape.size,
                      "tokens_per_step": shape.micro_batch_size * shape.seq_len * shape.grad_accum, "trainers": {}}

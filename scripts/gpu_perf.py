@@ -22,10 +22,7 @@ import argparse
 import json
 import sys
 import time
-from datetime import datetime, timezone
 from pathlib import Path
-
-import torch
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO)]
@@ -71,15 +68,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None, help="results file (default runs/gpu_perf/<UTC time>.json)")
     args = parser.parse_args(argv)
     from common.tracking import configure_cpu_threads
-    from gpu_smoke import versions  # scripts/gpu_smoke.py, beside this file
+    from gpu_smoke import script_start, versions  # scripts/gpu_smoke.py, beside this file
     from sft.distributed import close_distributed, init_distributed
 
-    device = "cpu" if args.dry_run else "cuda"
-    if device == "cuda" and not torch.cuda.is_available():
-        sys.exit("gpu_perf: no CUDA GPU visible; --dry-run checks the script on a CPU")
+    device, stamp, out = script_start("gpu_perf", args.dry_run, args.out)
     configure_cpu_threads(2)
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
-    out = args.out or REPO / "runs" / "gpu_perf" / f"{stamp}{'-dry-run' if args.dry_run else ''}.json"
     results: dict = {"date_utc": stamp, "dry_run": args.dry_run, "versions": versions(), "statistics": {},
                      "static_bytes_per_parameter": {}, "step_time": {}}
     print("gpu_perf: " + ", ".join(f"{key} {value}" for key, value in results["versions"].items()), flush=True)

@@ -42,7 +42,7 @@ sys.path[:0] = [str(REPO), str(REPO / "tests" / "integration")]  # the project, 
 
 from bench.head_grad_accuracy import head_grad_errors  # noqa: E402
 from bench.longest_sequence import measure  # noqa: E402
-from bench.sft_step_time import SIZES, build_model, build_trainer, release  # noqa: E402
+from bench.sft_step_time import build_model, build_trainer, release  # noqa: E402
 
 GB = 1e9
 QWEN3_VOCAB = 151_936
@@ -68,6 +68,16 @@ def versions() -> dict:
     return {"torch": torch.__version__, "cuda": torch.version.cuda, "driver": nvidia_driver_version(),
             "nccl": ".".join(map(str, nccl)) if isinstance(nccl, tuple) else nccl,
             "gpu": torch.cuda.get_device_name(0) if cuda else None, "python": platform.python_version()}
+
+
+def script_start(name: str, dry_run: bool, out: Path | None) -> tuple[str, str, Path]:
+    """A GPU script's device (``cuda``; ``cpu`` for ``--dry-run``, exiting in one line when no CUDA GPU is visible),
+    its UTC stamp, and its results file: ``out``, or ``runs/<name>/<stamp>[-dry-run].json``."""
+    device = "cpu" if dry_run else "cuda"
+    if device == "cuda" and not torch.cuda.is_available():
+        sys.exit(f"{name}: no CUDA GPU visible (torch {torch.__version__}); --dry-run checks the script on a CPU")
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    return device, stamp, out or REPO / "runs" / name / f"{stamp}{'-dry-run' if dry_run else ''}.json"
 
 
 def flash_only(device: str):
@@ -288,11 +298,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    device = "cpu" if args.dry_run else "cuda"
-    if device == "cuda" and not torch.cuda.is_available():
-        sys.exit("gpu_smoke: no CUDA GPU visible (torch " + torch.__version__ + "); --dry-run checks the script on a CPU")
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
-    out = args.out or REPO / "runs" / "gpu_smoke" / f"{stamp}{'-dry-run' if args.dry_run else ''}.json"
+    device, stamp, out = script_start("gpu_smoke", args.dry_run, args.out)
     results = {"date_utc": stamp, "dry_run": args.dry_run, "versions": versions()}
     print("gpu_smoke: " + ", ".join(f"{key} {value}" for key, value in results["versions"].items()), flush=True)
     started = time.perf_counter()
