@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Protocol
 
-from common.config.common import looks_local
+from common.hub import looks_local
 from common.errors import UserError
 from common.locks import existing_parent
 

@@ -8,6 +8,7 @@ from typing import Any, Iterable, Optional
 from omegaconf import MISSING
 
 from common.errors import ConfigError
+from common.hub import looks_local
 from common.numerics import CPU_ISAS
 
 PROFILES = ("toy", "paper")
@@ -188,11 +189,6 @@ class ProfileConfig:
         check_range("profile.nnodes", self.nnodes, 1, 4096)
         check_range("profile.num_threads", self.num_threads, 1, 1024)
         check_choice("profile.cpu_isa", self.cpu_isa, CPU_ISAS)
-
-
-def looks_local(path: str) -> bool:
-    """A filesystem path rather than a hub id ``org/name``."""
-    return path.startswith(("/", ".", "~")) or path.count("/") != 1
 
 
 @dataclass

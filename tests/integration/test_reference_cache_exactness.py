@@ -23,8 +23,10 @@ from sft_helpers import build_tiny_model, prepare_run, run_torchrun
 
 pytestmark = pytest.mark.integration
 
-REFERENCE_METHODS = sorted(name for name, schema in SFT_METHOD_SCHEMAS.items()
+REFERENCE_METHODS = sorted("pear_base_ref" if name == "pear" else name for name, schema in SFT_METHOD_SCHEMAS.items()
                            if build_loss(schema()).needs_reference)
+"""The ``sft/method`` presets whose loss reads the reference: the ``pear`` preset reads the data's behaviour column
+instead, its base-model variant (the schema's default) is the preset ``pear_base_ref``."""
 
 
 @pytest.fixture(scope="module")

@@ -288,7 +288,10 @@ def test_every_loss_trains_only_its_adapter(tmp_path, tiny_model, one_rank, meth
     root, _ = build_root(cfg, str(tiny_model), one_rank, calibration_sequences=PROBE_IDS)
     optimizer = build_optimizer(root, cfg.sft)
     before = {name: p.full_tensor().clone() for name, p in root.policy.named_parameters()}
-    train_step(root, optimizer, [probe_batch()], sft=cfg.sft, env=one_rank)
+    batch = probe_batch()
+    if cfg.sft.method.reads_behaviour_logprobs():  # PEAR: a behaviour policy that gave each target token e^-0.1
+        batch["behaviour_logp"] = torch.full(batch["input_ids"].shape, -0.1)
+    train_step(root, optimizer, [batch], sft=cfg.sft, env=one_rank)
     moved = {name for name, p in root.policy.named_parameters() if not torch.equal(p.full_tensor(), before[name])}
     assert moved and all(".lora_" in name and ".default." in name for name in moved), sorted(moved)
 
