@@ -53,8 +53,8 @@ def fork_distribution(model: Any, tokenizer: Any, prompts: Mapping[str, Sequence
     after the prompt; the fork is the token after it."""
     import torch
 
-    before_fork = prefix.rstrip()
-    opening = {strategy: tokenizer(prefix + text, add_special_tokens=False)["input_ids"][fork_index(tokenizer, prefix)]
+    before_fork, index = prefix.rstrip(), fork_index(tokenizer, prefix)
+    opening = {strategy: tokenizer(prefix + text, add_special_tokens=False)["input_ids"][index]
                for strategy, text in openings.items()}
     by_family: dict[str, list[dict[str, float]]] = {}
     for family, family_prompts in prompts.items():
