@@ -6,6 +6,7 @@ is right.
     python scripts/toy_styles.py runs/forking         # forking world: one row per evaluation and problem family
     python scripts/toy_styles.py runs/forking --pool-seeds   # one row per method: the seeds' samples pooled
     python scripts/toy_styles.py runs/forking --fork         # each evaluated model's exact fork distribution
+    python scripts/toy_styles.py runs/<experiment> --fork --fork-position mid   # a run with toy.fork_position=mid
 
 Reads each evaluation's ``samples.jsonl`` (``eval/<model>/<phase>/<variant>/<benchmark>/``), classifies every
 sample and prints one Markdown row per evaluation: per style or strategy, the share of samples and their accuracy
@@ -38,6 +39,7 @@ from common.config.toy import (  # noqa: E402
     FORK_BENCHMARK_PREFIX,
     FORK_BEST_STRATEGY,
     FORK_FAMILIES,
+    FORK_POSITIONS,
     FORK_STRATEGIES,
     ToyConfig,
 )
@@ -183,9 +185,10 @@ def fork_table(experiment_dir: Path, phase: str | None, measure: Callable[[str],
     return "\n".join(rows)
 
 
-def exact_fork_distribution(problems: int) -> Callable[[str], dict[str, float]]:
+def exact_fork_distribution(problems: int, fork_position: str) -> Callable[[str], dict[str, float]]:
     """``model_path -> toy.entropy.fork_distribution`` (:func:`common.forks.fork_distribution` of the toy world's
-    held-out problems) on ``problems`` held-out problems (world seed 0)."""
+    held-out problems) on ``problems`` held-out problems (world seed 0), the fork where the run's
+    ``toy.fork_position`` puts it."""
     import torch
 
     from common.models import load_causal_lm, load_tokenizer
@@ -195,7 +198,7 @@ def exact_fork_distribution(problems: int) -> Callable[[str], dict[str, float]]:
     # stages on two cores they cost (19 models: unfinished after 30 min with two threads at nice 5, 2.5 min with
     # one thread and GOMP_SPINCOUNT=10000).
     torch.set_num_threads(1)
-    toy = ToyConfig(world="forking", fork_entropy_problems=problems)
+    toy = ToyConfig(world="forking", fork_entropy_problems=problems, fork_position=fork_position)
     toy.validate()
 
     def measure(model_path: str) -> dict[str, float]:
@@ -214,10 +217,12 @@ def main() -> None:
                         help="forking world: the exact fork distribution of every evaluated model, seeds pooled")
     parser.add_argument("--fork-problems", type=int, default=300,
                         help="with --fork: held-out problems, a third per family")
+    parser.add_argument("--fork-position", choices=FORK_POSITIONS, default="first",
+                        help="with --fork: the run's toy.fork_position (mid: the fork follows a fixed prefix)")
     args = parser.parse_args()
     with user_errors_in_one_line():
         if args.fork:
-            print(fork_table(args.experiment_dir, args.phase, exact_fork_distribution(args.fork_problems)))
+            print(fork_table(args.experiment_dir, args.phase, exact_fork_distribution(args.fork_problems, args.fork_position)))
         else:
             tables = table(args.experiment_dir, args.phase, args.benchmark, args.pool_seeds)
             print(f"{tables}\n\n{legend(tables)}")

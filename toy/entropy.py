@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import torch
 
 from common import forks
-from common.config.toy import FORK_FAMILIES, FORK_STRATEGIES, ToyConfig
+from common.config.toy import FORK_FAMILIES, FORK_STRATEGIES, ToyConfig, fork_prefix
 from common.forks import token_entropy
 from common.models import load_causal_lm, load_tokenizer
 from common.seeding import derive_seed
@@ -126,8 +126,8 @@ def entropy_profile(model, tokenizer, questions: list[str], *, samples_per_promp
 
 def fork_token_index(tokenizer, toy: ToyConfig) -> int:
     """Which response token is the fork: 0, or the token count of the fixed prefix before it (``toy.fork_position=mid``,
-    :func:`toy.forking.fork_prefix`)."""
-    return forks.fork_index(tokenizer, forking.fork_prefix(toy.fork_position))
+    :func:`common.config.toy.fork_prefix`)."""
+    return forks.fork_index(tokenizer, fork_prefix(toy.fork_position))
 
 
 def fork_profile(model, tokenizer, toy: ToyConfig) -> dict[str, float | int]:
@@ -161,7 +161,7 @@ def fork_distribution(model, tokenizer, toy: ToyConfig) -> dict[str, float]:
     prompts: dict[str, list[list[dict[str, str]]]] = {}
     for problem in problems:
         prompts.setdefault(problem.family, []).append(chat_messages(question(problem, rng)))
-    return forks.fork_distribution(model, tokenizer, prompts, prefix=forking.fork_prefix(toy.fork_position))
+    return forks.fork_distribution(model, tokenizer, prompts, prefix=fork_prefix(toy.fork_position))
 
 
 def main() -> None:

@@ -46,16 +46,13 @@ import random
 from dataclasses import dataclass
 from typing import Iterator, Mapping
 
-from common.config.toy import FORK_BEST_STRATEGY, FORK_FAMILIES, FORK_OPENINGS, FORK_STRATEGIES
+from common.config.toy import FORK_BEST_STRATEGY, FORK_FAMILIES, FORK_OPENINGS, FORK_STRATEGIES, MID_RESPONSE_PREFIX
 from common.paths import BEHAVIOUR_LOGPROBS_COLUMN
 from toy.arithmetic import SYSTEM_PROMPT, chat_text, is_held_out, luffy_row, question
 
 WORST_STRATEGY = {"small": "round", "carry": "column", "plain": "column"}
 """The strategy right least often on a family (ties: the first of ``FORK_STRATEGIES``): what the base model's
 documents prefer in the world ``toy.fork_base_prefers=worst``."""
-MID_RESPONSE_PREFIX = "Let me add them. "
-"""What every solution starts with in the world ``toy.fork_position=mid``, written the same way by the documents and
-the teacher, so the fork is the first token after it rather than the first response token."""
 
 
 @dataclass(frozen=True)
@@ -128,13 +125,8 @@ def is_reliable(problem: Problem, strategy: str) -> bool:
     return strategy_answer(problem, strategy) == problem.answer
 
 
-def fork_prefix(position: str) -> str:
-    """The fixed text before the fork: none (``toy.fork_position=first``) or :data:`MID_RESPONSE_PREFIX` (``mid``)."""
-    return MID_RESPONSE_PREFIX if position == "mid" else ""
-
-
 def solve(problem: Problem, strategy: str, prefix: str = "") -> str:
-    """The worked solution of ``problem`` by ``strategy`` after ``prefix`` (:func:`fork_prefix`; deterministic,
+    """The worked solution of ``problem`` by ``strategy`` after ``prefix`` (:func:`common.config.toy.fork_prefix`; deterministic,
     wrong where the strategy is unreliable)."""
     a_tens, a_ones = _digits(problem.a)
     b_tens, b_ones = _digits(problem.b)

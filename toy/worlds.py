@@ -6,7 +6,7 @@ import random
 from typing import Iterator
 
 from common.config import ConfigError
-from common.config.toy import FORK_BENCHMARK_PREFIX, FORK_FAMILIES, ToyConfig
+from common.config.toy import FORK_BENCHMARK_PREFIX, FORK_FAMILIES, ToyConfig, fork_prefix
 from toy import arithmetic, forking
 
 ARITHMETIC_BENCHMARKS = ("add", "mixed")
@@ -17,7 +17,7 @@ def documents(toy: ToyConfig, seed: int) -> Iterator[str]:
     """The world's endless, seeded stream of pretraining documents."""
     if toy.world == "forking":
         return forking.documents(seed, forking.ForkingMix(toy.chat_doc_ratio, toy.fork_pretrain_best_share,
-                                                          toy.fork_base_prefers, forking.fork_prefix(toy.fork_position)))
+                                                          toy.fork_base_prefers, fork_prefix(toy.fork_position)))
     return arithmetic.documents(seed, arithmetic.DocumentMix(
         chat_ratio=toy.chat_doc_ratio, chat_style_weights=dict(toy.chat_style_weights),
         raw_style_weights=dict(toy.raw_style_weights), slip_rates=dict(toy.slip_rates),
@@ -28,7 +28,7 @@ def training_rows(toy: ToyConfig, seed: int) -> list[dict]:
     """``toy.num_rows`` LUFFY rows: clean styled solutions (arithmetic) or the narrow teacher's (forking)."""
     if toy.world == "forking":
         return forking.teacher_rows(toy.num_rows, seed, dict(toy.fork_teacher_weights), toy.fork_teacher_verified,
-                                    forking.fork_prefix(toy.fork_position))
+                                    fork_prefix(toy.fork_position))
     return arithmetic.training_rows(toy.num_rows, seed, toy.min_terms, toy.max_terms, dict(toy.row_style_weights))
 
 

@@ -18,6 +18,18 @@ FORK_OPENINGS = {"column": "Column:", "place": "Place value:", "round": "Round:"
 """The first words of each strategy's solution: the fork."""
 FORK_BEST_STRATEGY = {"small": "column", "carry": "round", "plain": "place"}
 """The strategy that is right on every problem of a family."""
+FORK_POSITIONS = ("first", "mid")
+"""Where the forking world's fork sits (``toy.fork_position``)."""
+MID_RESPONSE_PREFIX = "Let me add them. "
+"""What every solution starts with in the world ``toy.fork_position=mid``, written the same way by the documents and
+the teacher, so the fork is the first token after it rather than the first response token."""
+
+
+def fork_prefix(position: str) -> str:
+    """The fixed text before the fork: none (``toy.fork_position=first``) or :data:`MID_RESPONSE_PREFIX` (``mid``)."""
+    return MID_RESPONSE_PREFIX if position == "mid" else ""
+
+
 FORK_FAMILY_RULES = {"small": "a + b ≤ 99", "carry": "a + b ≥ 100, the ones carry",
                      "plain": "a + b ≥ 100, the ones do not carry"}
 """Which problems ``a + b`` each family holds (docs/toy_world.md, "Problems, families and strategies")."""
@@ -123,7 +135,7 @@ class ToyConfig:
     """Forking world: the narrow teacher's strategy draw per LUFFY row."""
     fork_position: str = field(default="first", metadata=IDENTITY_WHEN_SET)
     """Forking world: where the fork sits: ``first``, the first response token; ``mid``, after a short prefix that
-    the documents and the teacher always write the same way (``toy.forking.MID_RESPONSE_PREFIX``)."""
+    the documents and the teacher always write the same way (:data:`MID_RESPONSE_PREFIX`)."""
     fork_base_prefers: str = field(default="best", metadata=IDENTITY_WHEN_SET)
     """Forking world: the strategy the pretraining documents prefer (``fork_pretrain_best_share`` of them) on each
     family: ``best`` (the base model is the best fork policy) or ``worst``, the one right least often
@@ -150,7 +162,7 @@ class ToyConfig:
         check_choice("toy.world", self.world, TOY_WORLDS)
         check_range("toy.num_rows", self.num_rows, 10)
         check_range("toy.fork_pretrain_best_share", self.fork_pretrain_best_share, 0.0, 1.0)
-        check_choice("toy.fork_position", self.fork_position, ("first", "mid"))
+        check_choice("toy.fork_position", self.fork_position, FORK_POSITIONS)
         check_choice("toy.fork_base_prefers", self.fork_base_prefers, ("best", "worst"))
         _check_style_weights("toy.fork_teacher_weights", self.fork_teacher_weights, FORK_STRATEGIES)
         check_range("toy.fork_entropy_problems", self.fork_entropy_problems, 0)

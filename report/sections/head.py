@@ -16,6 +16,7 @@ from common.config.toy import (
     FORK_BENCHMARK_PREFIX,
     FORK_BEST_STRATEGY,
     FORK_FAMILY_RULES,
+    fork_prefix,
 )
 from common.forks import FORK_ENTROPY, best_strategy_key, fork_distribution, summarize
 from common.grid import Grid
@@ -24,8 +25,9 @@ from common.paths import benchmark_file, data_dir, hf_export_dir, report_benchma
 FORK_PHASES = {"sft": "before RL", "rl": "after RL"}
 """The fork table's phases: the models of Table 1 (base and SFT exports) and of Table 2 (RL exports)."""
 
-Measure = Callable[[str, Mapping[str, Sequence[list[dict[str, str]]]]], dict[str, float]]
-"""(model folder, family → chat prompts) → :func:`common.forks.fork_distribution` of that model."""
+Measure = Callable[[str, Mapping[str, Sequence[list[dict[str, str]]]], str], dict[str, float]]
+"""(model folder, family → chat prompts, the fixed text before the fork) → :func:`common.forks.fork_distribution` of
+that model."""
 
 
 def render(grid: Grid, collected: Collected) -> Section:
@@ -50,8 +52,9 @@ def fork_families(cfg: Config) -> list[str]:
             if bench.startswith(FORK_BENCHMARK_PREFIX)]
 
 
-def measure_fork(folder: str, prompts: Mapping[str, Sequence[list[dict[str, str]]]]) -> dict[str, float]:
-    """:func:`common.forks.fork_distribution` of the model in ``folder`` (HF format) on ``prompts``, on one thread: one
+def measure_fork(folder: str, prompts: Mapping[str, Sequence[list[dict[str, str]]]], prefix: str) -> dict[str, float]:
+    """:func:`common.forks.fork_distribution` of the model in ``folder`` (HF format) on ``prompts`` with the fork after
+    ``prefix`` (:func:`common.config.toy.fork_prefix` of the run's ``toy.fork_position``), on one thread: one
     prompt per forward pass through a toy model gains nothing from more, and on a busy 2-core machine they cost
     (scripts/toy_styles.py, ``exact_fork_distribution``)."""
     import torch
@@ -61,7 +64,7 @@ def measure_fork(folder: str, prompts: Mapping[str, Sequence[list[dict[str, str]
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return fork_distribution(load_causal_lm(folder).eval(), load_tokenizer(folder), prompts)
+        return fork_distribution(load_causal_lm(folder).eval(), load_tokenizer(folder), prompts, prefix=prefix)
     finally:
         torch.set_num_threads(threads)
 
@@ -85,7 +88,7 @@ def fork_measurements(grid: Grid, families: list[str], measure: Measure) -> dict
             for (phase, variant), folder in folders.items():
                 if folder is not None and folder.is_dir():
                     found.setdefault((title, FORK_PHASES[phase], row_label(grid.cfg, variant)), []).append(
-                        measure(str(folder), prompts))
+                        measure(str(folder), prompts, fork_prefix(scfg.toy.fork_position)))
     return {key: summarize(forks, families) for key, forks in found.items()}
 
 

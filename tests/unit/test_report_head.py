@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from report.sections import head
 from common.benchmarks import write_benchmark
 from common.config import compose
-from common.config.toy import FORK_FAMILIES
+from common.config.toy import FORK_FAMILIES, MID_RESPONSE_PREFIX
 from common.grid import experiment_grid
 from common.manifest import stage_run
 from common.paths import base_run, benchmark_file, data_dir, hf_export_dir
@@ -22,9 +24,12 @@ def _complete(folder: Path) -> None:
     hf_export_dir(folder).mkdir()
 
 
-def test_the_fork_table_measures_base_and_sft_exports_on_the_benchmark_prompts(tmp_path):
-    # Issue 43: the fork (toy_styles --fork's measurement) was not in the report.
-    cfg = compose(["experiment=demo", f"experiment.run_root={tmp_path}", "logging.progress=false"])
+@pytest.mark.parametrize("position, prefix", [("first", ""), ("mid", MID_RESPONSE_PREFIX)])
+def test_the_fork_table_measures_base_and_sft_exports_on_the_benchmark_prompts(tmp_path, position, prefix):
+    # Issue 43: the fork (toy_styles --fork's measurement) was not in the report. Issue 40: in the world
+    # toy.fork_position=mid the fork is the token after the fixed prefix, not the first response token.
+    cfg = compose(["experiment=demo", f"experiment.run_root={tmp_path}", "logging.progress=false",
+                   f"toy.fork_position={position}"])
     for family, count in zip(FORK_FAMILIES, (3, 2, 1)):
         write_benchmark(data_dir(cfg) / benchmark_file(f"toy_fork_{family}"),
                         [{"id": str(i), "problem": f"{family} {i}", "answer": "1", "answer_raw": "1"}
@@ -37,7 +42,8 @@ def test_the_fork_table_measures_base_and_sft_exports_on_the_benchmark_prompts(t
     names = {str(hf_export_dir(folder)): name for name, folder in folders.items()}
     seen = []
 
-    def measure(folder, prompts):
+    def measure(folder, prompts, fork_prefix):
+        assert fork_prefix == prefix
         seen.append((names[folder], {family: len(found) for family, found in prompts.items()}))
         assert prompts["carry"][0] == [{"role": "system", "content": "Think."}, {"role": "user", "content": "carry 0"}]
         entropy, column, round_, place = FORKS[names[folder]]

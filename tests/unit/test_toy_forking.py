@@ -12,7 +12,7 @@ import torch
 
 from common.config import ConfigError
 from common.config.toy import (FORK_BEST_STRATEGY, FORK_FAMILIES, FORK_OPENINGS, FORK_STRATEGIES, FORKING_FIELDS,
-                               ToyConfig)
+                               MID_RESPONSE_PREFIX, ToyConfig, fork_prefix)
 from toy import forking, worlds
 from common.forks import token_entropy
 from toy.entropy import classify_tokens, fork_token_index
@@ -189,8 +189,8 @@ def test_token_classes_and_entropy_by_hand():
 
 
 def test_the_mid_response_world_forks_after_a_fixed_prefix():
-    prefix = forking.fork_prefix("mid")
-    assert prefix == forking.MID_RESPONSE_PREFIX and forking.fork_prefix("first") == ""
+    prefix = fork_prefix("mid")
+    assert prefix == MID_RESPONSE_PREFIX and fork_prefix("first") == ""
     mix = forking.ForkingMix(chat_ratio=0.5, best_share=0.5, prefix=prefix)
     tokenizer = train_tokenizer(itertools.islice(forking.documents(0, mix), 400), 512)
     encoded = [tokenizer.encode(solve(Problem(45, 38), s, prefix), add_special_tokens=False) for s in FORK_STRATEGIES]

@@ -8,6 +8,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 import pytest
+import torch
 
 from common.manifest import Manifest
 from toy import forking
@@ -143,3 +144,17 @@ def test_fork_table_without_a_forking_evaluation_says_so(tmp_path):
     _write_evaluation(tmp_path / "eval/toy/sft/base/toy_add", "/arithmetic")
     with pytest.raises(SystemExit, match="no complete forking evaluation"):
         toy_styles.fork_table(tmp_path, None, lambda path: {})
+
+
+@pytest.mark.parametrize("position", ["first", "mid"])
+def test_the_exact_fork_is_measured_where_the_runs_world_puts_it(monkeypatch, position):
+    # Issue 40: --fork measured the first response token even in the world toy.fork_position=mid.
+    import common.models
+    import toy.entropy
+
+    worlds = []
+    monkeypatch.setattr(common.models, "load_causal_lm", lambda path: torch.nn.Identity())
+    monkeypatch.setattr(common.models, "load_tokenizer", lambda path: None)
+    monkeypatch.setattr(toy.entropy, "fork_distribution", lambda model, tokenizer, toy: worlds.append(toy) or {})
+    toy_styles.exact_fork_distribution(3, position)("model")
+    assert [(toy.fork_position, toy.fork_entropy_problems) for toy in worlds] == [(position, 3)]
