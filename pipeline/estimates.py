@@ -18,12 +18,12 @@ from typing import Iterable
 from common.preflight import model_parameters
 from pipeline.stages import StageCommand
 
-TOY_STAGE_SECONDS = {"data": 1, "base": 224, "tokens": 3, "sft": 81, "eval_sft": 21, "rl": 244, "eval_rl": 10,
-                     "report": 10}
-"""Seconds of work per run of each stage (a run's ``RunSpec.stage``): `make demo` run B on a quiet 2-core AMD EPYC (avx2), 2 SFT runs, 9 Table 1
-evaluations, 1 DAPO run of 8 steps, 3 Table 2 evaluations (docs/results/2026-11-26-demo-rerun.md, its "Runs"
-table: work over runs)."""
-TOY_WALL_PER_WORK = 605 / 851
+TOY_STAGE_SECONDS = {"data": 7, "base": 383, "tokens": 10, "sft": 112, "eval_sft": 27, "rl": 669, "eval_rl": 20,
+                     "report": 22}
+"""Seconds of work per run of each stage (a run's ``RunSpec.stage``): `make demo` from an empty run root on a 2-core
+AMD EPYC (avx2), 2 SFT runs, 9 Table 1 evaluations, 2 DAPO runs of 8 steps side by side, 6 Table 2 evaluations
+(docs/results/2026-11-27-demo-time.md: each stage's "finished in" over its runs)."""
+TOY_WALL_PER_WORK = 1400 / 2347
 """That run's wall time over its summed work with two commands at a time (``experiment.parallel=2``)."""
 SFT_MFU = 0.314
 """SFT's model FLOPs utilisation with compiled layers, one H200 (docs/results/2026-11-27-sft-compiled-gpu.md)."""

@@ -17,11 +17,11 @@ def test_the_toy_estimate_sums_the_demos_measured_stage_times(tmp_path, capsys):
     overrides = ["experiment=demo", f"experiment.run_root={tmp_path}", "dry_run=true"]
     plan = build_plan(compose(overrides), overrides)
     # data, base, tokens, 2 SFT, 3 x 3 Table 1 evaluations, 2 DAPO runs, 2 x 3 Table 2 evaluations, report
-    work = 1 + 224 + 3 + 2 * 81 + 9 * 21 + 2 * 244 + 6 * 10 + 10
-    assert estimates.toy_minutes(plan, parallel=2) == pytest.approx(work * 605 / 851 / 60)
+    work = 7 + 383 + 10 + 2 * 112 + 9 * 27 + 2 * 669 + 6 * 20 + 22
+    assert estimates.toy_minutes(plan, parallel=2) == pytest.approx(work * 1400 / 2347 / 60)
     assert estimates.toy_minutes(plan, parallel=1) == pytest.approx(work / 60)
     run(compose(overrides), overrides)
-    assert "estimate: about 13 min for the 13 pending commands on a quiet 2-core CPU" in capsys.readouterr().out
+    assert "estimate: about 23 min for the 13 pending commands on a quiet 2-core CPU" in capsys.readouterr().out
 
 
 def test_the_gpu_estimate_bounds_the_sft_runs_gpu_hours(tmp_path, capsys):
