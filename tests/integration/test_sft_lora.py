@@ -33,6 +33,7 @@ from sft_helpers import (
     build_tiny_model,
     child_env,
     kill_after_checkpoint,
+    one_rank,  # noqa: F401 (a fixture)
     prepare_run,
     run_in_session,
     run_torchrun,
@@ -265,15 +266,6 @@ def test_the_merged_export_loads_in_transformers_and_is_the_base_with_the_adapte
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("tiny_lora"))
-
-
-@pytest.fixture
-def one_rank():
-    from sft.distributed import close_distributed, init_distributed
-
-    env = init_distributed("cpu")
-    yield env
-    close_distributed(env)
 
 
 @pytest.mark.parametrize("method", sorted(TOKEN_LOSSES))
