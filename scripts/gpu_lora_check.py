@@ -4,13 +4,14 @@
     python scripts/gpu_lora_check.py --dry-run        # any machine: the same code at the tiny CPU size (gloo, fp32)
 
 Both trainers are the SFT stage's own: a ``PolicyWithTokenLoss`` root built by ``sft.train.root_from_base`` (through
-``bench.sft_step_time.build_trainer``) and stepped by ``sft.trainer.train_step`` (AdamW over the trainable parameters, the chunked loss head), on one micro-batch of 4,096
-tokens with activation checkpointing; random weights (no hub access). Full: the fp32 policy, its frozen reference
-stored in bf16 (``sft.frozen_dtype=bf16``), AdamW on every weight. LoRA (``sft.lora`` defaults: r 16, α 32, every
-linear layer of a decoder layer; ``sft/lora.py``): the base frozen in bf16, fp32 adapters, the reference the base
-with the adapters disabled (no second model). Each trainer is built, warmed up and timed alone after the one before
-is released, so each peak (``torch.cuda.max_memory_allocated``) is its own; ``held_gib`` is what it holds between
-steps. Needs a CUDA torch, transformers and peft (no vLLM, no verl).
+``bench.sft_step_time.build_trainer``) and stepped by ``sft.trainer.train_step`` (AdamW over the trainable
+parameters, the chunked loss head), on one micro-batch of 4,096 tokens with activation checkpointing; random weights
+(no hub access). Full: the fp32 policy, its frozen reference stored in bf16 (``sft.frozen_dtype=bf16``), AdamW on
+every weight. LoRA (``sft.lora`` defaults: r 16, α 32, every linear layer of a decoder layer; ``sft/lora.py``): the
+base frozen in bf16, fp32 adapters, the reference the base with the adapters disabled (no second model). Each trainer
+is built, warmed up and timed alone after the one before is released, so each peak
+(``torch.cuda.max_memory_allocated``) is its own; ``held_gib`` is what it holds between steps. Needs a CUDA torch,
+transformers and peft (no vLLM, no verl).
 """
 from __future__ import annotations
 

@@ -86,7 +86,8 @@ def test_cached_reference_gives_the_live_losses_and_gradients(tmp_path, model_di
     live_losses, live_grads = losses_and_grads(cfg, model_dir, one_rank, micro_batches, cache=None)
     cached_losses, cached_grads = losses_and_grads(cfg, model_dir, one_rank, micro_batches, cache=cache)
 
-    blind_losses, blind_grads = losses_and_grads(cfg, model_dir, one_rank, micro_batches, cache=cache, zero_reference=True)
+    blind_losses, blind_grads = losses_and_grads(cfg, model_dir, one_rank, micro_batches, cache=cache,
+                                                 zero_reference=True)
     assert not all(torch.equal(a, b) for a, b in zip(blind_losses, live_losses))  # the reference matters here
     if micro_batch_size == 1:  # same forward, same kernels, lossless storage: bitwise
         assert all(torch.equal(a, b) for a, b in zip(cached_losses, live_losses)), (cached_losses, live_losses)
@@ -111,7 +112,8 @@ def test_with_lora_the_base_models_cache_is_the_reference_bitwise(tmp_path, mode
     full_cfg, _ = prepare_run(tmp_path / "full", model_dir, num_rows=4, method="eksft", mixed_precision="bf16",
                               reference_cache=True)
     full_cfg.experiment.run_root = cfg.experiment.run_root
-    assert train.prepare_reference_cache(full_cfg, str(model_dir), tokens_path, rows, one_rank, print).folder == cache.folder
+    full_cache = train.prepare_reference_cache(full_cfg, str(model_dir), tokens_path, rows, one_rank, print)
+    assert full_cache.folder == cache.folder
     order = DataOrder([len(r.input_ids) for r in rows], micro_batch_size=1, grad_accum=2, world_size=1, order_seed=0)
     micro_batches = [(mb, collate([rows[i] for i in mb], pad_token_id=0)) for mb in order.rank_micro_batches(0, 0)]
     live_losses, live_grads = losses_and_grads(cfg, model_dir, one_rank, micro_batches, cache=None)
@@ -139,7 +141,8 @@ def test_cache_is_built_once_and_shared_by_methods(tmp_path, model_dir, one_rank
     asft_cfg, _ = prepare_run(tmp_path / "asft", model_dir, num_rows=4, method="asft", mixed_precision="bf16",
                               reference_cache=True)
     asft_cfg.experiment.run_root = cfg.experiment.run_root  # same base model and split: same cache
-    again = train.prepare_reference_cache(asft_cfg, str(model_dir), tokens_path, rows, one_rank, announce=lambda m: None)
+    again = train.prepare_reference_cache(asft_cfg, str(model_dir), tokens_path, rows, one_rank,
+                                          announce=lambda m: None)
     assert again.folder == first.folder
     sft_cfg, _ = prepare_run(tmp_path / "sft", model_dir, num_rows=4, method="sft", reference_cache=True)
     assert train.prepare_reference_cache(sft_cfg, str(model_dir), tokens_path, rows, one_rank, print) is None
