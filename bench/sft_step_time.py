@@ -66,36 +66,25 @@ def random_micro_batches(args: argparse.Namespace, vocab: int, device: torch.dev
     return batches
 
 
-def build_trainer(method, args: argparse.Namespace, env, cached_reference: bool = False):
+def build_trainer(method, args: argparse.Namespace, env, cached_reference: bool = False, lora: bool = False):
+    """The SFT stage's own root (``sft.train.root_from_base``: policy and frozen models on the meta device, sharded,
+    filled from one full base model, LoRA adapters with ``lora``) on a random base of ``args.size`` built on the CPU
+    (``args.layers`` of its layers if set, as ``scripts/gpu_smoke.py`` does), in train mode; with its AdamW and the
+    ``sft.*`` config of ``args``."""
     from common.config import SFTConfig
+    from common.config.sft import LoRAConfig
     from sft.losses import build_loss
     from sft.optim import build_optimizer
-    from sft.policy import PolicyWithTokenLoss, compile_decoder_layers, freeze, frozen_head_copy, shard_models
+    from sft.train import BaseModel, root_from_base
 
     sft = SFTConfig(method=method, lr=1e-5, micro_batch_size=args.micro_batch_size, grad_accum=args.grad_accum,
                     chunk_size=args.chunk_size, mixed_precision=args.mixed_precision,
                     gradient_checkpointing=args.gradient_checkpointing, reference_cache=cached_reference,
                     compile_layers=args.compile_layers, compile_statistics=args.compile_statistics,
-                    frozen_dtype=args.frozen_dtype)
-    token_loss = build_loss(method)
-    live_reference = token_loss.needs_reference and not cached_reference
-    layers = getattr(args, "layers", None)  # a few layers of a big shape (scripts/gpu_smoke.py)
-    with env.device:  # initialise the random weights where they will live
-        policy = build_model(args.size, seed=0, num_layers=layers)
-        reference = freeze(build_model(args.size, seed=0, num_layers=layers), sft.frozen_dtype) \
-            if live_reference else None
-        reference_head = frozen_head_copy(build_model(args.size, seed=0, num_layers=layers), sft.frozen_dtype) \
-            if cached_reference else None
-        old_policy = freeze(build_model(args.size, seed=0, num_layers=layers), sft.frozen_dtype) \
-            if token_loss.needs_old_policy else None
-    if args.gradient_checkpointing:
-        policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    root = PolicyWithTokenLoss(policy, token_loss, args.chunk_size, reference=reference, old_policy=old_policy,
-                               reference_head=reference_head, compile_statistics=sft.compile_statistics)
-    if sft.compile_layers:
-        for model in root.models():
-            compile_decoder_layers(model)
-    shard_models(root, env, args.mixed_precision)
+                    frozen_dtype=args.frozen_dtype, lora=LoRAConfig(enabled=lora))
+    base = build_model(args.size, seed=0, num_layers=getattr(args, "layers", None))
+    root = root_from_base(sft, build_loss(method), BaseModel(base, base.config, base.generation_config), env,
+                          cached_reference)
     root.train()
     return root, build_optimizer(root, sft), sft
 

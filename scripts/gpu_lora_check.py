@@ -3,14 +3,15 @@
     python scripts/gpu_lora_check.py [--out FILE]     # one GPU: NCCL, world size 1, bf16; about 2 minutes
     python scripts/gpu_lora_check.py --dry-run        # any machine: the same code at the tiny CPU size (gloo, fp32)
 
-Both trainers are the SFT stage's own: a ``PolicyWithTokenLoss`` root sharded by ``shard_models`` and stepped by
-``sft.trainer.train_step`` (AdamW over the trainable parameters, the chunked loss head), on one micro-batch of 4,096
-tokens with activation checkpointing; random weights (no hub access). Full: the fp32 policy, its frozen reference
-stored in bf16 (``sft.frozen_dtype=bf16``), AdamW on every weight. LoRA (``sft.lora`` defaults: r 16, α 32, every
-linear layer of a decoder layer; ``sft/lora.py``): the base frozen in bf16, fp32 adapters, the reference the base
-with the adapters disabled (no second model). Each trainer is built, warmed up and timed alone after the one before
-is released, so each peak (``torch.cuda.max_memory_allocated``) is its own; ``held_gib`` is what it holds between
-steps. Needs a CUDA torch, transformers and peft (no vLLM, no verl).
+Both trainers are the SFT stage's own: a ``PolicyWithTokenLoss`` root built by ``sft.train.root_from_base`` (through
+``bench.sft_step_time.build_trainer``) and stepped by ``sft.trainer.train_step`` (AdamW over the trainable
+parameters, the chunked loss head), on one micro-batch of 4,096 tokens with activation checkpointing; random weights
+(no hub access). Full: the fp32 policy, its frozen reference stored in bf16 (``sft.frozen_dtype=bf16``), AdamW on
+every weight. LoRA (``sft.lora`` defaults: r 16, α 32, every linear layer of a decoder layer; ``sft/lora.py``): the
+base frozen in bf16, fp32 adapters, the reference the base with the adapters disabled (no second model). Each trainer
+is built, warmed up and timed alone after the one before is released, so each peak
+(``torch.cuda.max_memory_allocated``) is its own; ``held_gib`` is what it holds between steps. Needs a CUDA torch,
+transformers and peft (no vLLM, no verl).
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO)]
 
 from bench import sft_step_time  # noqa: E402
-from bench.sft_step_time import build_model, build_trainer, random_micro_batches, release, trainer_bytes  # noqa: E402
+from bench.sft_step_time import build_trainer, random_micro_batches, release, trainer_bytes  # noqa: E402
 
 TRAINERS = ("full", "lora")
 
@@ -43,31 +44,6 @@ def step_args(dry_run: bool) -> argparse.Namespace:
                                      "--mixed-precision", "bf16", "--chunk-size", "1024", "--frozen-dtype", "bf16"])
 
 
-def build_lora_trainer(args: argparse.Namespace, env):
-    """EKSFT on a LoRA policy as ``sft.train.build_root`` builds it (adapters before sharding, the reference a view
-    of the policy), with random base weights."""
-    from common.config import SFTConfig
-    from common.config.sft import EKSFTMethod, LoRAConfig
-    from sft.lora import AdapterView, add_lora
-    from sft.losses import build_loss
-    from sft.optim import build_optimizer
-    from sft.policy import FROZEN_DTYPES, PolicyWithTokenLoss, shard_models
-
-    sft = SFTConfig(method=EKSFTMethod(), lr=1e-5, micro_batch_size=args.micro_batch_size, grad_accum=args.grad_accum,
-                    chunk_size=args.chunk_size, mixed_precision=args.mixed_precision,
-                    gradient_checkpointing=args.gradient_checkpointing, frozen_dtype=args.frozen_dtype,
-                    lora=LoRAConfig(enabled=True))
-    with env.device:
-        policy = build_model(args.size, seed=0)
-    if args.gradient_checkpointing:
-        policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    policy = add_lora(policy, sft.lora, frozen_dtype=FROZEN_DTYPES[sft.frozen_dtype])
-    root = PolicyWithTokenLoss(policy, build_loss(sft.method), args.chunk_size, reference=AdapterView(policy))
-    shard_models(root, env, args.mixed_precision)
-    root.train()
-    return root, build_optimizer(root, sft), sft
-
-
 def measure(name: str, args: argparse.Namespace, env, warmup: int, steps: int) -> dict:
     """One trainer alone: its median step time, peak and held memory, trainable and total parameters."""
     from common.config.sft import EKSFTMethod
@@ -78,7 +54,7 @@ def measure(name: str, args: argparse.Namespace, env, warmup: int, steps: int) -
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     before = torch.cuda.memory_allocated() if cuda else 0
-    root, optimizer, sft = build_lora_trainer(args, env) if name == "lora" else build_trainer(EKSFTMethod(), args, env)
+    root, optimizer, sft = build_trainer(EKSFTMethod(), args, env, lora=name == "lora")
     batches = random_micro_batches(args, sft_step_time.SIZES[args.size][-1], env.device)
     times = []
     for step in range(warmup + steps):

@@ -30,7 +30,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from common.config import Config, ConfigError, stage_main
+from common.config import Config, ConfigError, SFTConfig, stage_main
 from common.manifest import Manifest, input_records, read_manifest, sha256_path, stage_run
 from common.models import load_causal_lm, load_tokenizer, local_model_dir
 from common.paths import (
@@ -53,7 +53,7 @@ from sft.data import DataOrder, TokenisedRow, read_sft_tokens
 from sft.distributed import DistEnv, broadcast_from_main, close_distributed, init_distributed, wait_for_main
 from sft.export import export_hf
 from sft.calibration import calibrate_token_loss
-from sft.losses import build_loss
+from sft.losses import TokenLoss, build_loss
 from sft.optim import build_optimizer, build_scheduler, total_optimizer_steps
 from sft.lora import OLD_ADAPTER, AdapterView, add_lora
 from sft.policy import (
@@ -190,50 +190,58 @@ def prepare_reference_cache(cfg: Config, model_dir: str, tokens_path: Path, rows
 
 def build_root(cfg: Config, model_dir: str, env: DistEnv, cached_reference: bool = False,
                calibration_sequences: Sequence[Sequence[int]] = ()) -> tuple[PolicyWithTokenLoss, GenerationConfig]:
-    """The FSDP2-sharded policy plus the frozen models its loss needs (only the reference's LM head when
-    ``cached_reference``), and the base generation config.
+    """The FSDP2-sharded policy plus the frozen models its loss needs (:func:`root_from_base`) from the base model
+    in ``model_dir``, and the base generation config.
 
-    Every model is built on the meta device, sharded, then filled from rank 0's one full copy of the base model
-    (:func:`load_from_main`): a rank holds its shards, not whole models. A loss that asks for a calibration
-    (``TokenLoss.calibration``) gets it from that copy, on ``calibration_sequences``, before anything trains. With
-    ``sft.lora`` the adapters go on before sharding and the frozen models are views of the policy (:mod:`sft.lora`);
-    a cached reference's rows then meet the policy's own frozen head."""
+    Rank 0 holds the one full copy of the base model (:func:`load_base_on_main`): a rank holds its shards, not
+    whole models. A loss that asks for a calibration (``TokenLoss.calibration``) gets it from that copy, on
+    ``calibration_sequences``, before anything trains."""
     token_loss = build_loss(cfg.sft.method)
     base = load_base_on_main(cfg, model_dir, env)
     if token_loss.calibration() is not None:
         token_loss.load_calibration(broadcast_from_main(calibrate_token_loss(
             token_loss, base.full, calibration_sequences, cfg.sft.chunk_size, env.device) if env.is_main else None))
+    return root_from_base(cfg.sft, token_loss, base, env, cached_reference), base.generation_config
+
+
+def root_from_base(sft: SFTConfig, token_loss: TokenLoss, base: BaseModel, env: DistEnv,
+                   cached_reference: bool = False) -> PolicyWithTokenLoss:
+    """Collective: the FSDP2-sharded policy plus the frozen models ``token_loss`` needs (only the reference's LM
+    head when ``cached_reference``), each built on the meta device from ``base``, sharded, then filled from rank 0's
+    ``base.full`` (:func:`load_from_main`). With ``sft.lora`` the adapters go on before sharding and the frozen
+    models are views of the policy (:mod:`sft.lora`); a cached reference's rows then meet the policy's own frozen
+    head."""
     policy = base.empty_copy()
-    if cfg.sft.gradient_checkpointing:
+    if sft.gradient_checkpointing:
         policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    frozen_dtype = cfg.sft.frozen_dtype
+    frozen_dtype = sft.frozen_dtype
     full = base.full
-    if cfg.sft.lora.enabled:  # the reference and old policy are views of the policy's own layers (sft/lora.py)
-        adapters = dict(settings=cfg.sft.lora, old_adapter=token_loss.needs_old_policy,
+    if sft.lora.enabled:  # the reference and old policy are views of the policy's own layers (sft/lora.py)
+        adapters = dict(settings=sft.lora, old_adapter=token_loss.needs_old_policy,
                         frozen_dtype=FROZEN_DTYPES[frozen_dtype])
         policy = add_lora(policy, **adapters)
         full = add_lora(full, **adapters) if env.is_main else None  # rank 0 initialises the adapters
         root = PolicyWithTokenLoss(
-            policy, token_loss, cfg.sft.chunk_size,
+            policy, token_loss, sft.chunk_size,
             reference=AdapterView(policy) if token_loss.needs_reference else None,
             old_policy=AdapterView(policy, OLD_ADAPTER) if token_loss.needs_old_policy else None,
-            compile_statistics=cfg.sft.compile_statistics)
+            compile_statistics=sft.compile_statistics)
     else:
         live_reference = token_loss.needs_reference and not cached_reference
         root = PolicyWithTokenLoss(
-            policy, token_loss, cfg.sft.chunk_size,
+            policy, token_loss, sft.chunk_size,
             reference=freeze(base.empty_copy(), frozen_dtype) if live_reference else None,
             old_policy=freeze(base.empty_copy(), frozen_dtype) if token_loss.needs_old_policy else None,
             reference_head=frozen_head_copy(base.empty_copy(), frozen_dtype) if cached_reference else None,
-            compile_statistics=cfg.sft.compile_statistics)
-    if cfg.sft.compile_layers:
+            compile_statistics=sft.compile_statistics)
+    if sft.compile_layers:
         for model in root.models():
             compile_decoder_layers(model)
-    shard_models(root, env, cfg.sft.mixed_precision)
+    shard_models(root, env, sft.mixed_precision)
     parts = [(root.policy, full), (root.reference, full), (root.old_policy, full),
              (root.reference_head, full.get_output_embeddings() if env.is_main else None)]
     load_from_main(root, [(target, source) for target, source in parts if isinstance(target, nn.Module)], env)
-    return root, base.generation_config
+    return root
 
 
 def export_policy(cfg: Config, root: PolicyWithTokenLoss, tokenizer: PreTrainedTokenizerBase,

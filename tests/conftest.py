@@ -1,7 +1,8 @@
 """Shared test setup: CPU-friendly threading, the default CPU kernel pins (``profile.cpu_isa=avx2``, what every
 stage process runs with) and vLLM-CPU settings, applied before anything imports torch or vLLM; and the
 tiers: a test's folder is its tier (``tests/unit``, ``tests/integration``, ``tests/e2e``, ``tests/gpu``), marked
-from the folder; a tier marker outside its folder, or a unit test that reads ``../shared``, stops the collection."""
+from the folder; a tier marker outside its folder, or a unit test that reads ``../shared``, stops the collection; and
+on pytest-xdist workers the slow test files first in each worker's share (``tests/suite_order.py``)."""
 from __future__ import annotations
 
 import os
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+import suite_order
 from common.numerics import CPU_ISAS, pinned_kernels_env
 from common.tracking import bound_openmp_spin
 
@@ -30,6 +32,10 @@ TIERS = ("unit", "integration", "e2e", "gpu")
 def _tier(item: pytest.Item) -> str | None:
     relative = item.path.relative_to(Path(__file__).parent)
     return relative.parts[0] if len(relative.parts) > 1 and relative.parts[0] in TIERS else None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(suite_order, "suite_order")  # the slow files first on each xdist worker
 
 
 @pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects by marker

@@ -1,5 +1,6 @@
 """Tiny fixtures for the SFT trainer tests: a random 2-layer Qwen3 with a ChatML BPE tokenizer, and a
-tokenised SFT split in the data stage's format (with a complete data manifest), all in a tmp folder."""
+tokenised SFT split in the data stage's format (with a complete data manifest), all in a tmp folder; and a
+single-rank gloo process group (``one_rank``)."""
 from __future__ import annotations
 
 import math
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -25,6 +27,7 @@ from common.processes import start_in_new_session, stop_tree
 from common.tracking import CPU_OPENMP_ENV
 from sft.checkpoint import TRAINER_STATE_FILE
 from sft.data import IGNORE_INDEX
+from sft.distributed import close_distributed, init_distributed
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 STOP_GRACE_S = 10.0
@@ -45,6 +48,15 @@ def build_tiny_model(folder: Path, seed: int = 0, head: str = "tied") -> Path:
     """
     return build_tiny_qwen3(folder, intermediate_size=256, max_position_embeddings=512, eos_token="<|endoftext|>",
                             dtype="float32", seed=seed, tie_word_embeddings=head == "tied")
+
+
+@pytest.fixture
+def one_rank():
+    """A single-rank gloo process group (``sft.distributed.init_distributed``), closed after the test; a test
+    module takes it by importing it."""
+    env = init_distributed("cpu")
+    yield env
+    close_distributed(env)
 
 
 def write_sft_tokens(cfg: Config, num_rows: int, seed: int = 0) -> Path:

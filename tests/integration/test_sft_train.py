@@ -47,6 +47,11 @@ def reference(tmp_path_factory, model_dir):
     return cfg, overrides, manifest, final_weights(cfg), losses(cfg)
 
 
+TIED_HEAD_ONLY = pytest.mark.parametrize("model_dir", ["tied"], indirect=True)
+"""The 2-rank and SIGKILL launches on the tied head only: tests/e2e/test_sft_train_untied.py runs them on the untied
+one, whose checkpoints and 2-rank loading the in-process tests here and tests/integration/test_sharded_load.py cover."""
+
+
 def losses(cfg) -> list[float]:
     return [record["loss"] for record in read_metrics(sft_dir(cfg) / TRAINING_METRICS_FILE)]
 
@@ -70,6 +75,7 @@ def test_reference_run_trains_every_step_and_checkpoints_epoch_ends(reference):
     assert all(key in records[0] for key in ("grad_norm", "lr", "tokens_per_s", "peak_memory_gib", "time/step_s"))
 
 
+@TIED_HEAD_ONLY
 def test_two_ranks_match_one_rank(tmp_path, model_dir, reference):
     """Same global batch (2 ranks x 1 micro-batch of 2 vs 1 rank x 2 micro-batches): same micro-batches, same losses."""
     _, _, _, ref_weights, ref_losses = reference
@@ -83,6 +89,7 @@ def test_two_ranks_match_one_rank(tmp_path, model_dir, reference):
     assert_same_weights(final_weights(cfg), ref_weights, atol=1e-4)
 
 
+@TIED_HEAD_ONLY
 def test_sigkill_then_resume_matches_uninterrupted(tmp_path, model_dir, reference):
     _, _, _, ref_weights, ref_losses = reference
     cfg, overrides = prepare_run(tmp_path, model_dir, NUM_ROWS, **RUN)

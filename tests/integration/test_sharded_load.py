@@ -5,7 +5,8 @@ load exactly, tied weights stay one parameter (an untied head its own), the RoPE
 loaded ones on every rank, and rank 1 never loads the full model (its ``load_base_model`` raises). Sources: the tiny
 random Qwen3 with a tied head and with an untied one, and SmolLM2-135M as GGUF (dequantised by transformers on rank 0; skipped unless ``scripts/fetch_smollm2.sh`` fetched it).
 
-The module is also the worker: ``torchrun --nproc_per_node=2 tests/integration/test_sharded_load.py MODEL OUT [GGUF]``.
+The module is also the worker: ``torchrun --nproc_per_node=2 tests/integration/test_sharded_load.py MODEL OUT GGUF
+[MODEL OUT GGUF ...]`` (GGUF "" for a safetensors folder); both tiny models load in one launch.
 """
 from __future__ import annotations
 
@@ -40,9 +41,10 @@ def overrides(out: Path, model_dir: str, method: str, gguf_file: str) -> list[st
     return [*tiny_overrides(out / "runs", Path(model_dir), method), *gguf]
 
 
-def worker(model_dir: str, out_dir: str, gguf_file: str = "") -> None:
-    """Runs on every rank: builds each case, gathers its full state dict (saved by rank 0) and saves this rank's
-    buffers, tied-weight identities and the sharded reference trunk's hidden states."""
+def worker(sources: list[tuple[str, str, str]]) -> None:
+    """Runs on every rank, for each (model folder, output folder, GGUF file or ""): builds each case, gathers its
+    full state dict (saved by rank 0) and saves this rank's buffers, tied-weight identities and the sharded
+    reference trunk's hidden states."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     from common.config import compose
@@ -54,37 +56,65 @@ def worker(model_dir: str, out_dir: str, gguf_file: str = "") -> None:
         def refuse(*args, **kwargs):
             raise AssertionError(f"rank {env.rank} loaded the full base model")
         train.load_base_model = refuse
-    out = Path(out_dir)
     gather = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    record: dict = {"buffers": {}, "tied": {}}
-    for case in cases_for(gguf_file):
-        method, cached_reference = ROOTS[case]
-        cfg = compose(overrides(out, model_dir, method, gguf_file))
-        root, generation_config = train.build_root(cfg, model_dir, env, cached_reference=cached_reference)
-        state = get_model_state_dict(root, options=gather)
+    for model_dir, out_dir, gguf_file in sources:
+        out = Path(out_dir)
+        record: dict = {"buffers": {}, "tied": {}}
+        for case in cases_for(gguf_file):
+            method, cached_reference = ROOTS[case]
+            cfg = compose(overrides(out, model_dir, method, gguf_file))
+            root, generation_config = train.build_root(cfg, model_dir, env, cached_reference=cached_reference)
+            state = get_model_state_dict(root, options=gather)
+            if env.is_main:
+                torch.save({"state": state, "eos": generation_config.eos_token_id}, out / f"{case}.pt")
+            record["buffers"][case] = {name: b.clone() for name, b in root.named_buffers(remove_duplicate=False)}
+            record["tied"][case] = {name: m.get_output_embeddings().weight is m.get_input_embeddings().weight
+                                    for name, m in (("policy", root.policy), ("reference", root.reference),
+                                                    ("old_policy", root.old_policy)) if m is not None}
+        cfg = compose(overrides(out, model_dir, "eksft", gguf_file))
+        reference, hidden_states = train.load_reference_trunk(cfg, model_dir, env)
+        state = get_model_state_dict(reference.get_decoder(), options=gather)
         if env.is_main:
-            torch.save({"state": state, "eos": generation_config.eos_token_id}, out / f"{case}.pt")
-        record["buffers"][case] = {name: b.clone() for name, b in root.named_buffers(remove_duplicate=False)}
-        record["tied"][case] = {name: m.get_output_embeddings().weight is m.get_input_embeddings().weight
-                                for name, m in (("policy", root.policy), ("reference", root.reference),
-                                                ("old_policy", root.old_policy)) if m is not None}
-    cfg = compose(overrides(out, model_dir, "eksft", gguf_file))
-    reference, hidden_states = train.load_reference_trunk(cfg, model_dir, env)
-    state = get_model_state_dict(reference.get_decoder(), options=gather)
-    if env.is_main:
-        torch.save({"state": state}, out / "trunk.pt")
-    record["buffers"]["trunk"] = {name: b.clone() for name, b in reference.get_decoder().named_buffers()}
-    record["trunk_hidden"] = hidden_states(torch.tensor(PROBE_IDS))
-    torch.save(record, out / f"rank{env.rank}.pt")
+            torch.save({"state": state}, out / "trunk.pt")
+        record["buffers"]["trunk"] = {name: b.clone() for name, b in reference.get_decoder().named_buffers()}
+        record["trunk_hidden"] = hidden_states(torch.tensor(PROBE_IDS))
+        torch.save(record, out / f"rank{env.rank}.pt")
     close_distributed(env)
 
 
-@pytest.fixture(scope="module", params=["tiny_qwen3", "tiny_qwen3_untied", "smollm2_gguf"])
-def source(request, tmp_path_factory) -> tuple[str, str]:
-    """(model folder, GGUF file name or ""); the tiny model with a tied head and with an untied one (Qwen3-8B's)."""
-    if request.param.startswith("tiny_qwen3"):
-        head = "untied" if request.param.endswith("untied") else "tied"
-        return str(build_tiny_model(tmp_path_factory.mktemp(request.param), head=head)), ""
+def launch_workers(sources: list[tuple[str, Path, str]]) -> None:
+    """One 2-rank torchrun of :func:`worker` for ``sources`` (model folder, output folder, GGUF file or "")."""
+    command = [str(Path(sys.executable).with_name("torchrun")), "--standalone", "--nproc_per_node=2", __file__,
+               *(str(part) for source in sources for part in source)]
+    # the worker script imports sft_helpers -> bench.tiny_model: the checkout must be on its path
+    python_path = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
+    result = run_in_session(command, timeout=900, env={**child_env(), "PYTHONPATH": python_path})
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+
+
+TINY_HEADS = {"tiny_qwen3": "tied", "tiny_qwen3_untied": "untied"}
+"""The tiny model with a tied head and with an untied one (Qwen3-8B's)."""
+
+
+@pytest.fixture(scope="module")
+def tiny_models(tmp_path_factory) -> dict[str, str]:
+    return {name: str(build_tiny_model(tmp_path_factory.mktemp(name), head=head)) for name, head in TINY_HEADS.items()}
+
+
+@pytest.fixture(scope="module")
+def tiny_sharded(tiny_models, tmp_path_factory) -> dict[str, Path]:
+    """Model folder -> the worker's output folder, for both tiny models after one 2-rank torchrun (a launch costs
+    more than the loading it checks)."""
+    outs = {model_dir: tmp_path_factory.mktemp(f"sharded_load_{name}") for name, model_dir in tiny_models.items()}
+    launch_workers([(model_dir, out, "") for model_dir, out in outs.items()])
+    return outs
+
+
+@pytest.fixture(scope="module", params=[*TINY_HEADS, "smollm2_gguf"])
+def source(request, tiny_models) -> tuple[str, str]:
+    """(model folder, GGUF file name or "")."""
+    if request.param in TINY_HEADS:
+        return tiny_models[request.param], ""
     from common.config import compose
 
     gguf_file = compose(["model=smollm2_135m"]).model.gguf_file
@@ -95,15 +125,13 @@ def source(request, tmp_path_factory) -> tuple[str, str]:
 
 
 @pytest.fixture(scope="module")
-def sharded(source, tmp_path_factory) -> Path:
+def sharded(source, request, tmp_path_factory) -> Path:
     """The worker's output folder after a 2-rank torchrun."""
+    model_dir, gguf_file = source
+    if not gguf_file:
+        return request.getfixturevalue("tiny_sharded")[model_dir]
     out = tmp_path_factory.mktemp("sharded_load")
-    command = [str(Path(sys.executable).with_name("torchrun")), "--standalone", "--nproc_per_node=2", __file__,
-               *source[:1], str(out), *source[1:]]
-    # the worker script imports sft_helpers -> bench.tiny_model: the checkout must be on its path
-    python_path = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
-    result = run_in_session(command, timeout=900, env={**child_env(), "PYTHONPATH": python_path})
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    launch_workers([(model_dir, out, gguf_file)])
     return out
 
 
@@ -160,4 +188,5 @@ def test_every_rank_has_the_loaded_rotary_buffers_and_tied_weights(source, shard
 
 
 if __name__ == "__main__":
-    worker(*sys.argv[1:4])
+    arguments = sys.argv[1:]
+    worker(list(zip(arguments[::3], arguments[1::3], arguments[2::3])))

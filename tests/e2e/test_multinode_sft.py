@@ -5,12 +5,18 @@ with two ranks (``torchrun --standalone --nproc_per_node=2``).
 Both runs have world size 2, hence the same run identity (the same ``<label>-<id>`` folder, each in its own run
 root) and the same micro-batches per global rank; on CPU/gloo a rank's arithmetic does not depend on which node runs
 it, so the per-step losses and the exported weights are bitwise equal (tolerance 0).
+
+Three torchrun launches, so it runs in the e2e tier; the default suite keeps the
+per-node command (tests/unit/test_orchestrator.py, srun and the run as rendezvous id) and 2 ranks against 1
+(tests/integration/test_sft_train.py).
 """
 from __future__ import annotations
 
 import shlex
 import socket
+import sys
 from concurrent.futures import ThreadPoolExecutor, wait
+from pathlib import Path
 
 import pytest
 import torch
@@ -21,9 +27,11 @@ from common.manifest import read_manifest
 from common.paths import TRAINING_METRICS_FILE, sft_dir, sft_run
 from pipeline.stages import StageCommand, torchrun_prefix
 from common.tracking import read_metrics
-from sft_helpers import build_tiny_model, final_weights, prepare_run, run_torchrun
 
-pytestmark = pytest.mark.integration
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
+from sft_helpers import build_tiny_model, final_weights, prepare_run, run_torchrun  # noqa: E402
+
+pytestmark = pytest.mark.e2e
 
 NUM_ROWS = 8
 RUN = dict(micro_batch_size=2, grad_accum=1, epochs=1)
