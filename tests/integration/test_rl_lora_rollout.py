@@ -61,13 +61,15 @@ zmq_handle = llm.collective_rpc("_get_zmq_handle")[0]
 
 
 def sync(weights, base_sync_done):
-    # verl's rollout update_weights: the worker receives (update_weights_from_ipc) while the actor sends
-    worker = threading.Thread(target=llm.collective_rpc, args=("update_weights_from_ipc",),
-                              kwargs={"kwargs": {"peft_config": peft_config, "base_sync_done": base_sync_done,
-                                                 "use_shm": True}})
-    worker.start()
-    asyncio.run(BucketedWeightSender(zmq_handle=zmq_handle, use_shm=True).async_send_weights(iter(weights.items())))
-    worker.join()
+    # verl's rollout update_weights: the actor sends while the worker receives (update_weights_from_ipc); a
+    # failing receiver raises here at once (the sender thread would wait for it forever)
+    sender = BucketedWeightSender(zmq_handle=zmq_handle, use_shm=True)
+    sending = threading.Thread(target=asyncio.run, args=(sender.async_send_weights(iter(weights.items())),),
+                               daemon=True)
+    sending.start()
+    llm.collective_rpc("update_weights_from_ipc", kwargs={"peft_config": peft_config,
+                                                          "base_sync_done": base_sync_done, "use_shm": True})
+    sending.join()
 
 
 # verl's FSDP engine's get_per_tensor_param: the base once (load_format=dummy), then the adapter at every step
