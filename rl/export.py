@@ -1,10 +1,10 @@
 """Hand-back: verl's final FSDP actor checkpoint -> an HF folder the evaluation stage loads unchanged.
 
 ``python -m verl.model_merger merge --backend fsdp`` writes the weights (verl merges to bfloat16 whatever the
-training dtype) with the config and tokenizer verl saved next to the checkpoint; a LoRA actor's (``rl.init_lora=
-adapter``) it writes as the base plus ``lora_adapter/``, which :func:`merge_lora_adapter` merges. :func:`check_hf_export` then
-loads it with transformers and aligns its eos as the SFT export does (``common.models.align_eos``), so vLLM
-generation from the RL model ends where the SFT model's did.
+training dtype) with the config and tokenizer verl saved next to the checkpoint; a LoRA actor
+(``rl.init_lora=adapter``) it writes as the base plus ``lora_adapter/``, which :func:`merge_lora_adapter` merges.
+:func:`check_hf_export` then loads it with transformers and aligns its eos as the SFT export does
+(``common.models.align_eos``), so vLLM generation from the RL model ends where the SFT model's did.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from typing import Any
 from common.models import align_eos, follow_umask, load_causal_lm
 
 VERL_LORA_ADAPTER = "lora_adapter"
-"""Where verl's model merger leaves a LoRA actor's adapter, inside the HF folder of the base it did not merge it into."""
+"""Where verl's model merger leaves a LoRA actor's adapter: inside the HF folder of the base, unmerged."""
 LATEST_ITERATION_FILE = "latest_checkpointed_iteration.txt"
 """verl's marker of the newest complete checkpoint in ``trainer.default_local_dir``."""
 

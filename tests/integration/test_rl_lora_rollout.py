@@ -54,7 +54,8 @@ policy = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(model_cf
 peft_config = policy.peft_config["default"].to_dict()
 llm = LLM(model=model_cfg.path, dtype="float32", load_format=rollout_cfg.load_format, enforce_eager=True,
           max_model_len=128, seed=0, kv_cache_memory_bytes=64 * 2**20, enable_chunked_prefill=False,
-          disable_log_stats=True, enable_lora=True, max_loras=1, max_lora_rank=get_vllm_max_lora_rank(model_cfg.lora_rank),
+          disable_log_stats=True, enable_lora=True, max_loras=1,
+          max_lora_rank=get_vllm_max_lora_rank(model_cfg.lora_rank),
           worker_extension_cls="verl.workers.rollout.vllm_rollout.utils.vLLMColocateWorkerExtension",
           **rollout_cfg.engine_kwargs.vllm)
 zmq_handle = llm.collective_rpc("_get_zmq_handle")[0]
