@@ -1,12 +1,14 @@
 """Hand-back: verl's final FSDP actor checkpoint -> an HF folder the evaluation stage loads unchanged.
 
 ``python -m verl.model_merger merge --backend fsdp`` writes the weights (verl merges to bfloat16 whatever the
-training dtype) with the config and tokenizer verl saved next to the checkpoint. :func:`check_hf_export` then
-loads it with transformers and aligns its eos as the SFT export does (``common.models.align_eos``), so vLLM
-generation from the RL model ends where the SFT model's did.
+training dtype) with the config and tokenizer verl saved next to the checkpoint; a LoRA actor
+(``rl.init_lora=adapter``) it writes as the base plus ``lora_adapter/``, which :func:`merge_lora_adapter` merges.
+:func:`check_hf_export` then loads it with transformers and aligns its eos as the SFT export does
+(``common.models.align_eos``), so vLLM generation from the RL model ends where the SFT model's did.
 """
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +16,8 @@ from typing import Any
 
 from common.models import align_eos, follow_umask, load_causal_lm
 
+VERL_LORA_ADAPTER = "lora_adapter"
+"""Where verl's model merger leaves a LoRA actor's adapter: inside the HF folder of the base, unmerged."""
 LATEST_ITERATION_FILE = "latest_checkpointed_iteration.txt"
 """verl's marker of the newest complete checkpoint in ``trainer.default_local_dir``."""
 
@@ -47,6 +51,25 @@ def merge_actor(checkpoint_dir: Path, step: int, target_dir: Path, env: dict[str
                                 stderr=subprocess.STDOUT, check=False)
     if result.returncode != 0:
         raise RuntimeError(f"verl's model merger failed (exit {result.returncode}); see {log_path}")
+
+
+def merge_lora_adapter(hf_dir: Path, adapter_dir: Path) -> bool:
+    """Merges the adapter verl's merger left in ``hf_dir/lora_adapter/`` into ``hf_dir``'s weights, W + (α/r)·BA
+    (peft's ``merge_and_unload``, in the folder's dtype), and moves the adapter to ``adapter_dir``; False (nothing
+    changed) when ``hf_dir`` holds no adapter."""
+    from peft import PeftModel
+
+    source = hf_dir / VERL_LORA_ADAPTER
+    if not source.is_dir():
+        return False
+    merged = PeftModel.from_pretrained(load_causal_lm(hf_dir, dtype="auto"), source).merge_and_unload()
+    for weights in hf_dir.glob("model*.safetensors*"):  # unlinked, not overwritten: the loaded tensors may map them
+        weights.unlink()
+    merged.save_pretrained(hf_dir)
+    shutil.rmtree(adapter_dir, ignore_errors=True)  # an earlier attempt's
+    shutil.move(source, adapter_dir)
+    follow_umask(adapter_dir)
+    return True
 
 
 def check_hf_export(hf_dir: Path) -> dict[str, Any]:

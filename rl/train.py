@@ -34,17 +34,19 @@ from common.manifest import Manifest, input_records, read_manifest, stage_run
 from common.paths import (
     BASE_VARIANT,
     HF_EXPORT,
+    LORA_ADAPTER,
     RL_GROUPS_KEPT,
     TRAINING_METRICS_FILE,
     configured_rl_run,
     hf_export_dir,
+    lora_adapter_dir,
     rl_start,
     trained_method,
 )
 from common.processes import owner_token, start_in_new_session, stop_owned, stop_tree
 from common.seeding import derive_seed
 from common.tracking import MetricsLogger, dapo_groups_kept, progress, read_metrics
-from rl.export import check_hf_export, latest_checkpoint_step, merge_actor
+from rl.export import check_hf_export, latest_checkpoint_step, merge_actor, merge_lora_adapter
 from rl.verl_args import (
     CHECKPOINT_SUBDIR,
     DAPO_PROGRESS_PREFIX,
@@ -446,6 +448,8 @@ def run(cfg: Config) -> Manifest:
                           f"{cfg.rl.total_steps}; see {stage / VERL_LOG}")
         hf_dir = hf_export_dir(stage)
         merge_actor(checkpoint_dir, done, hf_dir, {**os.environ, **verl_env(cfg)}, stage / VERL_LOG)
+        if merge_lora_adapter(hf_dir, lora_adapter_dir(stage)):
+            current.add_output(LORA_ADAPTER, f"the LoRA actor's adapter alone (step {done}), merged into {HF_EXPORT}/")
         export = check_hf_export(hf_dir)
         current.manifest.details["export"] = export
         recovered = recover_verl_metrics(stage)

