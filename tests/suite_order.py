@@ -25,6 +25,7 @@ SLOW_FILES = {
     "unit/test_orchestrator.py": 40,
     "integration/test_trl_integration.py": 40,
     "integration/test_sharded_load.py": 30,
+    "integration/test_rl_lora_rollout.py": 30,
     "unit/test_numerics.py": 30,
     "integration/test_eval_entropy.py": 26,
     "integration/test_sft_method_wiring.py": 26,
