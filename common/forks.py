@@ -49,8 +49,8 @@ def fork_distribution(model: Any, tokenizer: Any, prompts: Mapping[str, Sequence
     """On ``prompts`` (family → chat prompts, each a list of ``{role, content}`` messages): per family
     ``fork_<family>_entropy_nats`` (mean H over its prompts) and ``fork_<family>_p_<strategy>`` (mean probability of
     the strategy's opening token; ``openings``: strategy → its first words), and :data:`FORK_ENTROPY` over all
-    prompts. ``prefix``: the fixed text every response writes before the fork (:func:`common.config.toy.fork_prefix`), read
-    after the prompt; the fork is the token after it."""
+    prompts. ``prefix``: the fixed text every response writes before the fork
+    (:func:`common.config.toy.fork_prefix`), read after the prompt; the fork is the token after it."""
     import torch
 
     before_fork, index = prefix.rstrip(), fork_index(tokenizer, prefix)

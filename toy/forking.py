@@ -126,8 +126,8 @@ def is_reliable(problem: Problem, strategy: str) -> bool:
 
 
 def solve(problem: Problem, strategy: str, prefix: str = "") -> str:
-    """The worked solution of ``problem`` by ``strategy`` after ``prefix`` (:func:`common.config.toy.fork_prefix`; deterministic,
-    wrong where the strategy is unreliable)."""
+    """The worked solution of ``problem`` by ``strategy`` after ``prefix`` (:func:`common.config.toy.fork_prefix`;
+    deterministic, wrong where the strategy is unreliable)."""
     a_tens, a_ones = _digits(problem.a)
     b_tens, b_ones = _digits(problem.b)
     if strategy == "column":
