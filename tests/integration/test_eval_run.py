@@ -13,6 +13,7 @@ import pytest
 
 from bench.tiny_model import build_tiny_qwen3
 from eval_helpers import ScriptedSampler
+from wandb_helpers import offline_record
 from eval.metrics import MEAN_TOKEN_ENTROPY
 from eval.run import run
 from eval.sample import _EngineProcess, make_sampler, render_prompt
@@ -133,7 +134,7 @@ def test_metrics_reach_wandb_offline(tmp_path, tiny_model, shared_data, monkeypa
     run(cfg, lambda *args: ScriptedSampler(texts))
     runs = list((eval_dir(cfg, "hmmt25").parent / "wandb").glob("offline-run-*"))
     assert len(runs) == 1
-    record = next(runs[0].glob("run-*.wandb")).read_bytes()
+    record = offline_record(runs[0])
     for text in (b"hmmt25/avg@4", b"hmmt25/pass@4", b"grouped", b"grouped/eval_sft/tiny", b"eval_test"):
         assert text in record
     table = json.loads(next((runs[0] / "files/media/table/eval").glob("metrics_*.table.json")).read_text())

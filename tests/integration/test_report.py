@@ -16,6 +16,7 @@ from common import manifest as manifest_module
 from common.manifest import Manifest, is_current, read_manifest, write_manifest
 from common.paths import RL_DISCARDED_GROUPS, RL_GROUPS_KEPT, eval_run, report_dir
 from common.grid import arm_named, report_run
+from wandb_helpers import offline_record
 
 pytestmark = pytest.mark.integration
 
@@ -273,7 +274,7 @@ def test_report_reaches_wandb_offline(tmp_path, monkeypatch):
     assert table["columns"] == header.split(",") and len(table["data"]) == len(rows)
     images = {path.name.rsplit("_", 2)[0] for path in (run_dir / "files/media/images/plots").glob("*.png")}
     assert "passk_Toy-Qwen3-0.8M_sft_toy_add" in images
-    record = next(run_dir.glob("run-*.wandb")).read_bytes()
+    record = offline_record(run_dir)
     assert b"table1/Toy-Qwen3-0.8M/SFT/Avg pass@1" in record and b"table1/report" in record
 
 
