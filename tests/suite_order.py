@@ -18,14 +18,13 @@ SLOW_FILES = {
     # a test file (relative to tests/) → roughly the seconds its tests take on a loaded 2-core machine (`pytest
     # --durations`); only the order reads them, no test asserts a time
     "integration/test_golden_numbers.py": 100,
-    "integration/test_eval_run.py": 100,
+    "integration/test_eval_run.py": 70,
     "integration/test_bench_commands.py": 90,
-    "integration/test_sft_lora.py": 70,
+    "integration/test_sft_lora.py": 50,
     "integration/test_sft_train.py": 60,
     "unit/test_orchestrator.py": 40,
     "integration/test_trl_integration.py": 40,
     "integration/test_sharded_load.py": 30,
-    "integration/test_rl_lora_rollout.py": 30,
     "unit/test_numerics.py": 30,
     "integration/test_eval_entropy.py": 26,
     "integration/test_sft_method_wiring.py": 26,

@@ -5,9 +5,9 @@ inside the root forward) equals a plain ``from_pretrained`` base bitwise, before
 weights are unchanged after 3 optimiser steps; the optimiser holds the float32 adapter only; EKSFT-LoRA's loss equals
 the dense ``compute_token_loss`` with the base as reference; PSFT's old adapter is a copy of the trained one at a
 refresh; a DCP checkpoint restores each rank's adapter and optimiser shards bitwise (accelerate #4206's failure was a
-resume that kept only rank 0's adapter slice). Through ``sft.train``: a run killed with SIGKILL and resumed ends
-with the uninterrupted run's adapter bitwise, and its merged export loads in transformers and gives the logits of
-the base with the saved adapter.
+resume that kept only rank 0's adapter slice). Through ``sft.train`` (a 2-rank run; killed with SIGKILL and resumed
+in tests/e2e/test_sft_lora_resume.py): the merged export loads in transformers and gives the logits of the base with
+the saved adapter.
 
 ``torchrun --nproc_per_node=2 tests/integration/test_sft_lora.py MODEL OUT`` runs the worker.
 """
@@ -21,18 +21,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from safetensors.torch import load_file
-
 from common.config import compose
 from common.manifest import read_manifest
 from common.paths import hf_export_dir, lora_adapter_dir, sft_dir
-from sft.checkpoint import CHECKPOINTS_DIR
 from sft.losses import TOKEN_LOSSES
 from sft_helpers import (
     REPO_ROOT,
     build_tiny_model,
     child_env,
-    kill_after_checkpoint,
     one_rank,  # noqa: F401 (a fixture)
     prepare_run,
     run_in_session,
@@ -216,40 +212,22 @@ def test_a_checkpoint_restores_every_ranks_adapter_and_optimiser_shards_bitwise(
 
 
 @pytest.fixture(scope="module")
-def trained_runs(tmp_path_factory):
-    """EKSFT-LoRA through ``sft.train`` on 2 ranks, 4 steps: uninterrupted, and SIGKILLed after the checkpoint of
-    step 2, then resumed. Returns (uninterrupted config, resumed config, resumed manifest)."""
+def trained_run(tmp_path_factory):
+    """The config of an EKSFT-LoRA run through ``sft.train`` on 2 ranks, 4 steps, a checkpoint after each (the
+    SIGKILL-and-resume run beside it: tests/e2e/test_sft_lora_resume.py)."""
     model_dir = build_tiny_model(tmp_path_factory.mktemp("lora_model"))
-    runs = []
-    for name in ("uninterrupted", "killed"):
-        cfg, overrides = prepare_run(tmp_path_factory.mktemp(name), model_dir, NUM_ROWS, "eksft", **TRAIN)
-        runs.append((cfg, [*overrides, "profile.nproc_per_node=2"]))
-    (cfg, overrides), (killed_cfg, killed_overrides) = runs
+    _, overrides = prepare_run(tmp_path_factory.mktemp("uninterrupted"), model_dir, NUM_ROWS, "eksft", **TRAIN)
+    overrides = [*overrides, "profile.nproc_per_node=2"]
     result = run_torchrun(overrides, nproc=2)
     assert result.returncode == 0, result.stdout[-4000:]
-    killed_cfg = compose(killed_overrides)
-    kill_after_checkpoint(killed_overrides, sft_dir(killed_cfg) / CHECKPOINTS_DIR / "step_000002", nproc=2)
-    assert not read_manifest(sft_dir(killed_cfg)).complete, "the run finished before it was killed"
-    result = run_torchrun(killed_overrides, nproc=2)
-    assert result.returncode == 0, result.stdout[-4000:]
-    return compose(overrides), killed_cfg, read_manifest(sft_dir(killed_cfg))
+    return compose(overrides)
 
 
-def test_sigkill_and_resume_on_two_ranks_ends_with_the_uninterrupted_adapter_bitwise(trained_runs):
-    cfg, resumed_cfg, manifest = trained_runs
-    assert manifest.complete and 2 <= manifest.details["resumed_from_step"] < 4
-    expected = load_file(lora_adapter_dir(sft_dir(cfg)) / "adapter_model.safetensors")
-    resumed = load_file(lora_adapter_dir(sft_dir(resumed_cfg)) / "adapter_model.safetensors")
-    assert expected.keys() == resumed.keys() and len(expected) == 12
-    assert all(torch.equal(resumed[name], expected[name]) for name in expected)
-    assert all(expected[name].abs().sum() > 0 for name in expected if "lora_B" in name)
-
-
-def test_the_merged_export_loads_in_transformers_and_is_the_base_with_the_adapter(trained_runs):
+def test_the_merged_export_loads_in_transformers_and_is_the_base_with_the_adapter(trained_run):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    _, cfg, manifest = trained_runs
+    cfg, manifest = trained_run, read_manifest(sft_dir(trained_run))
     assert manifest.details["export"]["max_abs_logprob_diff"] < 1e-5  # the reload against the in-memory model
     assert {"hf", "adapter"} <= set(manifest.outputs)
     run_dir = sft_dir(cfg)
@@ -304,14 +282,14 @@ profile (with a LoRA rank they ask vLLM for its largest LoRA rank, and verl find
 one process for all, as importing verl and vLLM costs more than the checks."""
 
 
-def test_verl_takes_rl_from_the_lora_run_merged_or_from_its_adapter(trained_runs):
+def test_verl_takes_rl_from_the_lora_run_merged_or_from_its_adapter(trained_run):
     """``rl.init_lora`` chooses: full RL from the merged ``hf/``, or verl's LoRA keys for the run's adapter on the
     base model; verl's own config checks accept both."""
     from rl.verl_args import build_overrides
 
     argvs = []
     for init_lora in ("merged", "adapter"):
-        cfg = copy.deepcopy(trained_runs[0])
+        cfg = copy.deepcopy(trained_run)
         cfg.rl.init_run, cfg.rl.init_lora = str(sft_dir(cfg)), init_lora
         argvs.append(build_overrides(cfg))
     result = run_in_session([sys.executable, "-c", VERL_CHECK, json.dumps(argvs)], timeout=300,

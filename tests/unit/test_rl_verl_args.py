@@ -173,7 +173,7 @@ def test_rl_init_lora_adapter_gives_verl_the_runs_adapter_on_the_base_model(tmp_
     assert keys["actor_rollout_ref.model.lora_adapter_path"] == str(run / "adapter")
     assert (keys["actor_rollout_ref.model.lora_rank"], keys["actor_rollout_ref.model.lora_alpha"],
             keys["actor_rollout_ref.model.target_modules"]) == ("4", "8", "[q_proj,v_proj]")
-    # vLLM's LoRA on the adapter's modules only, not on the (tied) embedding (tests/integration/test_rl_lora_rollout.py)
+    # vLLM's LoRA on the adapter's modules only, not on the (tied) embedding (tests/e2e/test_rl_lora_rollout.py)
     assert keys["+actor_rollout_ref.rollout.engine_kwargs.vllm.lora_target_modules"] == "[q_proj,v_proj]"
 
 

@@ -6,25 +6,29 @@ transfer, into vLLM with LoRA enabled. Two failures stood in the way on vLLM-CPU
 too, so the tied ``lm_head.weight`` was skipped as an alias of a ``model.embed_tokens.base_layer.weight`` the sync
 never names (``rl.verl_args.lora_keys`` now restricts vLLM's LoRA to the adapter's modules); and verl's adapter loader
 called ``WeightsMapper.get_unstacked_mapper``, renamed in vLLM 0.31 (``rl.verl_cpu_plugin``). The rollout then gives
-the log-probs of the base with the adapter, and with no adapter request those of the base.
+the log-probs of the base with the adapter, and with no adapter request those of the base. One vLLM-CPU engine with
+LoRA, about 45 s; the default suite checks the keys (tests/unit/test_rl_verl_args.py) and verl's validation of them
+(tests/integration/test_sft_lora.py).
 """
 from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 from peft import LoraConfig, get_peft_model
 
-from common.config import compose
-from common.manifest import stage_run
-from common.models import load_causal_lm
-from common.paths import lora_adapter_dir
-from rl.verl_args import build_overrides
-from sft_helpers import REPO_ROOT, build_tiny_model, child_env, run_in_session
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
+from common.config import compose  # noqa: E402
+from common.manifest import stage_run  # noqa: E402
+from common.models import load_causal_lm  # noqa: E402
+from common.paths import lora_adapter_dir  # noqa: E402
+from rl.verl_args import build_overrides  # noqa: E402
+from sft_helpers import REPO_ROOT, build_tiny_model, child_env, run_in_session  # noqa: E402
 
-pytestmark = [pytest.mark.integration, pytest.mark.vllm]
+pytestmark = [pytest.mark.e2e, pytest.mark.vllm]
 
 PROMPT_IDS = [1, 64, 10, 11, 12, 2, 1, 65]
 LORA = {"enabled": True, "rank": 4, "alpha": 8, "dropout": 0.0, "target_modules": ["q_proj", "v_proj", "up_proj"]}
