@@ -41,14 +41,23 @@ def save_config(size: str, folder: Path) -> Path:
 
 
 def estimate(method: str, lora: bool, model_dir: Path, seq_len: int, overrides: list[str]):
-    """The preflight's estimate of one trainer (``method``, LoRA or not) on the shape in ``model_dir``, one sequence
-    of ``seq_len`` tokens per micro-batch, with the config ``overrides``."""
+    """The preflight's estimate of one trainer (``method``, LoRA or not) on the shape in ``model_dir``, sequences of
+    ``seq_len`` tokens, with the config ``overrides``."""
     from common.config import compose
     from common.preflight import estimate_sft_memory
 
     return estimate_sft_memory(compose([
         *overrides, f"model.path={model_dir}", f"sft/method={method}", f"sft.lora.enabled={str(lora).lower()}",
-        "sft.micro_batch_size=1", f"data.max_length={seq_len}"]))
+        f"data.max_length={seq_len}"]))
+
+
+def trainer_estimate(method: str, lora: bool, args: argparse.Namespace, model_dir: Path):
+    """The estimate of the one-rank trainer ``build_trainer`` builds from ``args`` (``bench.sft_step_time``'s
+    options; the shape's config.json in ``model_dir``)."""
+    return estimate(method, lora, model_dir, args.seq_len, [
+        "profile=toy", "profile.nproc_per_node=1", f"sft.micro_batch_size={args.micro_batch_size}",
+        f"sft.mixed_precision={args.mixed_precision}", f"sft.frozen_dtype={args.frozen_dtype}",
+        f"sft.chunk_size={args.chunk_size}", f"sft.gradient_checkpointing={str(args.gradient_checkpointing).lower()}"])
 
 
 def cpu_trainer_args(size: str, seq_len: int, chunk_size: int = 256,
@@ -93,9 +102,7 @@ def measured_bytes(method: str, lora: bool, args: argparse.Namespace, env) -> in
 
 def compare(method: str, lora: bool, args: argparse.Namespace, model_dir: Path, env) -> dict:
     """One trainer of :func:`cpu_trainer_args` ``args``: its measured bytes and the preflight's estimate of it."""
-    predicted = estimate(method, lora, model_dir, args.seq_len, [
-        "profile=toy", "sft.mixed_precision=fp32", "sft.frozen_dtype=fp32", f"sft.chunk_size={args.chunk_size}",
-        "profile.nproc_per_node=1", f"sft.gradient_checkpointing={str(args.gradient_checkpointing).lower()}"])
+    predicted = trainer_estimate(method, lora, args, model_dir)
     return {"size": args.size, "tokens": args.seq_len, "method": method, "lora": lora,
             "measured": measured_bytes(method, lora, args, env), "estimate": predicted.peak}
 
@@ -137,7 +144,7 @@ def predict(args: argparse.Namespace) -> None:
             model_dir = save_config(size, Path(tmp) / size)
             for seq_len in args.lengths:
                 for gpus in args.world_sizes:
-                    overrides = ["profile=paper", f"profile.nproc_per_node={gpus}"]
+                    overrides = ["profile=paper", f"profile.nproc_per_node={gpus}", "sft.micro_batch_size=1"]
                     cells = [estimate(method, lora, model_dir, seq_len, overrides).peak / GIB
                              for method, lora in TRAINERS]
                     print(f"| {size} | {seq_len:,} | {gpus} | " + " | ".join(f"{cell:.1f}" for cell in cells) + " |")
