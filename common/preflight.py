@@ -19,6 +19,8 @@ Checks per stage (:data:`STAGE_CHECKS`):
   The data stage's local path keys (:func:`check_data_paths`) must be readable files or folders, each problem named
   by its key; ``experiment.run_root`` is checked by every entry point first
   (``common.config.require_writable_run_root``).
+* ``memory`` (SFT, cuda): :func:`estimate_sft_memory`, the peak bytes on one GPU, fits the node's smallest GPU
+  (``torch.cuda.get_device_properties``); refused with the keys that would make it fit (:func:`memory_fixes`).
 * ``disk``: free bytes where the run folder and the HF cache live ≥ the estimate of :func:`estimate_bytes`.
 * ``ray``: ``RAY_ADDRESS``, when set, accepts a TCP connection.
 * ``nodes`` (the orchestrator, SFT with ``profile.nnodes`` > 1): ``srun`` and the rendezvous endpoint
@@ -26,6 +28,8 @@ Checks per stage (:data:`STAGE_CHECKS`):
 """
 from __future__ import annotations
 
+import copy
+import functools
 import importlib.metadata
 import importlib.util
 import json
@@ -55,6 +59,7 @@ if TYPE_CHECKING:
 class PlannedStage(Protocol):
     """What the checks read of one orchestrator command (``pipeline.stages.StageCommand``)."""
     stage: str
+    name: str
     config: "Config"
 
 
@@ -63,7 +68,7 @@ PROBE_TIMEOUT_S = 3.0
 STAGE_CHECKS = {
     "data": ("data", "disk"),
     "base": ("disk",),
-    "sft": ("gpus", "attention", "model", "disk"),
+    "sft": ("gpus", "memory", "attention", "model", "disk"),
     "eval_sft": ("gpus", "vllm", "model"),
     "rl": ("gpus", "vllm", "attention", "model", "ray", "disk"),
     "eval_rl": ("gpus", "vllm"),
@@ -551,6 +556,175 @@ def check_disk(run_root: str, needed: dict[str, int]) -> list[Problem]:
     return problems
 
 
+# ------------------------------------------------------------------------------------------------ memory
+ADAMW_STEP_BYTES_PER_PARAM = 4
+"""AdamW's temporaries in its step, per trainable parameter: measured 4.0 on one H200 (Qwen3-4B, foreach;
+docs/results/2026-11-23-longest-eksft-sequence-h200.md)."""
+HEAD_CHUNK_BUFFERS = 6
+"""fp32 ``[chunk × vocabulary]`` buffers the loss head holds at once: measured about 6 for EKSFT's pass A (the most of
+any loss; docs/results/2026-11-22-loss-head-memory-h100.md)."""
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Bytes on one GPU of an SFT rank, by term (:func:`estimate_sft_memory`)."""
+
+    state: int
+    unsharded: int
+    loss_head: int
+    activations: int
+    optimizer_step: int
+
+    @property
+    def peak(self) -> int:
+        """The larger of the forward/backward peak and the optimiser step's."""
+        return max(self.state + self.unsharded + self.loss_head + self.activations, self.state + self.optimizer_step)
+
+    def __str__(self) -> str:
+        gib = 2 ** 30
+        return (f"{self.peak / gib:.1f} GiB per GPU = max(state {self.state / gib:.1f} + unsharded "
+                f"{self.unsharded / gib:.1f} + loss head {self.loss_head / gib:.1f} + activations "
+                f"{self.activations / gib:.1f}, state + AdamW step {self.optimizer_step / gib:.1f})")
+
+
+def estimate_sft_memory(cfg: "Config") -> MemoryEstimate | None:
+    """Peak bytes on one GPU of one SFT rank, from the base model's config.json (:func:`model_config`; None when it
+    is not at hand) and the ``sft``, ``data`` and ``profile`` keys:
+
+        peak = max(S + U + H + X, S + O)
+        S = (16·Θ + f·F) / N                                          sharded state
+        O = 4·Θ / N                                                   AdamW's step temporaries
+        U = b·M·(E·V·d + 2·W) + [full]·(b + 4)·W + [cache]·b·V·d      FSDP2's unsharded copies
+        H = 4·6·C·V + [full]·(4 + b)·V·d                              the chunked loss head
+        X = T·(K + (4 + 4b + 2b·(R + Q))·d)                           activations
+        K = (L + 1)·a, with activation checkpointing L·b·d + a
+        a = 4·(2d + q + k) + b·(4d + 3q + 3k + 4I) + [LoRA]·n·(b·r + [dropout]·(b + 1)·i)
+
+    N GPUs in all (``profile.nproc_per_node × profile.nnodes``) shard the state; b the compute dtype's bytes (2 under
+    ``sft.mixed_precision=bf16``, else 4), f the frozen models' (``sft.frozen_dtype``). Full fine-tuning trains the
+    Θ = P parameters (:func:`model_parameters`) in fp32 (master weight, gradient, AdamW's m and v: 16 B each) and
+    stores F = P per frozen model with layers of its own: the reference (a loss that ``keeps_reference``, unless
+    ``sft.reference_cache`` leaves only its V·d head, [cache]) and PSFT's old policy. With ``sft.lora`` Θ = A
+    (:func:`lora_parameters`), F = P (the frozen base) plus A for PSFT's old adapter, and M = 1: the reference is
+    the base under ``disable_adapter()``, no second copy. M models with layers of their own each gather their root
+    (embeddings, E = 1 tied or 2 untied heads of V × d) and two decoder layers of W = Σ in·out parameters
+    (:func:`linear_shapes`: the one computing, the one prefetched); full fine-tuning adds one layer's gradient and its
+    fp32 reduce-scatter input, and the head weight's gradient, summed in fp32 and cast (``sft.token_stats``). The loss
+    head holds :data:`HEAD_CHUNK_BUFFERS` fp32 chunks of C = ``sft.chunk_size`` rows × V. Activations of the
+    T = ``sft.micro_batch_size × data.max_length`` tokens of a micro-batch: per decoder layer a (the two RMSNorm
+    inputs and the q/k-norm inputs in fp32; in the compute dtype the normed hidden states, q and k/v three times each
+    (normed, rotated, attention) and four MLP tensors of width I; r and, with dropout, a copy of the input i of each
+    of the n adapted layers), all L layers kept (and one layer's gradients in flight) or, with
+    ``sft.gradient_checkpointing``, only each layer's input and the one layer recomputed in the backward; plus the
+    final hidden states and their copies in the loss head, and the reference's (R) and old policy's (Q). Not counted:
+    the CUDA context, the allocator's fragmentation, norms and biases."""
+    c = model_config(cfg)
+    if c is None:
+        return None
+    sft, method = cfg.sft, cfg.sft.method
+    shapes = linear_shapes(c)
+    d, inter, vocab, layers = c["hidden_size"], c["intermediate_size"], c["vocab_size"], c["num_hidden_layers"]
+    q, k = shapes["q_proj"][1], shapes["k_proj"][1]
+    heads = 1 if c.get("tie_word_embeddings", False) else 2
+    layer_params = sum(i * o for i, o in shapes.values())
+    params, world = model_parameters(cfg), cfg.profile.nproc_per_node * cfg.profile.nnodes
+    b = 2 if sft.mixed_precision == "bf16" else 4
+    f = 2 if sft.frozen_dtype == "bf16" else 4
+    reference, old = method.keeps_reference(), method.keeps_old_policy
+    cached = reference and sft.reference_cache
+    full = not sft.lora.enabled
+    if full:
+        trainable = params
+        frozen = params * ((reference and not cached) + old) + cached * vocab * d
+        models = 1 + (reference and not cached) + old
+    else:
+        trainable = lora_parameters(cfg)
+        frozen, models = params + old * trainable, 1
+    per_layer = 4 * (2 * d + q + k) + b * (4 * d + 3 * q + 3 * k + 4 * inter)
+    if not full:
+        adapted = [shapes[name][0] for name in sft.lora.target_modules if name in shapes]
+        per_layer += sum(b * sft.lora.rank + (sft.lora.dropout > 0) * (b + 1) * width for width in adapted)
+    kept = layers * b * d + per_layer if sft.gradient_checkpointing else (layers + 1) * per_layer
+    tokens = sft.micro_batch_size * cfg.data.max_length
+    return MemoryEstimate(
+        state=int((16 * trainable + f * frozen) / world),
+        unsharded=(b * models * (heads * vocab * d + 2 * layer_params) + full * (b + 4) * layer_params
+                   + cached * b * vocab * d),
+        loss_head=4 * HEAD_CHUNK_BUFFERS * sft.chunk_size * vocab + full * (4 + b) * vocab * d,
+        activations=tokens * (kept + (4 + 4 * b + 2 * b * (reference + old)) * d),
+        optimizer_step=int(ADAMW_STEP_BYTES_PER_PARAM * trainable / world))
+
+
+def with_key(cfg: "Config", key: str, value: Any) -> "Config":
+    """A copy of ``cfg`` with the dotted ``key`` (``sft.lora.enabled``) set to ``value``, not validated again."""
+    changed = copy.deepcopy(cfg)
+    *path, name = key.split(".")
+    setattr(functools.reduce(getattr, path, changed), name, value)
+    return changed
+
+
+def memory_fixes(cfg: "Config", available: int) -> list[str]:
+    """Each change of one key that brings :func:`estimate_sft_memory` within ``available`` bytes, with its estimate:
+    LoRA, activation checkpointing, frozen models in bf16, the fewest GPUs in all (doubling) and the longest
+    ``data.max_length`` (halving) that fit."""
+    def peak_with(key: str, value: Any) -> int:
+        return estimate_sft_memory(with_key(cfg, key, value)).peak
+
+    def gib(peak: int) -> str:
+        return f"{peak / 2 ** 30:.1f} GiB"
+
+    fixes = []
+    for key, value in (("sft.lora.enabled", True), ("sft.gradient_checkpointing", True), ("sft.frozen_dtype", "bf16")):
+        if with_key(cfg, key, value) != cfg and (peak := peak_with(key, value)) <= available:
+            fixes.append(f"{key}={str(value).lower()} ({gib(peak)})")
+    nodes, length = cfg.profile.nnodes, cfg.data.max_length
+    world = cfg.profile.nproc_per_node * nodes
+    for gpus in (world * 2 ** i for i in range(1, 7)):
+        if (peak := peak_with("profile.nproc_per_node", gpus / nodes)) <= available:
+            fixes.append(f"{gpus} GPUs (profile.nproc_per_node x profile.nnodes; {gib(peak)})")
+            break
+    for shorter in (length // 2 ** i for i in range(1, 12) if length // 2 ** i >= 16):
+        if (peak := peak_with("data.max_length", shorter)) <= available:
+            fixes.append(f"data.max_length={shorter} ({gib(peak)})")
+            break
+    return fixes
+
+
+def memory_line(commands: Iterable[PlannedStage]) -> str | None:
+    """One line for the dry run and the preflight: the pending SFT command with the largest
+    :func:`estimate_sft_memory`; None when no pending SFT command's model shape is at hand."""
+    estimates = [(estimate, command.name) for command in commands
+                 if command.stage == "sft" and (estimate := estimate_sft_memory(command.config)) is not None]
+    if not estimates:
+        return None
+    estimate, name = max(estimates, key=lambda pair: pair[0].peak)
+    return f"memory: {name} needs about {estimate} (the preflight's estimate, common.preflight.estimate_sft_memory)"
+
+
+def check_memory(cfg: "Config") -> list[Problem]:
+    """``profile.device=cuda`` with CUDA GPUs visible: :func:`estimate_sft_memory` fits the smallest of the GPUs the
+    node's ranks use (``torch.cuda.get_device_properties``); nothing is checked without a GPU or a config.json."""
+    if cfg.profile.device != "cuda":
+        return []
+    import torch
+
+    visible = torch.cuda.device_count() if torch.version.cuda is not None else 0
+    estimate = estimate_sft_memory(cfg) if visible else None
+    if estimate is None:
+        return []
+    smallest = min(range(min(visible, cfg.profile.nproc_per_node)),
+                   key=lambda i: torch.cuda.get_device_properties(i).total_memory)
+    gpu = torch.cuda.get_device_properties(smallest)
+    if estimate.peak <= gpu.total_memory:
+        return []
+    fixes = memory_fixes(cfg, gpu.total_memory)
+    return [Problem("memory", f"SFT needs about {estimate} (common.preflight.estimate_sft_memory); GPU {smallest} "
+                              f"({gpu.name}) has {gpu.total_memory / 2 ** 30:.1f} GiB",
+                    "; or ".join(fixes) if fixes else
+                    "sft.lora.enabled=true with more GPUs (profile.nproc_per_node, profile.nnodes) and a shorter "
+                    "data.max_length")]
+
+
 # ------------------------------------------------------------------------------------------------ entry points
 def gpus_needed(cfg: "Config", stage: str) -> int:
     """GPUs one node must show for ``stage``."""
@@ -568,6 +742,8 @@ def stage_problems(cfg: "Config", stage: str, *, gpus: int | None = None) -> lis
     problems = []
     if "gpus" in checks:
         problems += check_gpus(cfg, gpus_needed(cfg, stage) if gpus is None else gpus)
+    if "memory" in checks:
+        problems += check_memory(cfg)
     if "vllm" in checks and not (evaluating and cfg.eval.backend != "vllm"):
         problems += check_vllm(cfg)
     if "attention" in checks:

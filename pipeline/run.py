@@ -33,7 +33,7 @@ from common.errors import user_errors_in_one_line
 from pipeline.launch import StageFailed, force_restart, is_done, manifest_states, run_command, stop_all
 from common.locks import DirectoryLock
 from common.paths import experiment_dir, report_benchmarks, report_dir
-from common.preflight import PreflightError, estimate_bytes, require_plan
+from common.preflight import PreflightError, estimate_bytes, memory_line, require_plan
 from pipeline.estimates import estimate_line
 from common.processes import interrupted_by, termination_signals_interrupt
 from pipeline.migrations import retire_cpu_chosen_bf16_bases, warn_about_old_layout
@@ -121,6 +121,8 @@ def run(cfg: Config, overrides: list[str]) -> list[StageCommand]:
             print(f"disk: the pending commands write about {needed['run_root'] / 1e9:.0f} GB under "
                   f"experiment.run_root and {needed['hf_cache'] / 1e9:.0f} GB into the HF cache (the preflight's "
                   "estimate, common.preflight.estimate_bytes)")
+        if (memory := memory_line(pending(cfg, plan))) is not None:
+            print(memory)
         print(estimate_line(pending(cfg, plan), cfg.profile.name, cfg.experiment.parallel))
         print(f"dry run: nothing was started; the run would leave its results in {results_path(cfg, plan)}")
         return plan
@@ -131,6 +133,8 @@ def run(cfg: Config, overrides: list[str]) -> list[StageCommand]:
         raise SystemExit(str(error)) from None
     if cfg.preflight:
         print(f"preflight: ok for the {len(waiting)} pending stage commands")
+        if (memory := memory_line(waiting)) is not None:
+            print(memory)
         return plan
     print(estimate_line(waiting, cfg.profile.name, cfg.experiment.parallel))
     started = time.time()

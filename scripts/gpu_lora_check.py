@@ -10,7 +10,8 @@ parameters, the chunked loss head), on one micro-batch of 4,096 tokens with acti
 every weight. LoRA (``sft.lora`` defaults: r 16, α 32, every linear layer of a decoder layer; ``sft/lora.py``): the
 base frozen in bf16, fp32 adapters, the reference the base with the adapters disabled (no second model). Each trainer
 is built, warmed up and timed alone after the one before is released, so each peak
-(``torch.cuda.max_memory_allocated``) is its own; ``held_gib`` is what it holds between steps. Needs a CUDA torch,
+(``torch.cuda.max_memory_allocated``) is its own; ``held_gib`` is what it holds between steps, ``estimate_gib`` the
+preflight's estimate of its peak (``common.preflight.estimate_sft_memory``). Needs a CUDA torch,
 transformers and peft (no vLLM, no verl).
 """
 from __future__ import annotations
@@ -19,6 +20,7 @@ import argparse
 import json
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -28,6 +30,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO)]
 
 from bench import sft_step_time  # noqa: E402
+from bench.sft_memory_estimate import save_config, trainer_estimate  # noqa: E402
 from bench.sft_step_time import build_trainer, random_micro_batches, release, trainer_bytes  # noqa: E402
 
 TRAINERS = ("full", "lora")
@@ -98,17 +101,20 @@ def main(argv: list[str] | None = None) -> int:
         for name in TRAINERS:
             print(f"[{name}] EKSFT, {shape.size}, {results['tokens_per_step']} tokens per step", flush=True)
             results["trainers"][name] = measure(name, shape, env, args.warmup, args.steps)
+            with tempfile.TemporaryDirectory() as tmp:  # the preflight's estimate of the same trainer
+                estimate = trainer_estimate("eksft", name == "lora", shape, save_config(shape.size, Path(tmp) / "m"))
+            results["trainers"][name]["estimate_gib"] = estimate.peak / 2 ** 30
             results["seconds"] = time.perf_counter() - started
             out.parent.mkdir(parents=True, exist_ok=True)
             out.write_text(json.dumps(results, indent=2, default=str) + "\n")
     finally:
         close_distributed(env)
     full, lora = results["trainers"]["full"], results["trainers"]["lora"]
-    print(f"\n{'trainer':8s} {'step s':>8s} {'peak GiB':>9s} {'held GiB':>9s} {'trainable':>12s}")
+    print(f"\n{'trainer':8s} {'step s':>8s} {'peak GiB':>9s} {'estimate':>9s} {'held GiB':>9s} {'trainable':>12s}")
     for name, result in results["trainers"].items():
         peak = f"{result['peak_gib']:9.2f}" if result["peak_gib"] is not None else f"{'-':>9s}"
-        print(f"{name:8s} {result['median_step_s']:8.3f} {peak} {result['held_gib']:9.3f} "
-              f"{result['trainable_params']:12,d}")
+        print(f"{name:8s} {result['median_step_s']:8.3f} {peak} {result['estimate_gib']:9.2f} "
+              f"{result['held_gib']:9.3f} {result['trainable_params']:12,d}")
     print(f"lora/full: step time {lora['median_step_s'] / full['median_step_s']:.3f}, held memory "
           f"{lora['held_gib'] / full['held_gib']:.3f}")
     print(f"gpu_lora_check: done in {results['seconds']:.0f} s; results in {out}")

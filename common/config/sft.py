@@ -49,6 +49,11 @@ class SFTMethod:
         """Whether the loss reads the SFT rows' ``behaviour_logprobs`` (the plan refuses data without them)."""
         return False
 
+    def keeps_reference(self) -> bool:
+        """Whether the trainer runs the frozen reference (the loss's ``needs_reference``, tested): what the
+        preflight's memory estimate adds. Not a setting."""
+        return False
+
     def own_loss_norm(self) -> Optional[str]:
         """The normalisation this method imposes (``loss_norm``, or its preset's), None if it leaves it to ``sft``."""
         return self.resolved()["loss_norm"]
@@ -79,6 +84,9 @@ class IWSFTMethod(SFTMethod):
     """Lower clip of the token-level weight."""
     token_clip_high: float = 1.8
     """Upper clip of the token-level weight."""
+
+    def keeps_reference(self) -> bool:
+        return True
 
     def validate(self) -> None:
         super().validate()
@@ -188,6 +196,9 @@ class EKSFTMethod(SFTMethod):
             switches["loss_norm"] = STEP_PARTS_NORM
         return switches
 
+    def keeps_reference(self) -> bool:
+        return True
+
     def validate(self) -> None:
         super().validate()
         check_range("sft.method.rho", self.rho, 0.0, 1.0)
@@ -221,6 +232,9 @@ class ASFTMethod(SFTMethod):
     name: str = "asft"
     kl_coef: float = 0.1
     """λ: weight of the forward KL(π_ref‖π_θ) on every supervised token."""
+
+    def keeps_reference(self) -> bool:
+        return True
 
     def validate(self) -> None:
         super().validate()
@@ -334,6 +348,9 @@ class PEARMethod(SFTMethod):
 
     def reads_behaviour_logprobs(self) -> bool:
         return self.behaviour == "data"
+
+    def keeps_reference(self) -> bool:
+        return self.behaviour == "reference"
     level: str = "token"
     """token: w_t = γ^(n_t) · Π_{j>t} Δ_j over the n_t supervised tokens after t (the suffix); sequence: one weight
     Π_j Δ_j for every token of the sequence."""

@@ -28,6 +28,8 @@ COMMANDS = {
                          r"32 tokens: step \S+ s"),
     "scoring_limits": (["--slow", "1", "--limit", "1"], r"1 slow \+ 1 correct at once, limit 1 s: correct one"),
     "sft_load_memory": (["--size", "tiny", "--nproc", "1"], r"rank 0: sharded / full peak RSS = \d"),
+    "sft_memory_estimate": (["--sizes", "tiny", "--lengths", "32"],
+                            r"\| tiny \| 32 \| eksft-LoRA \| \S+ \| \S+ \| \S+ \|"),
     "sft_step_time": (["--steps", "1", "--warmup", "0", "--seq-len", "32", "--micro-batch-size", "1",
                        "--grad-accum", "1"],
                       r"eksft_cache / sft step time: \S+ \(medians\)"),

@@ -27,4 +27,5 @@ def test_gpu_lora_check_dry_run_times_both_trainers_and_writes_its_results(tmp_p
     assert 0 < lora["trainable_params"] < full["params"] / 4  # r 16 on a 128-wide model: 18% of it
     # full: policy + fp32 reference + two moments (16 B/param); LoRA: the base once, adapters with their moments
     assert lora["held_gib"] < full["held_gib"] / 2
+    assert full["estimate_gib"] > lora["estimate_gib"] > lora["held_gib"]  # the preflight's estimate of each peak
     assert "lora/full: step time" in result.stdout

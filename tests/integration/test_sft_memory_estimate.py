@@ -1,0 +1,27 @@
+"""The preflight's SFT memory estimate bounds what one real trainer step allocates: the tiny random Qwen3, 256 tokens,
+fp32 on one gloo rank, EKSFT full and LoRA (``bench.sft_memory_estimate``: held bytes plus the CPU
+allocator's peak during the second step, counted from the profiler's allocation events, no timing). Measured on
+2026-11-27: 1.34 and 1.42 times the step's bytes (docs/results/2026-11-27-sft-memory-estimate.md)."""
+from __future__ import annotations
+
+import pytest
+
+from bench.sft_memory_estimate import compare, cpu_trainer_args, save_config
+from sft.distributed import close_distributed, init_distributed
+
+pytestmark = pytest.mark.integration
+WITHIN = 1.6
+"""How far above the measured bytes the estimate may be."""
+
+
+def test_the_estimate_is_an_upper_bound_within_its_factor_of_a_measured_step(tmp_path):
+    model_dir = save_config("tiny", tmp_path / "tiny")
+    env = init_distributed("cpu")
+    try:
+        full, lora = (compare("eksft", adapters, cpu_trainer_args("tiny", 256), model_dir, env)
+                      for adapters in (False, True))
+    finally:
+        close_distributed(env)
+    for row in (full, lora):
+        assert row["measured"] <= row["estimate"] <= WITHIN * row["measured"], row
+    assert lora["measured"] < full["measured"] and lora["estimate"] < full["estimate"]
