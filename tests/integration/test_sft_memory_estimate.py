@@ -7,21 +7,17 @@ from __future__ import annotations
 import pytest
 
 from bench.sft_memory_estimate import compare, cpu_trainer_args, save_config
-from sft.distributed import close_distributed, init_distributed
+from sft_helpers import one_rank  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.integration
 WITHIN = 1.6
 """How far above the measured bytes the estimate may be."""
 
 
-def test_the_estimate_is_an_upper_bound_within_its_factor_of_a_measured_step(tmp_path):
+def test_the_estimate_is_an_upper_bound_within_its_factor_of_a_measured_step(tmp_path, one_rank):
     model_dir = save_config("tiny", tmp_path / "tiny")
-    env = init_distributed("cpu")
-    try:
-        full, lora = (compare("eksft", adapters, cpu_trainer_args("tiny", 256), model_dir, env)
-                      for adapters in (False, True))
-    finally:
-        close_distributed(env)
+    full, lora = (compare("eksft", adapters, cpu_trainer_args("tiny", 256), model_dir, one_rank)
+                  for adapters in (False, True))
     for row in (full, lora):
         assert row["measured"] <= row["estimate"] <= WITHIN * row["measured"], row
     assert lora["measured"] < full["measured"] and lora["estimate"] < full["estimate"]
