@@ -25,10 +25,14 @@ class DynamicSamplingExhausted(RuntimeError):
 class BoundedDapoReplayBuffer(ReplayBuffer):
     """verl's sync ``ReplayBuffer`` with group filtering; ``sampler_kwargs`` (``trainer.v1.sampler.sampler_kwargs``)
     carry what verl passes its built-in buffer (``metric``, ``train_batch_size``, ``max_inflight_gen_batches``) plus
-    ``max_gen_batches`` (0: unbounded) and the metric's values of a right and a wrong rollout."""
+    ``max_gen_batches`` (0: unbounded), the metric's values of a right and a wrong rollout, and ``poll_interval_s``
+    (``rl.sampler_poll_s``: verl passes a custom sampler no poll interval, and its default of 2 s made every refill
+    wave of a 2-core toy run wait a second on average)."""
 
     def __init__(self, *, sampler_kwargs, **verl_kwargs):
         options = dict(sampler_kwargs)
+        if "poll_interval_s" in options:
+            verl_kwargs["poll_interval"] = float(options["poll_interval_s"])
         super().__init__(sampler_kwargs=sampler_kwargs, filter_groups_metric=str(options["metric"]),
                          train_batch_size=int(options["train_batch_size"]), gen_batch_size=1,
                          max_inflight_gen_batches=int(options["max_inflight_gen_batches"]), **verl_kwargs)

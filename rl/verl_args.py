@@ -275,12 +275,13 @@ def _policy_loss_keys(rl: RLConfig) -> dict[str, Any]:
 
 def _dapo_sampler_keys(cfg: Config) -> dict[str, Any]:
     """verl's replay buffer replaced by ``rl/dapo_sampler.py`` (the same sampling, counted and bounded), with what
-    verl hands its built-in buffer and the filter metric's values of a right and a wrong rollout."""
+    verl hands its built-in buffer, the filter metric's values of a right and a wrong rollout and how often it looks
+    (``rl.sampler_poll_s``)."""
     rl = cfg.rl
     right, wrong = (1.0, 0.0) if rl.filter_groups_metric == "acc" else reward_scores(cfg)
     options = {"metric": rl.filter_groups_metric, "train_batch_size": rl.train_batch_size,
                "max_inflight_gen_batches": rl.max_inflight_gen_batches, "max_gen_batches": rl.max_gen_batches,
-               "right_value": right, "wrong_value": wrong}
+               "right_value": right, "wrong_value": wrong, "poll_interval_s": rl.sampler_poll_s}
     return {"trainer.v1.sampler.custom_sampler.path": str(DAPO_SAMPLER[0]),
             "trainer.v1.sampler.custom_sampler.name": DAPO_SAMPLER[1],
             **{f"+trainer.v1.sampler.sampler_kwargs.{key}": value for key, value in options.items()}}

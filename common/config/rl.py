@@ -141,6 +141,10 @@ class RLConfig(SamplingConfig):
     """With ``filter_groups``: stop the run, naming the shares of all-right and all-wrong groups, when a step has
     judged this many generation batches (``train_batch_size`` prompt groups each) without ``train_batch_size`` mixed
     groups; 0: never. A step needs about 1 / (share of mixed groups) of them."""
+    sampler_poll_s: float = field(default=0.25, metadata=SUPERVISION)
+    """With ``filter_groups``: seconds between the replay buffer's looks at the finished groups (verl's default 2.0);
+    the refills of filtered groups go out at these looks, so a step waits up to this long per refill wave. Timing only:
+    which groups get generated depends on arrival order whatever it is (RL is not bitwise reproducible)."""
     overlong_buffer: bool = True
     """Overlong reward shaping: penalty min(-(|o| - (L_max - L_buf)) / L_buf · factor, 0)."""
     overlong_buffer_len: int = 4096
@@ -246,6 +250,7 @@ class RLConfig(SamplingConfig):
             raise ConfigError("rl.filter_groups needs rl.rollout_n >= 2 (a group of one is always uniform)")
         check_range("rl.max_inflight_gen_batches", self.max_inflight_gen_batches, 1)
         check_range("rl.max_gen_batches", self.max_gen_batches, 0)
+        check_range("rl.sampler_poll_s", self.sampler_poll_s, 0.01, 60.0)
         if self.overlong_buffer:
             check_range("rl.overlong_buffer_len", self.overlong_buffer_len, 1, self.max_response_length)
         check_range("rl.overlong_penalty_factor", self.overlong_penalty_factor, 0.0)

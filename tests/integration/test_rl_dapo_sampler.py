@@ -50,17 +50,19 @@ class InstantRollouts:
             self.values.pop(key, None)
 
 
-def _buffer(monkeypatch, store: InstantRollouts, max_gen_batches: int, batch_size: int = 8):
+def _buffer(monkeypatch, store: InstantRollouts, max_gen_batches: int, batch_size: int = 8,
+            poll_interval_s: float = 0.0):
+    """The sampler as verl's trainer builds it (``_build_replay_buffer``: no ``poll_interval`` argument)."""
     from verl.trainer.ppo.v1 import replay_buffer
     from verl.utils.import_utils import load_extern_type
 
     monkeypatch.setattr(replay_buffer, "tq", store)
     cls = load_extern_type(str(DAPO_SAMPLER[0]), DAPO_SAMPLER[1])  # as verl loads it
     options = {"metric": "acc", "train_batch_size": batch_size, "max_inflight_gen_batches": 2,
-               "max_gen_batches": max_gen_batches, "right_value": 1.0, "wrong_value": 0.0}
+               "max_gen_batches": max_gen_batches, "right_value": 1.0, "wrong_value": 0.0,
+               "poll_interval_s": poll_interval_s}
     return cls(trainer_mode="sync", trainer_config=OmegaConf.create({}), max_off_policy_threshold=None,
-               max_off_policy_strategy="drop", sampler_kwargs=OmegaConf.create(options), refill_fn=store.dispatch,
-               poll_interval=0.0)
+               max_off_policy_strategy="drop", sampler_kwargs=OmegaConf.create(options), refill_fn=store.dispatch)
 
 
 def test_a_model_that_answers_every_prompt_wrong_stops_after_the_bound_naming_the_shares(monkeypatch, capsys):
@@ -93,12 +95,48 @@ def test_a_step_with_enough_mixed_groups_within_the_bound_is_verls_batch(monkeyp
     assert f"{DAPO_PROGRESS_PREFIX}step 1: generation batch 1:" in capsys.readouterr().out
 
 
+class SlowRollouts(InstantRollouts):
+    """Prompts that are still running when dispatched and finish at the sampler's next poll."""
+
+    def dispatch(self, num_prompts: int) -> int:
+        first = self.dispatched
+        super().dispatch(num_prompts)
+        for index in range(first, self.dispatched):
+            self.tags[f"p{index}"]["status"] = "running"
+        return num_prompts
+
+    def finish_all(self) -> None:
+        for tag in self.tags.values():
+            tag["status"] = "finished"
+
+
+def test_the_sampler_waits_rl_sampler_poll_s_between_its_looks_not_verls_two_seconds(monkeypatch):
+    # A refill wave waits for the sampler's next look: verl gives a custom sampler no poll interval, so its default of
+    # 2 s held every wave of the 2-core demo's DAPO steps up to 2 s (docs/results/2026-11-27-demo-latency.md).
+    from verl.trainer.ppo.v1 import replay_buffer
+
+    store = SlowRollouts(lambda index: [1.0, 0.0, 0.0, 0.0] if index % 2 == 0 else [0.0] * ROLLOUTS)
+    buffer = _buffer(monkeypatch, store, max_gen_batches=10, poll_interval_s=0.25)
+    waits = []
+
+    def sleep(seconds):
+        waits.append(seconds)
+        store.finish_all()
+
+    monkeypatch.setattr(replay_buffer.time, "sleep", sleep)
+    store.dispatch(8)
+    batch, _ = buffer.sample(global_steps=1, partition_id="train", batch_size=8)
+    assert len({key.split("_")[0] for key in batch.keys}) == 8
+    assert len(waits) >= 2 and set(waits) == {0.25}
+
+
 def test_verl_composes_the_bounded_sampler_with_our_options():
-    cfg = compose(["profile=toy", "rl.max_gen_batches=7"])
+    cfg = compose(["profile=toy", "rl.max_gen_batches=7", "rl.sampler_poll_s=0.5"])
     sampler = validate_with_verl(build_overrides(cfg)).trainer.v1.sampler
     assert sampler.custom_sampler.name == DAPO_SAMPLER[1]
     assert dict(sampler.sampler_kwargs) == {"metric": "acc", "train_batch_size": cfg.rl.train_batch_size,
                                             "max_inflight_gen_batches": cfg.rl.max_inflight_gen_batches,
-                                            "max_gen_batches": 7, "right_value": 1.0, "wrong_value": 0.0}
+                                            "max_gen_batches": 7, "right_value": 1.0, "wrong_value": 0.0,
+                                            "poll_interval_s": 0.5}
     off = validate_with_verl(build_overrides(compose(["profile=toy", "rl.filter_groups=false"])))
     assert off.trainer.v1.sampler.custom_sampler.path is None  # verl's own buffer without group filtering
