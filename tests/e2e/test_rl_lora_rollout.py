@@ -7,8 +7,8 @@ too, so the tied ``lm_head.weight`` was skipped as an alias of a ``model.embed_t
 never names (``rl.verl_args.lora_keys`` now restricts vLLM's LoRA to the adapter's modules); and verl's adapter loader
 called ``WeightsMapper.get_unstacked_mapper``, renamed in vLLM 0.31 (``rl.verl_cpu_plugin``). The rollout then gives
 the log-probs of the base with the adapter, and with no adapter request those of the base. One vLLM-CPU engine with
-LoRA, about 45 s; the default suite checks the keys (tests/unit/test_rl_verl_args.py) and verl's validation of them
-(tests/integration/test_sft_lora.py).
+LoRA, about 45 s; the default suite checks the keys (tests/unit/test_rl_verl_args.py), the e2e tier verl's
+validation of them too (tests/e2e/test_sft_lora_launches.py).
 """
 from __future__ import annotations
 

