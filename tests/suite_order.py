@@ -33,6 +33,7 @@ SLOW_FILES = {
     "unit/test_ablations_plan.py": 23,
     "integration/test_toy_pipeline.py": 22,
     "integration/test_documented_eval_command.py": 20,
+    "integration/test_eval_heldout_nll.py": 20,
     "integration/test_gpu_smoke_dry_run.py": 18,
     "integration/test_gpu_lora_check_dry_run.py": 18,
     "unit/test_rl_launch.py": 16,
