@@ -346,11 +346,6 @@ class PEARMethod(SFTMethod):
     ratio starts at 1). The schema's default is the variant so that a library call by name, which has no behaviour
     column, still runs (docs/baselines.md)."""
 
-    def reads_behaviour_logprobs(self) -> bool:
-        return self.behaviour == "data"
-
-    def keeps_reference(self) -> bool:
-        return self.behaviour == "reference"
     level: str = "token"
     """token: w_t = γ^(n_t) · Π_{j>t} Δ_j over the n_t supervised tokens after t (the suffix); sequence: one weight
     Π_j Δ_j for every token of the sequence."""
@@ -364,6 +359,12 @@ class PEARMethod(SFTMethod):
     """Lower clip of the weight."""
     weight_high: float = 10.0
     """Upper clip of the weight."""
+
+    def reads_behaviour_logprobs(self) -> bool:
+        return self.behaviour == "data"
+
+    def keeps_reference(self) -> bool:
+        return self.behaviour == "reference"
 
     def validate(self) -> None:
         super().validate()
