@@ -279,13 +279,36 @@ def _composed(overrides: tuple[str, ...]) -> Config:
 
 
 def compose_dict(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
-    """Composes ``conf/config.yaml`` with overrides, without converting it (used by the orchestrator)."""
+    """Composes ``conf/config.yaml`` with overrides, without converting it.
+
+    As Hydra composes: the overrides that choose configs (``profile=paper``, ``sft/method=eksft``, ``hydra.*``)
+    build the defaults list, then the value overrides (``sft.lr=1e-5``, ``+key=v``, ``~key``) are applied in their
+    order to the result, by Hydra's own function. Each set of choices is composed once per process, so the planner's
+    configs that differ only in values (seeds, run roots) cost one Hydra composition."""
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    refuse_unknown_choices(overrides)
+    refuse_moved_keys(overrides)
+    parsed = OverridesParser.create().parse_overrides(list(overrides))
+    cfg = copy.deepcopy(_composed_choices(tuple(o.input_line for o in parsed if _chooses_configs(o))))
+    ConfigLoaderImpl._apply_overrides_to_config([o for o in parsed if not _chooses_configs(o)], cfg)
+    return cfg
+
+
+def _chooses_configs(override) -> bool:
+    """Whether a parsed override is Hydra's to resolve while it builds the defaults list (a config group's choice,
+    a package, a sweep, a ``hydra`` key) rather than a value set on the composed config."""
+    return (override.is_hydra_override() or override.package is not None or override.is_sweep_override()
+            or (CONF_DIR / override.key_or_group).is_dir())
+
+
+@functools.lru_cache(maxsize=128)
+def _composed_choices(overrides: tuple[str, ...]) -> DictConfig:
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    refuse_unknown_choices(overrides)
-    refuse_moved_keys(overrides)
     if GlobalHydra.instance().is_initialized():
         return hydra_compose(config_name="config", overrides=list(overrides))
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):

@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 import pytest
+from omegaconf import OmegaConf
 
-from common.config import CONF_DIR, ConfigError, compose
+from common.config import CONF_DIR, ConfigError, compose, compose_dict
 from common.config.sft import SFT_METHOD_SCHEMAS
 
 EXPERIMENTS = sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
@@ -125,6 +126,41 @@ def test_names_that_become_folders_are_restricted(override):
     # Issue 10.6: experiment.name=.. wrote data files into the repository's data/ package.
     with pytest.raises(ConfigError, match=override.split("=")[0].replace(".", "[.]")):
         compose([override])
+
+
+def hydra_composition(overrides: list[str]):
+    """Hydra's own composition of every override at once (what ``compose_dict`` splits into choices and values)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        return hydra_compose(config_name="config", overrides=overrides)
+
+
+@pytest.mark.parametrize("overrides", [
+    [],
+    ["sft.lr=2e-5", "profile=paper", "sft/method=eksft_rho01", "sft.method.lambda_kl=0.5"],
+    ["experiment=forking", "toy.world=forking", "experiment.seeds=[0,1]", "rl/algorithm=gspo",
+     "report.primary_endpoints={sft:[],rl:[],rl_gain:[]}", "+extra.key=1", "++sft.lr=3e-5"],
+    ["model=qwen3_8b", "profile=paper", "model.path=/models/q", "~toy"],
+    ["~sft.lr=1e-5"],
+    ["sft.no_such_key=1"],
+    ["+sft.lr=1e-5"],
+    ["sft/method=eksft", "sft.method=psft"],
+])
+def test_composition_equals_hydras_with_the_choices_composed_once(overrides):
+    def outcome(compose_function):
+        try:
+            cfg = compose_function(overrides)
+        except Exception as error:  # the same refusal, word for word
+            return type(error), str(error)
+        return OmegaConf.to_container(cfg), OmegaConf.is_struct(cfg)
+
+    expected = outcome(hydra_composition)
+    assert outcome(compose_dict) == expected
+    if isinstance(expected[0], dict):  # a changed result does not reach the next composition of the same choices
+        compose_dict(overrides).sft.lr = 123.0
+        assert outcome(compose_dict) == expected
 
 
 def test_misspelled_key_fails_at_composition():
