@@ -14,7 +14,7 @@ import functools
 import sys
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import hydra
 from hydra.core.config_store import ConfigStore
@@ -40,6 +40,9 @@ from common.errors import user_errors_in_one_line
 from common.locks import unwritable
 from common.numerics import pin_this_process
 from common.processes import die_with_agent, termination_signals_interrupt
+
+if TYPE_CHECKING:
+    from hydra.core.override_parser.types import Override
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 
@@ -296,7 +299,7 @@ def compose_dict(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
     return cfg
 
 
-def _chooses_configs(override) -> bool:
+def _chooses_configs(override: Override) -> bool:
     """Whether a parsed override is Hydra's to resolve while it builds the defaults list (a config group's choice,
     a package, a sweep, a ``hydra`` key) rather than a value set on the composed config."""
     return (override.is_hydra_override() or override.package is not None or override.is_sweep_override()
