@@ -77,6 +77,9 @@ DAPO_PROGRESS = re.compile(re.escape(DAPO_PROGRESS_PREFIX) + r"step (\d+): gener
 RAY_START_FAILURE = "The current node timed out during startup"
 """ray.init's error when its raylet has not registered within Ray's fixed 30 s (ray/_private/node.py)."""
 RAY_START_ATTEMPTS = 3
+VLLM_ENGINE_DIED = "EngineCore encountered a fatal error"
+"""vLLM's log line when its engine core process fails (vllm/v1/engine/core.py); verl's rollout then fails with an
+unrelated error or waits for generations that never come."""
 RAY_MEMORY_KILL = re.compile(r"were killed due to the node running low on memory\..*? was (\S+ used / \S+ limit)")
 """Ray's memory monitor's error when it killed workers (ray.exceptions.OutOfMemoryError); group 1: used / limit."""
 
@@ -216,13 +219,14 @@ class _MetricsCopier:
 class _VerlConsole:
     """Follows verl's console output: tees it to ``verl.log``, shows each step and each generation batch of dynamic
     sampling on the progress bar, tells the stall watchdog about progress, starts the finish timer once the last
-    step is logged with its checkpoint saved, and remembers why verl stopped (dynamic sampling, Ray's start-up, Ray's
-    memory monitor)."""
+    step is logged with its checkpoint saved, stops verl (``stop_verl``) once vLLM's engine has died, and remembers
+    why verl stopped (dynamic sampling, Ray's start-up, Ray's memory monitor, vLLM's engine)."""
 
     def __init__(self, cfg: Config, log, bar, copier: _MetricsCopier, watchdog: StallWatchdog,
-                 finish: threading.Timer, checkpoints: Path):
+                 finish: threading.Timer, checkpoints: Path, stop_verl: Callable[[], None]):
         self.cfg, self.log, self.bar, self.copier, self.watchdog = cfg, log, bar, copier, watchdog
-        self.finish, self.checkpoints = finish, checkpoints
+        self.finish, self.checkpoints, self.stop_verl = finish, checkpoints, stop_verl
+        self.engine_died = False
         self.ray_did_not_start = False
         self.sampling_stopped = ""
         self.memory_used = ""
@@ -253,6 +257,9 @@ class _VerlConsole:
             self.sampling_stopped = line.split(DAPO_STOPPED_PREFIX, 1)[1].strip()
         if memory := RAY_MEMORY_KILL.search(line):
             self.memory_used = memory.group(1)
+        if VLLM_ENGINE_DIED in line and not self.engine_died:
+            self.engine_died = True
+            self.stop_verl()
         self.watchdog.saw_line(step is not None, is_progress=sampling is not None)
         self.ray_did_not_start = self.ray_did_not_start or (RAY_START_FAILURE in line and not self.watchdog.stepping)
 
@@ -294,7 +301,7 @@ def run_verl(cfg: Config, variant: str, stage: Path, already_done: int) -> int:
         finished = threading.Event()
         finish = threading.Timer(FINISH_GRACE_S, stop_after_the_last_step)
         finish.daemon = True
-        console = _VerlConsole(cfg, log, bar, copier, watchdog, finish, checkpoints)
+        console = _VerlConsole(cfg, log, bar, copier, watchdog, finish, checkpoints, stop_verl)
         process = start_in_new_session(command, env, owner=owner)
         try:
             reader = threading.Thread(target=console.follow, args=(process.stdout,), daemon=True)
@@ -320,10 +327,13 @@ def run_verl(cfg: Config, variant: str, stage: Path, already_done: int) -> int:
             if console.sampling_stopped:
                 raise RLError(console.sampling_stopped)
             tail = log_path.read_text(encoding="utf-8", errors="replace").splitlines()[-15:]
+            rerun = f"the rerun resumes from the checkpoint of step {done}" if done else "the rerun starts it again"
             if console.memory_used:
                 reason = (f"Ray killed verl's workers because the machine ran low on memory ({console.memory_used}): "
-                          "run fewer RL runs or other jobs beside this one (experiment.parallel=1); the rerun "
-                          + (f"resumes from the checkpoint of step {done}" if done else "starts it again"))
+                          f"run fewer RL runs or other jobs beside this one (experiment.parallel=1); {rerun}")
+            elif console.engine_died:
+                reason = (f"vLLM's rollout engine died inside verl (\"{VLLM_ENGINE_DIED}\" in {VERL_LOG}: e.g. killed "
+                          f"for memory, or its processes paused past vLLM's timeouts), so verl was stopped; {rerun}")
             elif watchdog.fired:
                 reason = (f"verl showed no progress for {cfg.rl.stall_timeout_s:.0f} s (rl.stall_timeout_s: no output "
                           "line during start-up, no new step or generation batch after it) and was stopped; a Ray "

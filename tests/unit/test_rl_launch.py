@@ -204,6 +204,32 @@ def test_workers_ray_killed_for_memory_fail_the_stage_with_the_cause_and_the_fix
         "; last lines of ")
 
 
+def test_a_dead_vllm_engine_stops_verl_at_once_naming_the_engine(tmp_path, monkeypatch):
+    # Issue 42's experiment, paused with SIGSTOP: vLLM's engine core timed out on its shared-memory queue and died; one
+    # DAPO run failed with "Sync replay buffer selected terminal groups with no materializable trajectories", the other
+    # printed nothing until the stall watchdog (rl.stall_timeout_s=3600) would have stopped it an hour later.
+    dead = ("(vLLMHttpServer pid=4796) (EngineCore pid=6461) ERROR 11-27 15:30:37 [core.py:1435] EngineCore "
+            "encountered a fatal error.")
+    fake_verl = ("import pathlib, time\n"
+                 f"checkpoints = pathlib.Path({str(tmp_path / CHECKPOINT_SUBDIR)!r})\n"
+                 f"checkpoints.mkdir(); (checkpoints / {LATEST_ITERATION_FILE!r}).write_text('24')\n"
+                 f"print({dead!r}, flush=True)\n"
+                 "print('(AgentLoopWorkerTQ pid=8279) vllm.v1.engine.exceptions.EngineDeadError', flush=True)\n"
+                 "time.sleep(120)\n")  # then exits 0, as if it had finished
+    _fake_verl(monkeypatch, fake_verl)
+    started = time.monotonic()
+    with pytest.raises(train.RLError) as failure:
+        train.run_verl(compose(["logging.progress=false", "rl.stall_timeout_s=3600"]), "sft", tmp_path, 0)
+    assert time.monotonic() - started < 60  # not the stall timeout
+    assert str(failure.value).startswith(
+        "vLLM's rollout engine died inside verl (\"EngineCore encountered a fatal error\" in verl.log: e.g. killed "
+        "for memory, or its processes paused past vLLM's timeouts), so verl was stopped; the rerun resumes from the "
+        "checkpoint of step 24; last lines of ")
+    from common.processes import owned_processes
+
+    assert owned_processes(train.verl_owner(tmp_path)) == []
+
+
 class RecordingBar:
     """A progress bar that records what it shows: (steps, note) at each update, and every note."""
 
