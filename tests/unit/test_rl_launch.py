@@ -215,12 +215,10 @@ def test_a_dead_vllm_engine_stops_verl_at_once_naming_the_engine(tmp_path, monke
                  f"checkpoints.mkdir(); (checkpoints / {LATEST_ITERATION_FILE!r}).write_text('24')\n"
                  f"print({dead!r}, flush=True)\n"
                  "print('(AgentLoopWorkerTQ pid=8279) vllm.v1.engine.exceptions.EngineDeadError', flush=True)\n"
-                 "time.sleep(120)\n")  # then exits 0, as if it had finished
+                 "time.sleep(120)\n")  # then exits 0: unless stopped at the fatal line, run_verl does not raise
     _fake_verl(monkeypatch, fake_verl)
-    started = time.monotonic()
     with pytest.raises(train.RLError) as failure:
         train.run_verl(compose(["logging.progress=false", "rl.stall_timeout_s=3600"]), "sft", tmp_path, 0)
-    assert time.monotonic() - started < 60  # not the stall timeout
     assert str(failure.value).startswith(
         "vLLM's rollout engine died inside verl (\"EngineCore encountered a fatal error\" in verl.log: e.g. killed "
         "for memory, or its processes paused past vLLM's timeouts), so verl was stopped; the rerun resumes from the "
