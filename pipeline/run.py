@@ -103,6 +103,7 @@ def run(cfg: Config, overrides: list[str]) -> list[StageCommand]:
         print(f"evaluation benchmarks: {', '.join(report_benchmarks(cfg))}"
               + ("" if cfg.eval.benchmarks else " (every one of data.benchmarks; eval.benchmarks=[...] picks)"))
     retire_cpu_chosen_bf16_bases(plan, dry_run=cfg.dry_run)
+    waiting = pending(cfg, plan)
     if cfg.dry_run:
         shared = shared_commands(cfg, plan, overrides)
         train_in = cfg.experiment.train_in
@@ -116,17 +117,16 @@ def run(cfg: Config, overrides: list[str]) -> list[StageCommand]:
             print(f"{len(shared)} of {len(plan)} commands write only runs that experiment={train_in} (experiment."
                   f"train_in) has in its plan too, with the same identities: done there, they are reused here, not "
                   f"redone ({', '.join(sorted(shared))})")
-        needed = estimate_bytes(pending(cfg, plan))
+        needed = estimate_bytes(waiting)
         if any(needed.values()):
             print(f"disk: the pending commands write about {needed['run_root'] / 1e9:.0f} GB under "
                   f"experiment.run_root and {needed['hf_cache'] / 1e9:.0f} GB into the HF cache (the preflight's "
                   "estimate, common.preflight.estimate_bytes)")
-        if (memory := memory_line(pending(cfg, plan))) is not None:
+        if (memory := memory_line(waiting)) is not None:
             print(memory)
-        print(estimate_line(pending(cfg, plan), cfg.profile.name, cfg.experiment.parallel))
+        print(estimate_line(waiting, cfg.profile.name, cfg.experiment.parallel))
         print(f"dry run: nothing was started; the run would leave its results in {results_path(cfg, plan)}")
         return plan
-    waiting = pending(cfg, plan)
     try:
         require_plan(cfg, waiting)
     except PreflightError as error:
