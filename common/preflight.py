@@ -712,9 +712,9 @@ def check_memory(cfg: "Config") -> list[Problem]:
     estimate = estimate_sft_memory(cfg) if visible else None
     if estimate is None:
         return []
-    smallest = min(range(min(visible, cfg.profile.nproc_per_node)),
-                   key=lambda i: torch.cuda.get_device_properties(i).total_memory)
-    gpu = torch.cuda.get_device_properties(smallest)
+    gpus = [torch.cuda.get_device_properties(i) for i in range(min(visible, cfg.profile.nproc_per_node))]
+    smallest = min(range(len(gpus)), key=lambda i: gpus[i].total_memory)
+    gpu = gpus[smallest]
     if estimate.peak <= gpu.total_memory:
         return []
     fixes = memory_fixes(cfg, gpu.total_memory)
