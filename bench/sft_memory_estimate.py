@@ -65,7 +65,8 @@ def cpu_trainer_args(size: str, seq_len: int, chunk_size: int = 256,
     """``build_trainer``'s options of a measured trainer: one sequence of ``seq_len`` tokens, fp32 throughout."""
     return argparse.Namespace(size=size, seq_len=seq_len, micro_batch_size=1, grad_accum=1, chunk_size=chunk_size,
                               mixed_precision="fp32", gradient_checkpointing=gradient_checkpointing,
-                              compile_layers=False, compile_statistics=False, frozen_dtype="fp32")
+                              compile_layers=False, compile_statistics=False, online_statistics=False,
+                              frozen_dtype="fp32")
 
 
 def allocated_peak(step) -> int:

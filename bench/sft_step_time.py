@@ -81,7 +81,8 @@ def build_trainer(method, args: argparse.Namespace, env, cached_reference: bool 
                     chunk_size=args.chunk_size, mixed_precision=args.mixed_precision,
                     gradient_checkpointing=args.gradient_checkpointing, reference_cache=cached_reference,
                     compile_layers=args.compile_layers, compile_statistics=args.compile_statistics,
-                    frozen_dtype=args.frozen_dtype, lora=LoRAConfig(enabled=lora))
+                    online_statistics=args.online_statistics, frozen_dtype=args.frozen_dtype,
+                    lora=LoRAConfig(enabled=lora))
     base = build_model(args.size, seed=0, num_layers=getattr(args, "layers", None))
     root = root_from_base(sft, build_loss(method), BaseModel(base, base.config, base.generation_config), env,
                           cached_reference)
@@ -130,6 +131,9 @@ def add_trainer_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--compile-layers", action="store_true", help="sft.compile_layers: compiled decoder layers")
     parser.add_argument("--compile-statistics", action="store_true",
                         help="sft.compile_statistics: the loss head's statistics pass compiled")
+    parser.add_argument("--online-statistics", action="store_true",
+                        help="sft.online_statistics: EKSFT's statistics by an online log-sum-exp over vocabulary "
+                             "blocks")
     parser.add_argument("--frozen-dtype", choices=("fp32", "bf16"), default="fp32",
                         help="sft.frozen_dtype: storage of the frozen reference and old policy")
 
@@ -154,6 +158,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps per method first")
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     parser.add_argument("--peak-tflops", type=float, default=0.0, help="accelerator peak (dense bf16) for MFU")
+    parser.add_argument("--profile", type=Path, default=None,
+                        help="after the timed steps, one step per trainer under torch.profiler; tables to this file")
     parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                         help="cpu: this process's CPU seconds (with --threads 1 on a CPU shared with other jobs, "
                              "what the step computes, not how long it waited for a core)")
@@ -203,12 +209,38 @@ def time_steps(args: argparse.Namespace, env) -> dict:
                   + ("" if step < args.warmup else ": " + ", ".join(f"{name} {values[-1]:.3f} s"
                                                                     for name, values in times.items())),
                   flush=True)
+        if args.profile is not None:
+            profile_steps(args.profile, trainers, batches, cache, env)
         del trainers, cache
     release(env)
     result["median_s"] = {name: statistics.median(values) for name, values in times.items()}
     result["fastest_s"] = {name: min(values) for name, values in times.items()}
     result["peak_gib"] = torch.cuda.max_memory_allocated() / 2 ** 30 if env.device.type == "cuda" else None
     return result
+
+
+def profile_steps(path: Path, trainers: dict, batches, cache, env) -> None:
+    """One more step of each trainer under ``torch.profiler``: each one's 25 costliest operators and kernels by
+    self time (the device's on CUDA), one table per trainer, written to ``path``."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from sft.trainer import train_step
+
+    cuda = env.device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    tables = []
+    for name, (root, optimizer, sft) in trainers.items():
+        step_batches = with_cached_rows(batches, cache, env.device) if sft.reference_cache else batches
+        with profile(activities=activities) as profiler:
+            train_step(root, optimizer, step_batches, sft=sft, env=env)
+            if cuda:
+                torch.cuda.synchronize()
+        table = profiler.key_averages().table(sort_by="self_cuda_time_total" if cuda else "self_cpu_time_total",
+                                              row_limit=25, max_name_column_width=70)
+        tables.append(f"## {name}\n{table}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(tables))
+    print(f"profiles of one step per trainer in {path}", flush=True)
 
 
 def release(env) -> None:

@@ -7,10 +7,13 @@ matmuls timed apart.
 For one chunk of ``--rows`` prediction rows: the policy's and the reference's head matmuls (``hidden @ Wᵀ``, compute
 dtype: bf16 on CUDA, fp32 on CPU) are timed on their own, then the statistics of ``--method`` from those logits
 (``sft.token_stats.chunk_statistics``, the casts to fp32 included) eager and under ``torch.compile``
-(``compiled_chunk_statistics``, compiled before timing), with static shapes as the trainer compiles it and with
-the row count dynamic. Printed: each median, the elementwise speed-up eager ÷
-compiled, and each pass's largest deviation from the same statistics in fp64 (both are fp32 computations; neither
-is the reference). ``sft.compile_statistics`` turns the compiled pass on in training.
+(``compiled_chunk_statistics``, compiled before timing, static shapes as the trainer compiles it; a dynamic row
+count was slower on a GPU: docs/results/2026-11-27-sft-compiled-gpu.md); for EKSFT also the compiled online pass
+(``compiled_online_chunk_statistics``) and the candidates of ``bench.statistics_candidates`` (compiled without
+split reductions; on CUDA the Triton kernel). Printed: each median, the elementwise speed-up eager ÷ compiled, and
+each pass's largest deviation from the same statistics in fp64 (all are fp32 computations; none is the
+reference). ``sft.compile_statistics`` turns the compiled pass on in training, with ``sft.online_statistics`` the
+online one.
 """
 from __future__ import annotations
 
@@ -61,10 +64,12 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     args = parser.parse_args(argv)
 
+    from bench import statistics_candidates as candidates
     from common.config import compose
     from common.tracking import configure_cpu_threads
     from sft.losses import build_loss
-    from sft.token_stats import REFERENCE_TERMS, chunk_statistics, compiled_chunk_statistics
+    from sft.token_stats import (ONLINE_TERMS, REFERENCE_TERMS, chunk_statistics, compiled_chunk_statistics,
+                                 compiled_online_chunk_statistics)
 
     configure_cpu_threads(args.threads)
     cuda = args.device == "cuda"
@@ -80,28 +85,42 @@ def main(argv: list[str] | None = None) -> dict:
                                          synchronize)
         if not needs_ref:
             ref_logits, ref_matmul_s = None, 0.0
-        passes = {"eager": chunk_statistics, "compiled": compiled_chunk_statistics(),
-                  "dynamic": compiled_chunk_statistics(dynamic=True)}
-        seconds, values = {}, {}
+        trainer = lambda function: lambda: function(  # noqa: E731
+            logits, inputs["targets"], names, torch.float32, ref_logits=ref_logits, **loss.term_options)
+        candidate = lambda function: lambda: function(logits, ref_logits, inputs["targets"])  # noqa: E731
+        passes = {"eager": trainer(chunk_statistics), "compiled": trainer(compiled_chunk_statistics())}
+        if ONLINE_TERMS.issuperset(names):
+            passes["online"] = trainer(compiled_online_chunk_statistics())
+        if names == candidates.NAMES:
+            passes["unsplit"] = trainer(candidates.compiled_unsplit_statistics())
+            passes |= {"triton": candidate(candidates.triton_statistics)} if cuda else {}
+        seconds, values, failed = {}, {}, {}
         for name, function in passes.items():
-            seconds[name], values[name] = timed(
-                lambda: function(logits, inputs["targets"], names, torch.float32, ref_logits=ref_logits,
-                                 **loss.term_options), args.repeats, clock, synchronize)
+            try:
+                seconds[name], values[name] = timed(function, args.repeats, clock, synchronize)
+            except Exception as error:  # a candidate that fails to build here leaves the other passes' figures
+                if name not in ("unsplit", "triton"):
+                    raise
+                failed[name] = f"{type(error).__name__}: {error}"
         exact = chunk_statistics(logits, inputs["targets"], names, torch.float64, ref_logits=ref_logits,
                                  **loss.term_options)
     print(f"device {args.device}, method {args.method} (statistics {', '.join(names)}), chunk {args.rows} x "
           f"{args.vocab}, hidden {args.hidden}, {args.repeats} repeats (median), "
           f"{'wall' if cuda else 'CPU'} clock, {args.threads} thread(s)")
     print(f"  head matmul      policy {1e3 * matmul_s:9.3f} ms   reference {1e3 * ref_matmul_s:9.3f} ms")
-    deviation = {name: max((values[name][stat].double() - exact[stat]).abs().max().item() for stat in names)
-                 for name in passes}
-    for name in passes:
+    deviation = {name: max(((values[name][stat].double() - exact[stat]).abs().max().item() for stat in names),
+                           default=0.0)
+                 for name in seconds}
+    for name in seconds:
         print(f"  statistics {name:9s} {1e3 * seconds[name]:9.3f} ms   max |x - fp64| {deviation[name]:.2e}")
-    print("  (compiled: static shapes, as the trainer runs it; dynamic: the row count a symbolic size)")
+    for name, error in failed.items():
+        print(f"  statistics {name:9s} FAILED: {error[:1000]}")
+    print("  (compiled: static shapes, as the trainer runs it; online: sft.online_statistics, compiled; unsplit,"
+          " triton: bench.statistics_candidates)")
     speedup = seconds["eager"] / seconds["compiled"]
     print(f"compiled statistics speed-up (eager / compiled, elementwise part): {speedup:.2f}x")
     return {"matmul_s": matmul_s, "ref_matmul_s": ref_matmul_s, "statistics_s": seconds, "deviation": deviation,
-            "speedup": speedup}
+            "speedup": speedup, "failed": failed}
 
 
 if __name__ == "__main__":

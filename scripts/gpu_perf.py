@@ -5,16 +5,18 @@
 
 Needs a CUDA torch and transformers (no vLLM, no verl). Parts, all through the bench modules' own code:
 
-* statistics: ``bench.statistics_pass`` on one chunk of the real vocabulary (151,936) at hidden 2048, 256, 1024 and
-  4,096 rows: the head matmuls apart, the statistics pass eager and compiled.
+* statistics: ``bench.statistics_pass`` on one chunk of the real vocabulary (151,936) at hidden 2048, 1,024 and
+  4,096 rows: the head matmuls apart, the statistics pass eager, compiled, online (compiled) and the candidates of
+  ``bench.statistics_candidates`` (the Triton kernel among them).
 * static bytes per parameter of an EKSFT trainer (policy, frozen reference, AdamW moments after one step; the
   gradients are freed by the step), with the reference stored in fp32 and in bf16 (``sft.frozen_dtype``).
 * step time (``bench.sft_step_time.time_steps``): SFT, EKSFT with the live reference and EKSFT with the reference
-  cache, 2 × 4 × 4,096 tokens per step, bf16, activation checkpointing, in four configurations: the eager trainer
-  (chunk 1,024); the statistics compiled and the frozen models in bf16; that plus compiled decoder layers; that at
-  chunk 4,096. Ratios to
+  cache, 2 × 4 × 4,096 tokens per step, bf16, activation checkpointing, in five configurations: the eager trainer
+  (chunk 1,024); the statistics compiled and the frozen models in bf16; that plus compiled decoder layers; that
+  with the online statistics pass (``sft.online_statistics``); compiled layers at chunk 4,096. Ratios to
   SFT (targets live ≤ 1.30, cached ≤ 1.10) and SFT's MFU (6 · params · tokens/s over ``--peak-tflops``;
-  torchtitan's 33-39% is the anchor, 40% the target).
+  torchtitan's 33-39% is the anchor, 40% the target). After the first configuration's timed steps, one more step
+  of each of its trainers runs under ``torch.profiler``; the tables go beside the results file (``.profile.txt``).
 """
 from __future__ import annotations
 
@@ -35,6 +37,8 @@ CONFIGURATIONS = {
     "compiled statistics, bf16 frozen": dict(compile_statistics=True, frozen_dtype="bf16", compile_layers=False,
                                              chunk_size=1024),
     "+ compiled layers": dict(compile_statistics=True, frozen_dtype="bf16", compile_layers=True, chunk_size=1024),
+    "+ online statistics": dict(compile_statistics=True, online_statistics=True, frozen_dtype="bf16",
+                                compile_layers=True, chunk_size=1024),
     "+ chunk 4096": dict(compile_statistics=True, frozen_dtype="bf16", compile_layers=True, chunk_size=4096),
 }
 """The trainer configurations timed, by the ``sft.*`` keys that tell them apart."""
@@ -55,6 +59,7 @@ def step_args(dry_run: bool, steps: int, **options) -> argparse.Namespace:
 def option_flags(options: dict) -> list[str]:
     flags = ["--frozen-dtype", options["frozen_dtype"]]
     flags += ["--compile-statistics"] if options["compile_statistics"] else []
+    flags += ["--online-statistics"] if options.get("online_statistics") else []
     return flags + (["--compile-layers"] if options["compile_layers"] else [])
 
 
@@ -83,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(results, indent=2, default=str) + "\n")
 
-    for rows in ((64,) if args.dry_run else (256, 1024, 4096)):
+    for rows in ((64,) if args.dry_run else (1024, 4096)):
         shape = ["--rows", str(rows)] + (["--vocab", "512", "--hidden", "64"] if args.dry_run else
                                          ["--device", "cuda", "--vocab", "151936", "--hidden", "2048"])
         results["statistics"][rows] = statistics_pass.main(shape + ["--repeats", "3" if args.dry_run else "10"])
@@ -100,6 +105,8 @@ def main(argv: list[str] | None = None) -> int:
         save()
         for name in args.configurations:
             step = step_args(args.dry_run, args.steps, **CONFIGURATIONS[name])
+            if name == args.configurations[0]:  # one step per trainer of the first configuration, profiled
+                step.profile = results["profile"] = out.with_suffix(".profile.txt")
             print(f"[step] {name}", flush=True)
             try:
                 result = time_steps(step, env)

@@ -166,7 +166,8 @@ def part_b(device: str, dry_run: bool) -> dict:
                 args = argparse.Namespace(size=size, layers=layers, chunk_size=HEAD_CHUNK, micro_batch_size=1,
                                           grad_accum=1, gradient_checkpointing=True,
                                           mixed_precision="bf16" if device == "cuda" else "fp32",
-                                          compile_layers=False, compile_statistics=False, frozen_dtype="bf16")
+                                          compile_layers=False, compile_statistics=False, online_statistics=False,
+                                          frozen_dtype="bf16")
                 root, optimizer, sft = build_trainer(method, args, env)
                 gradients = sum(p.numel() * p.element_size() for p in root.policy.parameters() if p.requires_grad)
                 with flash_only(device):

@@ -65,7 +65,8 @@ class PolicyWithTokenLoss(nn.Module):
 
     def __init__(self, policy: PreTrainedModel, token_loss: Any, chunk_size: int,
                  reference: PreTrainedModel | None = None, old_policy: PreTrainedModel | None = None,
-                 reference_head: nn.Module | None = None, compile_statistics: bool = False):
+                 reference_head: nn.Module | None = None, compile_statistics: bool = False,
+                 online_statistics: bool = False):
         super().__init__()
         if reference is not None and reference_head is not None:
             raise ValueError("give the reference model or its cached head, not both")
@@ -76,6 +77,7 @@ class PolicyWithTokenLoss(nn.Module):
         self.token_loss = token_loss
         self.chunk_size = chunk_size
         self.compile_statistics = compile_statistics
+        self.online_statistics = online_statistics
 
     def models(self) -> list[PreTrainedModel]:
         """The models with layers of their own (a LoRA policy's reference and old policy are views of its layers)."""
@@ -106,13 +108,14 @@ class PolicyWithTokenLoss(nn.Module):
             with torch.no_grad():
                 hidden = final_hidden_states(self.policy, input_ids, attention_mask)
                 stats = chunked_statistics(self.token_loss, hidden, head_weight, labels, chunk_size=self.chunk_size,
-                                           compile_statistics=self.compile_statistics, behaviour_logp=behaviour_logp,
+                                           compile_statistics=self.compile_statistics,
+                                           online_statistics=self.online_statistics, behaviour_logp=behaviour_logp,
                                            **frozen)
             return StepStatistics(stats, frozen.get("ref_hidden"))
         hidden = final_hidden_states(self.policy, input_ids, attention_mask)
         return chunked_loss(self.token_loss, hidden, head_weight, labels, chunk_size=self.chunk_size,
                             weights=weights, compile_statistics=self.compile_statistics,
-                            behaviour_logp=behaviour_logp, **frozen)
+                            online_statistics=self.online_statistics, behaviour_logp=behaviour_logp, **frozen)
 
     @torch.no_grad()
     def frozen_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,

@@ -10,7 +10,8 @@ A token loss (``sft.losses``) never sees the vocabulary. It names the per-token 
   and hands the first chunk's policy and reference logits to pass B, which starts with that chunk: the same
   matmuls are not done twice (with one chunk per micro-batch each head's forward matmul runs once). With
   ``sft.compile_statistics`` each chunk's statistics run compiled (:func:`compiled_chunk_statistics`), the
-  policy's and the reference's logits read in a few fused passes;
+  policy's and the reference's logits read in a few fused passes; with ``sft.online_statistics`` EKSFT's are
+  computed by an online log-sum-exp over vocabulary blocks (:func:`online_chunk_statistics`), one read of each chunk;
 * selection and weighting on those ``N`` scalars (``TokenLoss.weigh``);
 * pass B: ``Σ_rows Σ_terms coef · term`` with gradients, as a custom autograd function that forms each chunk's
   logit gradient in the forward from the closed forms below (in the chunk's own logits buffer) and accumulates
@@ -347,7 +348,7 @@ def chunked_loss(loss: TokenLossLike, hidden: Tensor, head_weight: Tensor, label
                  ref_hidden: Tensor | None = None, ref_head_weight: Tensor | None = None,
                  old_hidden: Tensor | None = None, old_head_weight: Tensor | None = None,
                  weights: TokenWeights | None = None, compile_statistics: bool = False,
-                 behaviour_logp: Tensor | None = None) -> LossResult:
+                 online_statistics: bool = False, behaviour_logp: Tensor | None = None) -> LossResult:
     """``loss`` on the LM head ``hidden [B, L, d] @ head_weight[V, d]ᵀ``, ``chunk_size`` rows at a time.
 
     ``hidden`` are the policy's final hidden states (after the final norm), with grad; gradients flow into
@@ -357,7 +358,8 @@ def chunked_loss(loss: TokenLossLike, hidden: Tensor, head_weight: Tensor, label
     ``hidden @ head_weightᵀ`` to fp32 round-off. ``weights``: this micro-batch's share of a selection made over the
     whole optimiser step (``TokenLoss.selects_over_step``, one coefficient per row of :func:`chunked_statistics`);
     pass A and ``weigh`` are then skipped. ``compile_statistics``: pass A's per-chunk statistics through
-    :func:`compiled_chunk_statistics` (a few fused passes over each chunk) instead of eager ``row_terms``.
+    :func:`compiled_chunk_statistics` (a few fused passes over each chunk) instead of eager ``row_terms``;
+    ``online_statistics``: through :func:`online_chunk_statistics` where it computes all of them.
     ``behaviour_logp [B, L]``: the data's :data:`DATA_TERMS` (:func:`data_terms`).
     """
     head = _head_inputs(loss, hidden, head_weight, labels, chunk_size, ref_hidden, ref_head_weight, old_hidden,
@@ -369,7 +371,7 @@ def chunked_loss(loss: TokenLossLike, hidden: Tensor, head_weight: Tensor, label
         with torch.no_grad():
             values, first_chunk = _chunked_stats(loss, head.hidden_nd.detach(), head.weight_cd, rows.targets,
                                                  chunk_size, head.ref_nd, head.ref_w, head.old_nd, head.old_w,
-                                                 compile_statistics)
+                                                 compile_statistics, online_statistics)
             values |= data_terms(loss, rows, behaviour_logp)
         weights = loss.weigh(_token_stats(rows, values, head_weight.shape[0]))
     elif any(coef.shape != rows.targets.shape for coef in weights.coefs.values()):
@@ -388,14 +390,16 @@ def chunked_loss(loss: TokenLossLike, hidden: Tensor, head_weight: Tensor, label
 def chunked_statistics(loss: TokenLossLike, hidden: Tensor, head_weight: Tensor, labels: Tensor, *, chunk_size: int,
                        ref_hidden: Tensor | None = None, ref_head_weight: Tensor | None = None,
                        old_hidden: Tensor | None = None, old_head_weight: Tensor | None = None,
-                       compile_statistics: bool = False, behaviour_logp: Tensor | None = None) -> TokenStats:
+                       compile_statistics: bool = False, online_statistics: bool = False,
+                       behaviour_logp: Tensor | None = None) -> TokenStats:
     """Pass A of :func:`chunked_loss` alone (no graph): ``loss.stats`` of every row of a micro-batch, what a loss that
     selects over the whole optimiser step is given for all micro-batches at once (:meth:`TokenStats.concat`)."""
     head = _head_inputs(loss, hidden, head_weight, labels, chunk_size, ref_hidden, ref_head_weight, old_hidden,
                         old_head_weight)
     with torch.no_grad():
         values, _ = _chunked_stats(loss, head.hidden_nd.detach(), head.weight_cd, head.rows.targets, chunk_size,
-                                   head.ref_nd, head.ref_w, head.old_nd, head.old_w, compile_statistics)
+                                   head.ref_nd, head.ref_w, head.old_nd, head.old_w, compile_statistics,
+                                   online_statistics)
     return _token_stats(head.rows, values | data_terms(loss, head.rows, behaviour_logp), head_weight.shape[0])
 
 
@@ -491,28 +495,96 @@ def chunk_statistics(logits: Tensor, targets: Tensor, names: tuple[str, ...], st
 
 
 @functools.cache
-def compiled_chunk_statistics(dynamic: bool = False) -> Callable[..., dict[str, Tensor]]:
+def compiled_chunk_statistics() -> Callable[..., dict[str, Tensor]]:
     """:func:`chunk_statistics` under ``torch.compile``: the casts, log-sum-exps, softmax and row sums of a chunk fuse
     into a few passes over it instead of one memory round trip per elementwise op (``bench.statistics_pass``). Static
     shapes: pass A pads a short last chunk to ``chunk_size`` rows, so each set of ``names`` compiles once per chunk
-    shape and the kernels know their row count (``dynamic=True``, the row count symbolic, is slower on a GPU: the
-    bench prints both)."""
-    return torch.compile(chunk_statistics, dynamic=dynamic, fullgraph=True)
+    shape and the kernels know their row count (a symbolic row count was slower on a GPU:
+    docs/results/2026-11-27-sft-compiled-gpu.md)."""
+    return torch.compile(chunk_statistics, dynamic=False, fullgraph=True)
+
+
+ONLINE_TERMS = frozenset({"logp", "entropy", "kl", "ref_logp"})
+"""The statistics :func:`online_chunk_statistics` computes (EKSFT's, and the reference's ``log q_y``)."""
+ONLINE_BLOCK = 16384
+"""Vocabulary columns per block of :func:`online_chunk_statistics` (a block of 1,024 bf16 rows: 32 MB, in L2)."""
+_NO_MAX = -1e30
+"""The running max before the first block: finite, so the first rescale is ``0 · s``, not ``0 · ∞``."""
+
+
+def online_chunk_statistics(logits: Tensor, targets: Tensor, names: tuple[str, ...], stats_dtype: torch.dtype, *,
+                            ref_logits: Tensor | None = None, old_logits: Tensor | None = None,
+                            **term_options: Any) -> dict[str, Tensor]:
+    """:func:`chunk_statistics` of :data:`ONLINE_TERMS` reading each chunk once in ``ONLINE_BLOCK``-column blocks
+    (twice for ``kl``), with the online log-sum-exp of flash attention. Per row, for the blocks seen so far: the
+    running max ``m`` and ``s = Σ e^{z−m}``, ``a = Σ e^{z−m} (z − m)`` and ``c = Σ e^{z−m} (z − z')``; a block that
+    raises the max to ``m₂`` rescales them by ``α = e^{m−m₂}`` (``a ← α (a + s (m − m₂))``). Then
+    ``lse = m + log s``, ``log p_y = z_y − lse``, ``H = log s − a / s`` (no difference of two numbers of order
+    ``lse``, so more accurate than ``row_terms``' ``lse − Σ p z``), ``μ = c / s = Σ p (z − z')`` and, in a second read,
+    ``KL = log1p(Σ p (expm1(μ − gap) − (μ − gap)))`` exactly as ``row_terms`` (``_accurate_kl``)."""
+    rows, vocab = logits.shape
+    blocks = [slice(start, start + ONLINE_BLOCK) for start in range(0, vocab, ONLINE_BLOCK)]
+    needs_ref = bool({"kl", "ref_logp"} & set(names))
+    m = logits.new_full((rows,), _NO_MAX, dtype=stats_dtype)
+    s, a, c = (torch.zeros_like(m) for _ in range(3))
+    ref_m, ref_s = m.clone(), torch.zeros_like(m)
+    for block in blocks:
+        z = logits[:, block].to(stats_dtype)
+        m_new = torch.maximum(m, z.amax(1))
+        alpha = torch.exp(m - m_new)
+        e = torch.exp(z - m_new[:, None])
+        a = alpha * (a + s * (m - m_new)) + (e * (z - m_new[:, None])).sum(1)
+        s, m = alpha * s + e.sum(1), m_new
+        if needs_ref:
+            z_ref = ref_logits[:, block].to(stats_dtype)
+            c = alpha * c + (e * (z - z_ref)).sum(1)
+            ref_m_new = torch.maximum(ref_m, z_ref.amax(1))
+            ref_s = torch.exp(ref_m - ref_m_new) * ref_s + torch.exp(z_ref - ref_m_new[:, None]).sum(1)
+            ref_m = ref_m_new
+    lse = m + torch.log(s)
+    out = {"logp": logits.gather(1, targets[:, None]).squeeze(1).to(stats_dtype) - lse,
+           "entropy": torch.log(s) - a / s}
+    if needs_ref:
+        ref_lse = ref_m + torch.log(ref_s)
+        out["ref_logp"] = ref_logits.gather(1, targets[:, None]).squeeze(1).to(stats_dtype) - ref_lse
+    if "kl" in names:
+        mean_gap = c / s
+        excess, peak = torch.zeros_like(m), torch.full_like(m, _NO_MAX)
+        for block in blocks:
+            z = logits[:, block].to(stats_dtype)
+            centred = mean_gap[:, None] - (z - ref_logits[:, block].to(stats_dtype))
+            peak = torch.maximum(peak, centred.amax(1))
+            excess = excess + (torch.exp(z - lse[:, None]) * (torch.expm1(centred) - centred)).sum(1)
+        out["kl"] = torch.where(peak > 80.0, mean_gap - lse + ref_lse, torch.log1p(excess))
+    return {name: out[name] for name in names}
+
+
+@functools.cache
+def compiled_online_chunk_statistics() -> Callable[..., dict[str, Tensor]]:
+    """:func:`online_chunk_statistics` under ``torch.compile`` (static shapes, as :func:`compiled_chunk_statistics`):
+    each block's max and sums one fused kernel."""
+    return torch.compile(online_chunk_statistics, dynamic=False, fullgraph=True)
 
 
 def _chunked_stats(loss: TokenLossLike, hidden_nd: Tensor, weight: Tensor, targets: Tensor, chunk_size: int,
                    ref_nd: Tensor | None, ref_w: Tensor | None, old_nd: Tensor | None,
-                   old_w: Tensor | None, compile_statistics: bool) -> tuple[dict[str, Tensor], _FirstChunkLogits | None]:
+                   old_w: Tensor | None, compile_statistics: bool,
+                   online_statistics: bool) -> tuple[dict[str, Tensor], _FirstChunkLogits | None]:
     """Pass A: ``loss.stats`` for every row, chunk by chunk, without a graph; fp32 unless the loss asks for the
     compute dtype. The head weights come already cast to the compute dtype. The chunks run last to first (each
     row's statistics do not depend on the order), so the first chunk's logits are the last computed and are
     returned for pass B; ``({}, None)`` when the loss names no statistics. Compiled, a short chunk is padded with
-    zero rows to ``chunk_size`` (:func:`compiled_chunk_statistics`) and their statistics dropped."""
+    zero rows to ``chunk_size`` (:func:`compiled_chunk_statistics`) and their statistics dropped. With
+    ``online_statistics`` a loss whose statistics are all :data:`ONLINE_TERMS` takes
+    :func:`online_chunk_statistics` (compiled or not)."""
     names = tuple(name for name in loss.stats if name not in DATA_TERMS)
     if not names:
         return {}, None
     stats_dtype = weight.dtype if loss.stats_in_model_dtype else torch.float32
-    statistics = compiled_chunk_statistics() if compile_statistics else chunk_statistics
+    if online_statistics and ONLINE_TERMS.issuperset(names):
+        statistics = compiled_online_chunk_statistics() if compile_statistics else online_chunk_statistics
+    else:
+        statistics = compiled_chunk_statistics() if compile_statistics else chunk_statistics
     needs_ref = bool(REFERENCE_TERMS & set(names))
     needs_old = bool(OLD_POLICY_TERMS & set(names))
     starts = range(0, hidden_nd.shape[0], chunk_size)

@@ -225,7 +225,7 @@ def root_from_base(sft: SFTConfig, token_loss: TokenLoss, base: BaseModel, env: 
             policy, token_loss, sft.chunk_size,
             reference=AdapterView(policy) if token_loss.needs_reference else None,
             old_policy=AdapterView(policy, OLD_ADAPTER) if token_loss.needs_old_policy else None,
-            compile_statistics=sft.compile_statistics)
+            compile_statistics=sft.compile_statistics, online_statistics=sft.online_statistics)
     else:
         live_reference = token_loss.needs_reference and not cached_reference
         root = PolicyWithTokenLoss(
@@ -233,7 +233,7 @@ def root_from_base(sft: SFTConfig, token_loss: TokenLoss, base: BaseModel, env: 
             reference=freeze(base.empty_copy(), frozen_dtype) if live_reference else None,
             old_policy=freeze(base.empty_copy(), frozen_dtype) if token_loss.needs_old_policy else None,
             reference_head=frozen_head_copy(base.empty_copy(), frozen_dtype) if cached_reference else None,
-            compile_statistics=sft.compile_statistics)
+            compile_statistics=sft.compile_statistics, online_statistics=sft.online_statistics)
     if sft.compile_layers:
         for model in root.models():
             compile_decoder_layers(model)

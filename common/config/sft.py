@@ -471,6 +471,11 @@ class SFTConfig:
     compile_statistics: bool = field(default=False, metadata=IDENTITY_WHEN_SET)
     """The loss head's statistics pass under ``torch.compile`` (``sft.token_stats.compiled_chunk_statistics``): a
     few fused passes over each logits chunk, the same statistics up to fp32 round-off."""
+    online_statistics: bool = field(default=False, metadata=IDENTITY_WHEN_SET)
+    """The statistics pass of a loss whose statistics are all EKSFT's (``logp``, ``entropy``, ``kl``, ``ref_logp``)
+    by an online log-sum-exp over vocabulary blocks (``sft.token_stats.online_chunk_statistics``): each logits
+    chunk read once (twice for ``kl``) instead of once per reduction, compiled with ``compile_statistics``; the same
+    statistics up to fp32 round-off (the entropy more accurate). Other losses keep ``row_terms``."""
     frozen_dtype: str = field(default="fp32", metadata=IDENTITY_WHEN_SET)
     """fp32 or bf16: storage of the frozen reference, its cached head and PSFT's old policy (``sft.policy.freeze``).
     Under bf16 mixed precision on a GPU FSDP2 casts them to bf16 for every forward anyway, so bf16 changes no number
@@ -529,6 +534,7 @@ class SFTConfig:
         check_choice("sft.mixed_precision", self.mixed_precision, ("bf16", "fp32"))
         check_choice("sft.compile_layers", self.compile_layers, (False, True))
         check_choice("sft.compile_statistics", self.compile_statistics, (False, True))
+        check_choice("sft.online_statistics", self.online_statistics, (False, True))
         check_choice("sft.frozen_dtype", self.frozen_dtype, ("fp32", "bf16"))
         check_choice("sft.reference_cache", self.reference_cache, (False, True))
         self.lora.validate()

@@ -21,7 +21,8 @@ def test_gpu_perf_dry_run_measures_and_writes_its_results(tmp_path):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     results = json.loads(out.read_text())
     assert results["static_bytes_per_parameter"] == {"fp32": pytest.approx(16.0), "bf16": pytest.approx(14.0)}
-    assert set(results["statistics"]["64"]["statistics_s"]) == {"eager", "compiled", "dynamic"}
+    assert set(results["statistics"]["64"]["statistics_s"]) == {"eager", "compiled", "online", "unsplit"}
     eager = results["step_time"]["eager"]
     assert set(eager["ratios"]) == {"eksft", "eksft_cache"} and eager["ratios"]["eksft"] > 0
     assert "live/SFT" in result.stdout
+    assert "## eksft_cache" in (tmp_path / "results.profile.txt").read_text()  # the first configuration profiled

@@ -1,7 +1,7 @@
 """The trainer's speed and memory options against the eager trainer they replace (CPU, tiny shapes): the compiled
-statistics pass (``sft.compile_statistics``), frozen models stored in bf16 (``sft.frozen_dtype``), released
-trainers, and where compiled decoder layers go (``sft.compile_layers``; their numbers: tests/e2e, a minute's
-compile on 2 cores)."""
+statistics pass (``sft.compile_statistics``) and the online one (``sft.online_statistics``), frozen models stored
+in bf16 (``sft.frozen_dtype``), released trainers, and where compiled decoder layers go (``sft.compile_layers``;
+their numbers: tests/e2e, a minute's compile on 2 cores)."""
 from __future__ import annotations
 
 import argparse
@@ -57,9 +57,15 @@ def test_compiled_statistics_pass_equals_the_eager_pass_for_eksft():
     check_compiled_statistics(EKSFTMethod())
 
 
-def check_compiled_statistics(cfg) -> None:
-    """Loss, metrics and both gradients of the chunked head with pass A compiled equal the eager head's (fp32, 1e-6);
-    chunk 5 of 14 prediction rows pads the last chunk to the compiled shape."""
+def test_compiled_online_statistics_pass_equals_the_eager_pass_for_eksft():
+    """``sft.online_statistics`` under ``sft.compile_statistics``: the online log-sum-exp pass, compiled."""
+    check_compiled_statistics(EKSFTMethod(), online=True)
+
+
+def check_compiled_statistics(cfg, online: bool = False) -> None:
+    """Loss, metrics and both gradients of the chunked head with pass A compiled (the online pass with ``online``)
+    equal the eager ``row_terms`` head's (fp32, 1e-6); chunk 5 of 14 prediction rows pads the last chunk to the
+    compiled shape."""
     inputs = head_inputs()
     loss = build_loss(cfg)
     results = {}
@@ -70,7 +76,8 @@ def check_compiled_statistics(cfg) -> None:
             frozen = {"ref_hidden": inputs["ref_hidden"], "ref_head_weight": inputs["ref_weight"]}
         if loss.needs_old_policy:
             frozen = {"old_hidden": inputs["old_hidden"], "old_head_weight": inputs["weight"]}
-        result = chunked_loss(loss, h, w, LABELS, chunk_size=5, compile_statistics=compiled, **frozen)
+        result = chunked_loss(loss, h, w, LABELS, chunk_size=5, compile_statistics=compiled,
+                              online_statistics=online and compiled, **frozen)
         result.loss.backward()
         results[compiled] = (result, h.grad, w.grad)
     (eager, eager_h, eager_w), (fused, fused_h, fused_w) = results[False], results[True]
@@ -129,9 +136,11 @@ def test_the_sft_config_keys_are_validated_and_join_the_identity_only_when_set()
     from common.config.common import computation_config
 
     default = compose([])
-    assert {"compile_layers", "compile_statistics", "frozen_dtype"}.isdisjoint(computation_config(default.sft))
-    changed = compose(["sft.frozen_dtype=bf16", "sft.compile_statistics=true"])
+    assert {"compile_layers", "compile_statistics", "online_statistics",
+            "frozen_dtype"}.isdisjoint(computation_config(default.sft))
+    changed = compose(["sft.frozen_dtype=bf16", "sft.compile_statistics=true", "sft.online_statistics=true"])
     assert computation_config(changed.sft)["frozen_dtype"] == "bf16"
     assert computation_config(changed.sft)["compile_statistics"] is True
+    assert computation_config(changed.sft)["online_statistics"] is True
     with pytest.raises(ConfigError, match="sft.frozen_dtype"):
         compose(["sft.frozen_dtype=fp16"])
