@@ -108,7 +108,7 @@ gpu-smoke:
 	PYTHON=$(call python_of,$(call stack,$(if $(findstring dry-run,$(ARGS)),cpu,gpu))) scripts/gpu_smoke.sh $(ARGS)
 
 ## EKSFT's step time over SFT (live and cached reference), SFT's MFU and static bytes per parameter at the Qwen3-1.7B
-## shape on one GPU (scripts/gpu_perf.py, ~3 min on an H200, one results file); ARGS="--dry-run" runs it on a CPU.
+## shape on one GPU (scripts/gpu_perf.py, ~6 min on an H200, one results file); ARGS="--dry-run" runs it on a CPU.
 gpu-perf:
 	$(if $(findstring dry-run,$(ARGS)),,$(call need_gpu,make gpu-perf))
 	$(call python_of,$(call stack,$(if $(findstring dry-run,$(ARGS)),cpu,gpu))) scripts/gpu_perf.py $(ARGS)
