@@ -9,7 +9,7 @@ forward is never used for training: the trunk's final hidden states and the head
 from __future__ import annotations
 
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 import torch
@@ -92,9 +92,11 @@ class PolicyWithTokenLoss(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 labels: torch.Tensor | None = None, ref_hidden: torch.Tensor | None = None, *,
-                weights: TokenWeights | None = None, statistics_only: bool = False,
+                weights: TokenWeights | None = None, statistics: dict[str, torch.Tensor] | None = None,
+                statistics_only: bool = False,
                 behaviour_logp: torch.Tensor | None = None) -> LossResult | StepStatistics | torch.Tensor:
-        """The micro-batch loss; with ``weights`` (its share of a selection over the optimiser step) without pass A.
+        """The micro-batch loss; with ``weights`` (its share of a selection over the optimiser step) and
+        ``statistics`` (that selection's statistics of its rows) without pass A.
         ``statistics_only``: no loss, no graph, only the loss's statistics of every row and the reference's hidden
         states, which the step's selection and the micro-batch's loss then share (:class:`StepStatistics`).
         ``ref_hidden`` given: the reference's final hidden states (from ``sft.reference_cache`` or that earlier
@@ -114,7 +116,7 @@ class PolicyWithTokenLoss(nn.Module):
             return StepStatistics(stats, frozen.get("ref_hidden"))
         hidden = final_hidden_states(self.policy, input_ids, attention_mask)
         return chunked_loss(self.token_loss, hidden, head_weight, labels, chunk_size=self.chunk_size,
-                            weights=weights, compile_statistics=self.compile_statistics,
+                            weights=weights, statistics=statistics, compile_statistics=self.compile_statistics,
                             online_statistics=self.online_statistics, behaviour_logp=behaviour_logp, **frozen)
 
     @torch.no_grad()
@@ -157,7 +159,9 @@ def shard_models(root: PolicyWithTokenLoss, env: DistEnv, mixed_precision: str) 
     for model in root.models():
         for layer in model.get_decoder().layers:
             fully_shard(layer, mesh=mesh, mp_policy=policy)
-    fully_shard(root, mesh=mesh, mp_policy=policy)
+    # the root's inputs besides the tokens (the step selection's weights and statistics, behaviour_logp) are fp32
+    # numbers of the loss head, not activations: FSDP2 would cast them to param_dtype
+    fully_shard(root, mesh=mesh, mp_policy=replace(policy, cast_forward_inputs=False))
     root.policy.get_decoder().layers[0].set_modules_to_backward_prefetch([root])
 
 

@@ -64,6 +64,10 @@ from common.paths import BEHAVIOUR_LOGP_COLUMN, IGNORE_INDEX
 
 REFERENCE_TERMS = frozenset({"kl", "code_kl", "forward_kl", "ref_logp"})
 """Terms that need the reference model's logits."""
+REUSED_TERMS = ("entropy", "kl")
+"""Pass-A statistics pass B takes as they are under ``online_statistics`` (fp32 ones only) instead of summing over
+each chunk's vocabulary again: the values of the objective's ``entropy`` and ``kl`` terms and the per-row constants
+of their logit gradients."""
 OLD_POLICY_TERMS = frozenset({"old_logp"})
 """Terms that need the old policy's logits."""
 DATA_TERMS = frozenset({"behaviour_logp"})
@@ -347,8 +351,9 @@ def dense_loss(loss: TokenLossLike, logits: Tensor, labels: Tensor, *, ref_logit
 def chunked_loss(loss: TokenLossLike, hidden: Tensor, head_weight: Tensor, labels: Tensor, *, chunk_size: int,
                  ref_hidden: Tensor | None = None, ref_head_weight: Tensor | None = None,
                  old_hidden: Tensor | None = None, old_head_weight: Tensor | None = None,
-                 weights: TokenWeights | None = None, compile_statistics: bool = False,
-                 online_statistics: bool = False, behaviour_logp: Tensor | None = None) -> LossResult:
+                 weights: TokenWeights | None = None, statistics: Mapping[str, Tensor] | None = None,
+                 compile_statistics: bool = False, online_statistics: bool = False,
+                 behaviour_logp: Tensor | None = None) -> LossResult:
     """``loss`` on the LM head ``hidden [B, L, d] @ head_weight[V, d]ᵀ``, ``chunk_size`` rows at a time.
 
     ``hidden`` are the policy's final hidden states (after the final norm), with grad; gradients flow into
@@ -357,9 +362,10 @@ def chunked_loss(loss: TokenLossLike, hidden: Tensor, head_weight: Tensor, label
     Never holds more than one chunk of policy and reference logits; matches :func:`dense_loss` on
     ``hidden @ head_weightᵀ`` to fp32 round-off. ``weights``: this micro-batch's share of a selection made over the
     whole optimiser step (``TokenLoss.selects_over_step``, one coefficient per row of :func:`chunked_statistics`);
-    pass A and ``weigh`` are then skipped. ``compile_statistics``: pass A's per-chunk statistics through
+    pass A and ``weigh`` are then skipped, and ``statistics`` are that pass's values of this micro-batch's rows. ``compile_statistics``: pass A's per-chunk statistics through
     :func:`compiled_chunk_statistics` (a few fused passes over each chunk) instead of eager ``row_terms``;
-    ``online_statistics``: through :func:`online_chunk_statistics` where it computes all of them.
+    ``online_statistics``: through :func:`online_chunk_statistics` where it computes all of them, and pass B takes
+    pass A's fp32 :data:`REUSED_TERMS` instead of summing them again.
     ``behaviour_logp [B, L]``: the data's :data:`DATA_TERMS` (:func:`data_terms`).
     """
     head = _head_inputs(loss, hidden, head_weight, labels, chunk_size, ref_hidden, ref_head_weight, old_hidden,
@@ -378,10 +384,13 @@ def chunked_loss(loss: TokenLossLike, hidden: Tensor, head_weight: Tensor, label
         shapes = sorted({tuple(coef.shape) for coef in weights.coefs.values()})
         raise ValueError(f"the step's weights for this micro-batch have coefficients of shape {shapes}; its labels "
                          f"give {rows.targets.numel()} rows")
+    known = values if statistics is None else statistics
+    reuse = online_statistics and not loss.stats_in_model_dtype
+    reused = {name: known[name] for name in REUSED_TERMS if name in known} if reuse else {}
     plan = _HeadPlan(coefs=weights.coefs, targets=rows.targets, chunk_size=chunk_size, compute_dtype=head.compute_dtype,
                      first_chunk=first_chunk, ref_hidden=head.ref_nd, ref_head_weight=head.ref_w,
                      old_logp=values.get("old_logp"), term_options=loss.term_options,
-                     target_logp=head.hidden_nd.new_zeros(rows.index.numel(), dtype=torch.float32))
+                     target_logp=head.hidden_nd.new_zeros(rows.index.numel(), dtype=torch.float32), statistics=reused)
     value = _ChunkedHeadObjective.apply(head.hidden_nd, head_weight, plan) + weights.constant
     return _result(value, rows,
                    _with_head_metrics(loss, weights, rows, values, plan.target_logp, head_weight.shape[0]))
@@ -631,6 +640,9 @@ class _HeadPlan:
     term_options: Mapping[str, Any]
     target_logp: Tensor
     """``[N]`` fp32, filled chunk by chunk: each row's detached ``log p_y`` (for ``TokenLoss.head_metrics``)."""
+    statistics: Mapping[str, Tensor] = field(default_factory=dict)
+    """Pass A's fp32 ``entropy`` and ``kl`` of every row (:data:`REUSED_TERMS`): their values and the constants of
+    their closed-form gradients, instead of a row sum over each chunk's vocabulary; a term missing here is summed."""
 
     def policy_logits(self, chunk: slice, hidden_cd: Tensor, weight_cd: Tensor) -> Tensor:
         """fp32 ``hidden_cd @ weight_cdᵀ`` of one chunk; for the first chunk, pass A's product of the same operands
@@ -695,7 +707,7 @@ class _HeadPlan:
             alpha -= slope
             gamma += slope
         if "entropy" in coefs:  # ∂H = −p (log p + H)
-            entropy = -_rowdot(probs, logp)
+            entropy = self.statistics["entropy"][chunk] if "entropy" in self.statistics else -_rowdot(probs, logp)
             value = value + (coefs["entropy"] * entropy).sum()
             alpha -= coefs["entropy"] * entropy
             beta -= coefs["entropy"]
@@ -734,9 +746,13 @@ class _HeadPlan:
             coef = coefs[name].index_select(0, active)
             if name == "kl":  # ∂KL = p (log p − log q − KL); the difference first: exactly 0 when p = q
                 diff = logp_a - logq
-                plain = _rowdot(probs_a, diff)
-                value = value + (coef * _accurate_kl(probs_a, diff, plain, plain)).sum()
-                part = diff.sub_(plain.unsqueeze(1)).mul_(probs_a) if need_grad else None
+                if "kl" in self.statistics:
+                    kl = self.statistics["kl"][chunk].index_select(0, active)
+                else:
+                    plain = _rowdot(probs_a, diff)
+                    kl = _accurate_kl(probs_a, diff, plain, plain)
+                value = value + (coef * kl).sum()
+                part = diff.sub_(kl.unsqueeze(1)).mul_(probs_a) if need_grad else None
             elif name == "code_kl":  # ∂ Σp(p − log q) = p (2p − 2Σp² − log q + Σ p log q)
                 collision, cross = _rowdot(probs_a, probs_a), _rowdot(probs_a, logq)
                 value = value + (coef * (collision - cross)).sum()

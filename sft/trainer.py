@@ -124,7 +124,8 @@ def select_over_step(root: PolicyWithTokenLoss, micro_batches: list[dict], *, sf
                      env: DistEnv) -> list[dict]:
     """Collective. For a loss that selects over the whole optimiser step (``TokenLoss.selects_over_step``): the extra
     arguments of each of this rank's micro-batches for its forward, ``weights`` (its share of one ``weigh`` over every
-    row of the step on every rank) and ``ref_hidden`` (so the reference trunk runs once); ``{}`` for every other loss.
+    row of the step on every rank), ``statistics`` (its rows' statistics, which the loss head reuses) and
+    ``ref_hidden`` (so the reference trunk runs once); ``{}`` for every other loss.
 
     A no-grad pass over this rank's micro-batches computes their statistics; all ranks gather them in the step's
     micro-batch order (micro-batch m is rank m mod world_size's, ``sft.data.DataOrder``), so every rank weighs the same
@@ -147,7 +148,8 @@ def select_over_step(root: PolicyWithTokenLoss, micro_batches: list[dict], *, sf
     weights = root.token_loss.weigh(TokenStats.concat(everything))
     shares = weights.split([part.num_rows for part in everything])
     mine = [shares[order.index((env.rank, j))] for j in range(len(local))]
-    return [{"weights": share, **({"ref_hidden": part.ref_hidden} if part.ref_hidden is not None else {})}
+    return [{"weights": share, "statistics": part.stats.values,
+             **({"ref_hidden": part.ref_hidden} if part.ref_hidden is not None else {})}
             for share, part in zip(mine, local)]
 
 

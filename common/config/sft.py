@@ -475,7 +475,9 @@ class SFTConfig:
     """The statistics pass of a loss whose statistics are all EKSFT's (``logp``, ``entropy``, ``kl``, ``ref_logp``)
     by an online log-sum-exp over vocabulary blocks (``sft.token_stats.online_chunk_statistics``): each logits
     chunk read once (twice for ``kl``) instead of once per reduction, compiled with ``compile_statistics``; the same
-    statistics up to fp32 round-off (the entropy more accurate). Other losses keep ``row_terms``."""
+    statistics up to fp32 round-off (the entropy more accurate). Other losses keep ``row_terms``. The loss head's
+    gradient pass then takes the fp32 ``entropy`` and ``kl`` of that pass (``sft.token_stats.REUSED_TERMS``) instead
+    of summing them over the vocabulary again."""
     frozen_dtype: str = field(default="fp32", metadata=IDENTITY_WHEN_SET)
     """fp32 or bf16: storage of the frozen reference, its cached head and PSFT's old policy (``sft.policy.freeze``).
     Under bf16 mixed precision on a GPU FSDP2 casts them to bf16 for every forward anyway, so bf16 changes no number

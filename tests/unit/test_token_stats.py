@@ -396,10 +396,10 @@ def test_online_kl_is_exactly_zero_for_equal_logits():
 
 @pytest.mark.parametrize("cfg", [EKSFTMethod(), EKSFTMethod(compat="official_code", stats_dtype="fp32"),
                                  SFT_METHOD_SCHEMAS["psft"]()], ids=["eksft", "eksft-official", "psft"])
-def test_online_statistics_leave_the_loss_and_gradients_or_fall_back_bitwise(cfg):
-    """EKSFT through the online pass: loss and both gradients within fp32 round-off of ``row_terms``. Losses with a
-    statistic it does not compute (the official code's ``code_kl``, PSFT's ``old_logp``) keep ``row_terms``: the
-    same numbers bit for bit."""
+def test_online_statistics_leave_the_loss_and_gradients_to_round_off_and_psfts_bitwise(cfg):
+    """EKSFT through the online pass (and pass B reusing its entropy and KL): loss and both gradients within fp32
+    round-off of ``row_terms``. The official code's ``code_kl`` keeps ``row_terms`` in pass A, its entropy is reused;
+    PSFT (``logp``, ``old_logp``) keeps ``row_terms`` and reuses nothing: the same numbers bit for bit."""
     hidden, weight, ref_hidden, ref_weight, old_hidden = _inputs()
     loss = build_loss(cfg)
     frozen = ({"ref_hidden": ref_hidden, "ref_head_weight": ref_weight} if loss.needs_reference else
@@ -410,9 +410,42 @@ def test_online_statistics_leave_the_loss_and_gradients_or_fall_back_bitwise(cfg
         result = chunked_loss(loss, h, w, LABELS, chunk_size=5, online_statistics=online, **frozen)
         result.loss.backward()
         results.append((result.loss.detach(), h.grad, w.grad))
-    falls_back = not token_stats.ONLINE_TERMS.issuperset(loss.stats)
     for row_terms_value, online_value in zip(*results):
-        if falls_back:
+        if cfg.name == "psft":
             assert torch.equal(online_value, row_terms_value)
         else:
             assert _relative_error(online_value, row_terms_value) < 1e-6
+
+
+@pytest.mark.parametrize("scope", ["micro_batch", "optimizer_batch"])
+def test_pass_b_takes_eksfts_entropy_and_kl_from_pass_a_and_sums_no_row(monkeypatch, scope):
+    """EKSFT's regulariser values and the constants of their closed-form gradients (``H`` in ``−p(log p + H)``,
+    ``KL`` in ``p(log p − log q − KL)``) are pass A's fp32 statistics (``REUSED_TERMS``), also when a selection over
+    the optimiser step hands them over with the weights: pass B does no row sum over the vocabulary (with the online
+    pass, pass A does none either), and the loss and gradients equal those of pass B's own sums to round-off."""
+    hidden, weight, ref_hidden, ref_weight, _ = _inputs()
+    loss = build_loss(EKSFTMethod(selection_scope=scope))
+    frozen = {"ref_hidden": ref_hidden, "ref_head_weight": ref_weight}
+    sums = []
+    rowdot = token_stats._rowdot
+    monkeypatch.setattr(token_stats, "_rowdot", lambda a, b: sums.append(a.shape) or rowdot(a, b))
+
+    def run():
+        h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+        weights = statistics = None
+        if loss.selects_over_step:  # as sft.trainer.select_over_step hands them to the micro-batch's forward
+            stats = token_stats.chunked_statistics(loss, h, w, LABELS, chunk_size=5, online_statistics=True, **frozen)
+            weights, statistics = loss.weigh(stats), stats.values
+        sums.clear()
+        result = chunked_loss(loss, h, w, LABELS, chunk_size=5, weights=weights, statistics=statistics,
+                              online_statistics=True, **frozen)
+        result.loss.backward()
+        return result.loss.detach(), h.grad, w.grad, len(sums)
+
+    with monkeypatch.context() as before:
+        before.setattr(token_stats, "REUSED_TERMS", ())
+        *summed, summed_rows = run()
+    *reused, reused_rows = run()
+    assert summed_rows > 0 and reused_rows == 0
+    for mine, theirs in zip(reused, summed):
+        assert _relative_error(mine, theirs) < 1e-6
