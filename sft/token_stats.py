@@ -362,8 +362,9 @@ def chunked_loss(loss: TokenLossLike, hidden: Tensor, head_weight: Tensor, label
     Never holds more than one chunk of policy and reference logits; matches :func:`dense_loss` on
     ``hidden @ head_weightᵀ`` to fp32 round-off. ``weights``: this micro-batch's share of a selection made over the
     whole optimiser step (``TokenLoss.selects_over_step``, one coefficient per row of :func:`chunked_statistics`);
-    pass A and ``weigh`` are then skipped, and ``statistics`` are that pass's values of this micro-batch's rows. ``compile_statistics``: pass A's per-chunk statistics through
-    :func:`compiled_chunk_statistics` (a few fused passes over each chunk) instead of eager ``row_terms``;
+    pass A and ``weigh`` are then skipped, and ``statistics`` are that pass's values of this micro-batch's rows.
+    ``compile_statistics``: pass A's per-chunk statistics through :func:`compiled_chunk_statistics` (a few fused
+    passes over each chunk) instead of eager ``row_terms``;
     ``online_statistics``: through :func:`online_chunk_statistics` where it computes all of them, and pass B takes
     pass A's fp32 :data:`REUSED_TERMS` instead of summing them again.
     ``behaviour_logp [B, L]``: the data's :data:`DATA_TERMS` (:func:`data_terms`).
@@ -530,7 +531,8 @@ def online_chunk_statistics(logits: Tensor, targets: Tensor, names: tuple[str, .
     raises the max to ``m₂`` rescales them by ``α = e^{m−m₂}`` (``a ← α (a + s (m − m₂))``). Then
     ``lse = m + log s``, ``log p_y = z_y − lse``, ``H = log s − a / s`` (no difference of two numbers of order
     ``lse``, so more accurate than ``row_terms``' ``lse − Σ p z``), ``μ = c / s = Σ p (z − z')`` and, in a second read,
-    ``KL = log1p(Σ p (expm1(μ − gap) − (μ − gap)))`` exactly as ``row_terms`` (``_accurate_kl``)."""
+    ``KL = log1p(Σ p (expm1(μ − gap) − (μ − gap)))`` exactly as ``row_terms`` (``_accurate_kl``). ``old_logits``
+    and ``term_options`` are :func:`chunk_statistics`' arguments, unused by these terms."""
     rows, vocab = logits.shape
     blocks = [slice(start, start + ONLINE_BLOCK) for start in range(0, vocab, ONLINE_BLOCK)]
     needs_ref = bool({"kl", "ref_logp"} & set(names))
