@@ -61,9 +61,10 @@ class TokenLossSFTTrainer(SFTTrainer):
     base of a PEFT model with its adapters disabled, or a frozen copy of ``model`` as given. ``loss_norm``: how
     micro-batch objectives make the step objective (``sft.loss_norm``; a method's own, EKSFT official_code's
     micro_batch_sum, wins). ``compile_statistics``, ``online_statistics``: the loss head's statistics pass as
-    ``sft.compile_statistics`` and ``sft.online_statistics`` (docs/loss_head.md). Refused, each with one line: packing and padding-free batches, Liger, TRL's own
-    ``loss_type="dft"`` or a ``compute_loss_func``, LoRA on ``lm_head`` or ``embed_tokens``, EKSFT
-    ``selection_scope=optimizer_batch``, SED-SFT's calibration, DeepSpeed and FSDP1.
+    ``sft.compile_statistics`` and ``sft.online_statistics`` (docs/loss_head.md). Refused, each with one line:
+    packing and padding-free batches, Liger, TRL's own ``loss_type="dft"`` or a ``compute_loss_func``, LoRA on
+    ``lm_head`` or ``embed_tokens``, EKSFT ``selection_scope=optimizer_batch``, SED-SFT's calibration, DeepSpeed and
+    FSDP1.
     """
 
     loss_is_scaled_for_ga = True
