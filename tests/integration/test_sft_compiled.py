@@ -146,17 +146,19 @@ def test_the_sft_config_keys_are_validated_and_join_the_identity_only_when_set()
         compose(["sft.frozen_dtype=fp16"])
 
 
-def test_the_compiled_online_pass_keeps_small_kls_to_their_last_digits():
+@pytest.mark.parametrize("online", [True, False], ids=["online", "row_terms"])
+def test_the_compiled_passes_keep_small_kls_to_their_last_digits(online):
     """KLs of 1e-12 to 2e-3 (bf16 logits, a reference 1e-3 and 0.05 away) within 1e-4 of themselves, compiled: the
     top-ρ ranking of early training reads them. Inductor's CPU ``expm1`` is ``exp − 1``, which left the compiled
     ``expm1(y) − y`` with no correct digit below ``|y|`` ~ 1e-3 (KL errors of 1e-10 at KLs of 1e-12)."""
-    from sft.token_stats import compiled_online_chunk_statistics, row_terms
+    from sft.token_stats import compiled_chunk_statistics, compiled_online_chunk_statistics, row_terms
 
+    statistics = compiled_online_chunk_statistics() if online else compiled_chunk_statistics()
     generator = torch.Generator().manual_seed(0)
     logits = (5.0 * torch.randn(16, 40_000, generator=generator)).bfloat16()
     targets = torch.randint(0, 40_000, (16,), generator=generator)
     for scale in (1e-3, 0.05):
         ref = (logits.float() + scale * torch.randn(logits.shape, generator=generator)).bfloat16()
         exact = row_terms(logits.double(), targets, ("kl",), ref_logits=ref.double())["kl"]
-        kl = compiled_online_chunk_statistics()(logits, targets, ("kl",), torch.float32, ref_logits=ref)["kl"]
+        kl = statistics(logits, targets, ("kl",), torch.float32, ref_logits=ref)["kl"]
         assert ((kl.double() - exact).abs() / exact).max() < 1e-4, scale
