@@ -226,6 +226,11 @@ def _rowdot(a_cv: Tensor, b_cv: Tensor) -> Tensor:
     return torch.einsum("cv,cv->c", a_cv, b_cv)
 
 
+EXPM1_LIMIT = 80.0
+"""Centred gaps above this many nats would overflow ``expm1`` in fp32: such rows take the plain KL
+(:func:`_accurate_kl`, :func:`online_chunk_statistics`)."""
+
+
 def _accurate_kl(probs: Tensor, gap: Tensor, mean_gap: Tensor, plain: Tensor) -> Tensor:
     """Detached ``KL(p‖q) = log1p(Σ_v p_v (expm1(y_v) − y_v))`` with ``y = μ − gap``, ``μ = Σ_v p_v gap_v``
     (``mean_gap``, which every caller has already formed), for ``gap = log p − log q + c`` (any per-row constant c,
@@ -235,12 +240,12 @@ def _accurate_kl(probs: Tensor, gap: Tensor, mean_gap: Tensor, plain: Tensor) ->
     The textbook ``Σ p log p − Σ p log q`` (or ``Σ p (z − z') − lse + lse'``) cancels numbers of order ``ln V`` down
     to the KLs of 1e-5..1e-3 seen early in training, losing most fp32 digits, which the top-k ranking needs; here
     every summand ``e^y − 1 − y`` is ≥ 0, so nothing cancels. Exactly 0 when ``gap`` is 0. Rows whose centred gap
-    would overflow ``expm1`` in fp32 (> 80 nats) take ``plain`` instead.
+    would overflow ``expm1`` in fp32 (> :data:`EXPM1_LIMIT` nats) take ``plain`` instead.
     """
     with torch.no_grad():
         probs = probs.detach()
         centred = mean_gap.detach().unsqueeze(1) - gap
-        overflow = centred.amax(-1) > 80.0
+        overflow = centred.amax(-1) > EXPM1_LIMIT
         if torch.compiler.is_compiling():  # fused: the series' temporaries cost no memory (Inductor's CPU expm1)
             excess = _expm1_minus_identity(centred)
         else:
@@ -570,7 +575,7 @@ def online_chunk_statistics(logits: Tensor, targets: Tensor, names: tuple[str, .
             centred = mean_gap[:, None] - (z - ref_logits[:, block].to(stats_dtype))
             peak = torch.maximum(peak, centred.amax(1))
             excess = excess + (torch.exp(z - lse[:, None]) * _expm1_minus_identity(centred)).sum(1)
-        out["kl"] = torch.where(peak > 80.0, mean_gap - lse + ref_lse, torch.log1p(excess))
+        out["kl"] = torch.where(peak > EXPM1_LIMIT, mean_gap - lse + ref_lse, torch.log1p(excess))
     return {name: out[name] for name in names}
 
 
