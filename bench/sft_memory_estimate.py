@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 from bench.sft_step_time import SIZES, build_model, build_trainer, random_micro_batches, release, trainer_bytes
+from bench.sft_step_time import parse_args as trainer_args
 
 GIB = 2 ** 30
 TRAINERS = (("sft", False), ("sft", True), ("eksft", False), ("eksft", True))
@@ -62,11 +63,11 @@ def trainer_estimate(method: str, lora: bool, args: argparse.Namespace, model_di
 
 def cpu_trainer_args(size: str, seq_len: int, chunk_size: int = 256,
                      gradient_checkpointing: bool = True) -> argparse.Namespace:
-    """``build_trainer``'s options of a measured trainer: one sequence of ``seq_len`` tokens, fp32 throughout."""
-    return argparse.Namespace(size=size, seq_len=seq_len, micro_batch_size=1, grad_accum=1, chunk_size=chunk_size,
-                              mixed_precision="fp32", gradient_checkpointing=gradient_checkpointing,
-                              compile_layers=False, compile_statistics=False, online_statistics=False,
-                              frozen_dtype="fp32")
+    """``build_trainer``'s options of a measured trainer: one sequence of ``seq_len`` tokens, fp32 throughout, the
+    other ``sft.*`` options at ``bench.sft_step_time``'s defaults."""
+    return trainer_args(["--size", size, "--seq-len", str(seq_len), "--micro-batch-size", "1", "--grad-accum", "1",
+                         "--chunk-size", str(chunk_size), "--mixed-precision", "fp32"]
+                        + (["--gradient-checkpointing"] if gradient_checkpointing else []))
 
 
 def allocated_peak(step) -> int:

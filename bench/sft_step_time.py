@@ -116,8 +116,11 @@ def build_cache(folder: Path, batches: list[dict], args: argparse.Namespace, env
     return ReferenceCache(folder, identity), build_s, manifest.details["bytes_per_token"]
 
 
-def with_cached_rows(batches: list[dict], cache, device: torch.device) -> list[dict]:
-    """Each micro-batch plus its rows' cached reference hidden states (what ``sft.trainer.fit`` does per step)."""
+def with_cached_rows(batches: list[dict], sft, cache, device: torch.device) -> list[dict]:
+    """A trainer's micro-batches for one step: under ``sft.reference_cache`` each plus its rows' cached reference
+    hidden states (what ``sft.trainer.fit`` does per step), else ``batches`` as they are."""
+    if not sft.reference_cache:
+        return batches
     out = []
     for m, batch in enumerate(batches):
         size, length = batch["input_ids"].shape
@@ -199,7 +202,7 @@ def time_steps(args: argparse.Namespace, env) -> dict:
                 if env.device.type == "cuda":
                     torch.cuda.synchronize()
                 started = clock()
-                step_batches = with_cached_rows(batches, cache, env.device) if sft.reference_cache else batches
+                step_batches = with_cached_rows(batches, sft, cache, env.device)
                 train_step(root, optimizer, step_batches, sft=sft, env=env)
                 if env.device.type == "cuda":
                     torch.cuda.synchronize()
@@ -230,9 +233,8 @@ def profile_steps(path: Path, trainers: dict, batches, cache, env) -> None:
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     tables = []
     for name, (root, optimizer, sft) in trainers.items():
-        step_batches = with_cached_rows(batches, cache, env.device) if sft.reference_cache else batches
         with profile(activities=activities) as profiler:
-            train_step(root, optimizer, step_batches, sft=sft, env=env)
+            train_step(root, optimizer, with_cached_rows(batches, sft, cache, env.device), sft=sft, env=env)
             if cuda:
                 torch.cuda.synchronize()
         table = profiler.key_averages().table(sort_by="self_cuda_time_total" if cuda else "self_cpu_time_total",

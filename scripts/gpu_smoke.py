@@ -43,6 +43,7 @@ sys.path[:0] = [str(REPO), str(REPO / "tests" / "integration")]  # the project, 
 from bench.head_grad_accuracy import head_grad_errors  # noqa: E402
 from bench.longest_sequence import measure  # noqa: E402
 from bench.sft_step_time import build_model, build_trainer, release  # noqa: E402
+from bench.sft_step_time import parse_args as trainer_args  # noqa: E402
 
 GB = 1e9
 QWEN3_VOCAB = 151_936
@@ -163,11 +164,10 @@ def part_b(device: str, dry_run: bool) -> dict:
         for method in (EKSFTMethod(), PSFTMethod()):
             rows = {}
             for layers in STEP_LAYERS:
-                args = argparse.Namespace(size=size, layers=layers, chunk_size=HEAD_CHUNK, micro_batch_size=1,
-                                          grad_accum=1, gradient_checkpointing=True,
-                                          mixed_precision="bf16" if device == "cuda" else "fp32",
-                                          compile_layers=False, compile_statistics=False, online_statistics=False,
-                                          frozen_dtype="bf16")
+                args = trainer_args(["--size", size, "--chunk-size", str(HEAD_CHUNK), "--micro-batch-size", "1",
+                                     "--grad-accum", "1", "--gradient-checkpointing", "--frozen-dtype", "bf16",
+                                     "--mixed-precision", "bf16" if device == "cuda" else "fp32"])
+                args.layers = layers
                 root, optimizer, sft = build_trainer(method, args, env)
                 gradients = sum(p.numel() * p.element_size() for p in root.policy.parameters() if p.requires_grad)
                 with flash_only(device):
