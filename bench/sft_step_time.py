@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 
 from bench.tiny_model import random_qwen3
+from common.config.sft import CHECKPOINTING_POLICIES
 
 SIZES = {
     # name: (hidden, intermediate, layers, heads, kv heads, head_dim, vocab)
@@ -79,10 +80,12 @@ def build_trainer(method, args: argparse.Namespace, env, cached_reference: bool 
 
     sft = SFTConfig(method=method, lr=1e-5, micro_batch_size=args.micro_batch_size, grad_accum=args.grad_accum,
                     chunk_size=args.chunk_size, mixed_precision=args.mixed_precision,
-                    gradient_checkpointing=args.gradient_checkpointing, reference_cache=cached_reference,
+                    gradient_checkpointing=args.gradient_checkpointing,
+                    gradient_checkpointing_policy=args.gradient_checkpointing_policy, reference_cache=cached_reference,
                     compile_layers=args.compile_layers, compile_statistics=args.compile_statistics,
                     online_statistics=args.online_statistics, frozen_dtype=args.frozen_dtype,
                     lora=LoRAConfig(enabled=lora))
+    sft.validate()
     base = build_model(args.size, seed=0, num_layers=getattr(args, "layers", None))
     root = root_from_base(sft, build_loss(method), BaseModel(base, base.config, base.generation_config), env,
                           cached_reference)
@@ -139,6 +142,8 @@ def add_trainer_options(parser: argparse.ArgumentParser) -> None:
                              "blocks")
     parser.add_argument("--frozen-dtype", choices=("fp32", "bf16"), default="fp32",
                         help="sft.frozen_dtype: storage of the frozen reference and old policy")
+    parser.add_argument("--gradient-checkpointing-policy", choices=CHECKPOINTING_POLICIES, default="full",
+                        help="sft.gradient_checkpointing_policy: what --gradient-checkpointing recomputes")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

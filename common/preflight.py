@@ -597,7 +597,7 @@ def estimate_sft_memory(cfg: "Config") -> MemoryEstimate | None:
         U = b·M·(E·V·d + 2·W) + [full]·(b + 4)·W + [cache]·b·V·d      FSDP2's unsharded copies
         H = 4·6·C·V + [full]·(4 + b)·V·d                              the chunked loss head
         X = T·(K + (4 + 4b + 2b·(R + Q))·d)                           activations
-        K = (L + 1)·a, with activation checkpointing L·b·d + a
+        K = (L + 1)·a, with activation checkpointing L·b·d + a, selective L·b·(3d + 2q + 2k + 2I) + a
         a = 4·(2d + q + k) + b·(4d + 3q + 3k + 4I) + [LoRA]·n·(b·r + [dropout]·(b + 1)·i)
 
     N GPUs in all (``profile.nproc_per_node × profile.nnodes``) shard the state; b the compute dtype's bytes (2 under
@@ -615,9 +615,11 @@ def estimate_sft_memory(cfg: "Config") -> MemoryEstimate | None:
     inputs and the q/k-norm inputs in fp32; in the compute dtype the normed hidden states, q and k/v three times each
     (normed, rotated, attention) and four MLP tensors of width I; r and, with dropout, a copy of the input i of each
     of the n adapted layers), all L layers kept (and one layer's gradients in flight) or, with
-    ``sft.gradient_checkpointing``, only each layer's input and the one layer recomputed in the backward; plus the
-    final hidden states and their copies in the loss head, and the reference's (R) and old policy's (Q). Not counted:
-    the CUDA context, the allocator's fragmentation, norms and biases."""
+    ``sft.gradient_checkpointing``, only each layer's input and the one layer recomputed in the backward (under
+    ``sft.gradient_checkpointing_policy=selective`` also its matmul and attention outputs: the q, k, v, o, gate, up
+    and down projections and the attention output); plus the final hidden states and their copies in the loss head,
+    and the reference's (R) and old policy's (Q). Not counted: the CUDA context, the allocator's fragmentation, norms
+    and biases."""
     c = model_config(cfg)
     if c is None:
         return None
@@ -644,7 +646,8 @@ def estimate_sft_memory(cfg: "Config") -> MemoryEstimate | None:
     if not full:
         adapted = [shapes[name][0] for name in sft.lora.target_modules if name in shapes]
         per_layer += sum(b * sft.lora.rank + (sft.lora.dropout > 0) * (b + 1) * width for width in adapted)
-    kept = layers * b * d + per_layer if sft.gradient_checkpointing else (layers + 1) * per_layer
+    checkpointed = b * d + (sft.gradient_checkpointing_policy == "selective") * b * (2 * d + 2 * q + 2 * k + 2 * inter)
+    kept = layers * checkpointed + per_layer if sft.gradient_checkpointing else (layers + 1) * per_layer
     tokens = sft.micro_batch_size * cfg.data.max_length
     return MemoryEstimate(
         state=int((16 * trainable + f * frozen) / world),

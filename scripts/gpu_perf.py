@@ -12,9 +12,12 @@ Needs a CUDA torch and transformers (no vLLM, no verl). Parts, all through the b
   gradients are freed by the step), with the reference stored in fp32 and in bf16 (``sft.frozen_dtype``).
 * step time (``bench.sft_step_time.time_steps``): SFT, EKSFT with the live reference and EKSFT with the reference
   cache, 2 × 4 × 4,096 tokens per step, bf16, activation checkpointing, in the configurations named (two by
-  default, :data:`DEFAULT_ORDER`) of five: the eager trainer (chunk 1,024); the statistics compiled and the frozen
+  default, :data:`DEFAULT_ORDER`) of six: the eager trainer (chunk 1,024); the statistics compiled and the frozen
   models in bf16; that plus compiled decoder layers; that with the online statistics pass
-  (``sft.online_statistics``, the paper profile); compiled layers at chunk 4,096. Ratios to
+  (``sft.online_statistics``, the paper profile); that with selective activation checkpointing
+  (``sft.gradient_checkpointing_policy=selective``: no matmul recomputed; a micro-batch keeps 19 GiB more
+  activations by ``common.preflight``'s formula, ~96 GiB with the three trainers, more than an 80 GB card holds);
+  compiled layers at chunk 4,096. Ratios to
   SFT (targets live ≤ 1.30, cached ≤ 1.10) and SFT's MFU (6 · params · tokens/s over ``--peak-tflops``;
   torchtitan's 33-39% is the anchor, 40% the target). After the first configuration's timed steps, one more step
   of each of its trainers runs under ``torch.profiler``; the tables go beside the results file (``.profile.txt``).
@@ -41,20 +44,22 @@ CONFIGURATIONS = {
     "+ online statistics": dict(compile_statistics=True, online_statistics=True, frozen_dtype="bf16",
                                 compile_layers=True, chunk_size=1024),
     "+ chunk 4096": dict(compile_statistics=True, frozen_dtype="bf16", compile_layers=True, chunk_size=4096),
+    "+ selective checkpointing": dict(compile_statistics=True, online_statistics=True, frozen_dtype="bf16",
+                                      compile_layers=True, chunk_size=1024, checkpointing="selective"),
 }
 """The trainer configurations timed, by the ``sft.*`` keys that tell them apart."""
-DEFAULT_ORDER = ("+ online statistics", "+ compiled layers")
-"""What one run times by default: the paper profile's configuration, profiled, and the same without the online
-statistics pass. On an H200 the statistics and static-memory parts and the first configuration took 259 s and a
-further configuration about 2 minutes (three trainers built and compiled), so more do not fit 6 minutes."""
+DEFAULT_ORDER = ("+ online statistics", "+ selective checkpointing")
+"""What one run times by default: the paper profile's configuration, profiled, and the same with selective
+activation checkpointing. On an H200 the statistics and static-memory parts and the first configuration took 259 s
+and a further configuration about 2 minutes (three trainers built and compiled), so more do not fit 6 minutes."""
 
 
 def step_args(dry_run: bool, steps: int, **options) -> argparse.Namespace:
     """``bench.sft_step_time``'s options at the Qwen3-1.7B shape (the tiny CPU size on a dry run)."""
     if dry_run:
         return sft_step_time.parse_args(["--size", "tiny", "--seq-len", "64", "--micro-batch-size", "2", "--steps", "1",
-                                         "--warmup", "1", "--mixed-precision", "fp32", "--chunk-size", "64"]
-                                        + option_flags(options))
+                                         "--warmup", "1", "--mixed-precision", "fp32", "--chunk-size", "64",
+                                         "--gradient-checkpointing"] + option_flags(options))
     return sft_step_time.parse_args(["--device", "cuda", "--size", "qwen3-1.7b", "--seq-len", "4096",
                                      "--micro-batch-size", "4", "--grad-accum", "2", "--gradient-checkpointing",
                                      "--steps", str(steps), "--warmup", "2", "--chunk-size",
@@ -62,7 +67,8 @@ def step_args(dry_run: bool, steps: int, **options) -> argparse.Namespace:
 
 
 def option_flags(options: dict) -> list[str]:
-    flags = ["--frozen-dtype", options["frozen_dtype"]]
+    flags = ["--frozen-dtype", options["frozen_dtype"],
+             "--gradient-checkpointing-policy", options.get("checkpointing", "full")]
     flags += ["--compile-statistics"] if options["compile_statistics"] else []
     flags += ["--online-statistics"] if options.get("online_statistics") else []
     return flags + (["--compile-layers"] if options["compile_layers"] else [])

@@ -8,6 +8,7 @@ forward is never used for training: the trunk's final hidden states and the head
 """
 from __future__ import annotations
 
+import functools
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from typing import Any, Callable
@@ -16,6 +17,7 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
 from transformers import PreTrainedModel
 
 from sft.distributed import DistEnv
@@ -39,10 +41,44 @@ def freeze(model: nn.Module, dtype: str = "fp32") -> nn.Module:
     return model.eval()
 
 
+SELECTIVE_SAVED_OPS = tuple(getattr(torch.ops.aten, name).default for name in (
+    "mm", "addmm", "bmm", "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+    "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu"))
+"""The ops whose outputs selective activation checkpointing keeps (``sft.gradient_checkpointing_policy=selective``):
+the matmuls (the projections' ``mm``; ``bmm`` for eager attention) and the attention kernels, as torchtitan's op-level
+policy keeps them. The RMSNorms, RoPE, SwiGLU's activation and the residual adds are recomputed in the backward: cheap
+elementwise work against the matmuls full recompute repeats."""
+
+
+def checkpoint_decoder_layers(model: PreTrainedModel, policy: str) -> None:
+    """Activation checkpointing of each decoder layer (``sft.gradient_checkpointing_policy``): ``full`` is HF's
+    non-reentrant checkpointing around each layer's call; ``selective`` wraps each layer's ``forward`` in
+    ``torch.utils.checkpoint`` with a policy that saves :data:`SELECTIVE_SAVED_OPS` and recomputes the rest, inside
+    the module (FSDP2's hooks stay outside the recomputed region) and before :func:`compile_decoder_layers`, so
+    ``torch.compile`` traces the checkpoint and partitions the layer's forward and backward by that policy, as
+    torchtitan orders them. Layers in eval mode or under ``no_grad`` are not checkpointed."""
+    if policy == "full":
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        return
+    saving = functools.partial(create_selective_checkpoint_contexts, list(SELECTIVE_SAVED_OPS))
+    for layer in model.get_decoder().layers:
+        layer.forward = _selectively_checkpointed(layer.forward, saving)
+
+
+def _selectively_checkpointed(forward: Callable[..., Any], context_fn: Callable[[], Any]) -> Callable[..., Any]:
+    @functools.wraps(forward)
+    def checkpointed(*args, **kwargs):
+        if not (forward.__self__.training and torch.is_grad_enabled()):
+            return forward(*args, **kwargs)
+        return checkpoint(forward, *args, use_reentrant=False, context_fn=context_fn, **kwargs)
+    return checkpointed
+
+
 def compile_decoder_layers(model: PreTrainedModel) -> None:
     """Each decoder layer's ``forward`` under ``torch.compile``, per block as torchtitan compiles: its RMSNorms, RoPE,
-    SwiGLU and residual adds fuse into a few kernels. The module itself is kept, so FSDP2's hooks and activation
-    checkpointing run around the compiled forward and parameter names (checkpoints, exports) do not change."""
+    SwiGLU and residual adds fuse into a few kernels. The module itself is kept, so FSDP2's hooks and HF's activation
+    checkpointing run around the compiled forward (selective checkpointing inside it) and parameter names
+    (checkpoints, exports) do not change."""
     for layer in model.get_decoder().layers:
         layer.forward = torch.compile(layer.forward)
 

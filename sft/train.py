@@ -59,6 +59,7 @@ from sft.lora import OLD_ADAPTER, AdapterView, add_lora
 from sft.policy import (
     FROZEN_DTYPES,
     PolicyWithTokenLoss,
+    checkpoint_decoder_layers,
     compile_decoder_layers,
     freeze,
     frozen_head_copy,
@@ -213,7 +214,7 @@ def root_from_base(sft: SFTConfig, token_loss: TokenLoss, base: BaseModel, env: 
     head."""
     policy = base.empty_copy()
     if sft.gradient_checkpointing:
-        policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        checkpoint_decoder_layers(policy, sft.gradient_checkpointing_policy)
     frozen_dtype = sft.frozen_dtype
     full = base.full
     if sft.lora.enabled:  # the reference and old policy are views of the policy's own layers (sft/lora.py)

@@ -19,6 +19,8 @@ STEP_PARTS_NORM = "optimizer_batch_parts"
 """The normalisation of a method that selects over the whole optimiser batch (EKSFT ``selection_scope=
 optimizer_batch``), set by the method, never a choice: each micro-batch's loss is already its part of the step's one
 objective, which is their sum over micro-batches and ranks."""
+CHECKPOINTING_POLICIES = ("full", "selective")
+"""``sft.gradient_checkpointing_policy``: what activation checkpointing recomputes of a decoder layer."""
 
 
 LORA_DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -465,6 +467,11 @@ class SFTConfig:
     """bf16 (autocast on CPU, FSDP2 MixedPrecisionPolicy on GPU) or fp32."""
     gradient_checkpointing: bool = False
     """Recompute decoder activations in backward."""
+    gradient_checkpointing_policy: str = field(default="full", metadata=IDENTITY_WHEN_SET)
+    """What ``gradient_checkpointing`` recomputes of each decoder layer of the policy (``sft.policy.
+    checkpoint_decoder_layers``): ``full``, everything (HF's non-reentrant checkpointing: only the layer's input is
+    kept); ``selective``, everything but the matmul and attention outputs (:data:`sft.policy.SELECTIVE_SAVED_OPS`,
+    torchtitan's op-level choice), so the backward repeats no matmul for more activation memory. The same numbers."""
     compile_layers: bool = field(default=False, metadata=IDENTITY_WHEN_SET)
     """Each decoder layer's forward under ``torch.compile`` (``sft.policy.compile_decoder_layers``): fused
     elementwise kernels, the same computation up to fp32 round-off."""
@@ -534,6 +541,10 @@ class SFTConfig:
         check_choice("sft.loss_norm", self.loss_norm, LOSS_NORMS)
         check_range("sft.chunk_size", self.chunk_size, 1)
         check_choice("sft.mixed_precision", self.mixed_precision, ("bf16", "fp32"))
+        check_choice("sft.gradient_checkpointing_policy", self.gradient_checkpointing_policy, CHECKPOINTING_POLICIES)
+        if self.gradient_checkpointing_policy != "full" and not self.gradient_checkpointing:
+            raise ConfigError(f"sft.gradient_checkpointing_policy={self.gradient_checkpointing_policy} needs "
+                              "sft.gradient_checkpointing=true")
         check_choice("sft.compile_layers", self.compile_layers, (False, True))
         check_choice("sft.compile_statistics", self.compile_statistics, (False, True))
         check_choice("sft.online_statistics", self.online_statistics, (False, True))

@@ -97,6 +97,14 @@ def test_activation_checkpointing_keeps_each_layer_input_instead_of_its_activati
     assert estimate(qwen3_8b, "sft.chunk_size=256").loss_head == 4 * 6 * 256 * 151936 + 6 * 151936 * 4096
 
 
+def test_selective_checkpointing_also_keeps_each_layers_matmul_and_attention_outputs(qwen3_8b):
+    """Per layer and token b·(3d + 2q + 2k + 2I) = 2·(3·4096 + 2·4096 + 2·1024 + 2·12288) = 94,208 bytes (the input,
+    the seven projections' outputs and the attention's) instead of the input's 8,192."""
+    assert estimate(qwen3_8b).activations == 4096 * (36 * 8192 + 215_040 + 12 * 4096)
+    assert estimate(qwen3_8b, "sft.gradient_checkpointing_policy=selective").activations \
+        == 4096 * (36 * 94_208 + 215_040 + 12 * 4096)
+
+
 def test_no_estimate_without_the_models_config_json(qwen3_8b, tmp_path):
     assert preflight.estimate_sft_memory(paper_8b(qwen3_8b, f"model.path={tmp_path}")) is None
 
