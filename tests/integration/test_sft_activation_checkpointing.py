@@ -32,14 +32,14 @@ class MatmulCount(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def step(env, checkpointing: str | None) -> tuple[torch.Tensor, dict[str, torch.Tensor], int, int]:
+def step(env, checkpointing: str | None, lora: bool) -> tuple[torch.Tensor, dict[str, torch.Tensor], int, int]:
     """An EKSFT micro-batch's loss, the policy's gradients, the root's decoder layer count and the matmuls its
-    backward ran, with ``checkpointing`` (None: off)."""
+    backward ran, with ``checkpointing`` (None: off), full fine-tuning or LoRA."""
     flags = ["--mixed-precision", "fp32", "--seq-len", "16", "--micro-batch-size", "2", "--grad-accum", "1",
              "--chunk-size", "8"]
     if checkpointing is not None:
         flags += ["--gradient-checkpointing", "--gradient-checkpointing-policy", checkpointing]
-    root, _, _ = build_trainer(EKSFTMethod(), parse_args(flags), env)
+    root, _, _ = build_trainer(EKSFTMethod(), parse_args(flags), env, lora=lora)
     input_ids = torch.randint(0, 512, (2, 16), generator=torch.Generator().manual_seed(0))
     labels = input_ids.clone()
     labels[:, :4] = -100
@@ -47,21 +47,27 @@ def step(env, checkpointing: str | None) -> tuple[torch.Tensor, dict[str, torch.
     counter = MatmulCount()
     with counter:
         result.loss.backward()
-    grads = {name: param.grad.full_tensor() for name, param in root.policy.named_parameters()}
+    grads = {name: param.grad.full_tensor() for name, param in root.policy.named_parameters() if param.requires_grad}
     layers = len(root.policy.get_decoder().layers)
     del root
     release(env)
     return result.loss.detach(), grads, layers, counter.count
 
 
-def test_selective_checkpointing_recomputes_no_matmul_and_changes_no_number():
+@pytest.mark.parametrize("lora", [False, True], ids=["full-fine-tuning", "lora"])
+def test_selective_checkpointing_recomputes_no_matmul_and_changes_no_number(lora):
+    """Under LoRA full recompute repeats the adapters' matmuls too (how many is PEFT's layout; more, is checked)."""
     env = init_distributed("cpu")
     try:
-        loss, grads, layers, matmuls = step(env, None)
-        outcomes = {policy: step(env, policy) for policy in ("full", "selective")}
+        loss, grads, layers, matmuls = step(env, None, lora)
+        outcomes = {policy: step(env, policy, lora) for policy in ("full", "selective")}
     finally:
         close_distributed(env)
-    assert outcomes["full"][3] == matmuls + RECOMPUTED_PER_LAYER * layers
+    assert len(grads) > 0
+    if lora:
+        assert outcomes["full"][3] > matmuls + RECOMPUTED_PER_LAYER * layers
+    else:
+        assert outcomes["full"][3] == matmuls + RECOMPUTED_PER_LAYER * layers
     assert outcomes["selective"][3] == matmuls
     for policy, (policy_loss, policy_grads, _, _) in outcomes.items():
         assert torch.allclose(policy_loss, loss, rtol=1e-6, atol=0), policy
