@@ -145,6 +145,13 @@ def test_a_long_sequence_is_refused_with_a_shorter_max_length(qwen3_8b, monkeypa
     assert "data.max_length=8192 (" in problem.fix and "sft.lora" not in problem.fix
 
 
+def test_selective_checkpointing_too_large_is_refused_with_full_checkpointing(qwen3_8b, monkeypatch):
+    gpus(monkeypatch, 8, 79.2)
+    cfg = paper_8b(qwen3_8b, "sft.gradient_checkpointing_policy=selective", "data.max_length=32768")
+    problem, = preflight.check_memory(cfg)
+    assert problem.fix.startswith("sft.gradient_checkpointing_policy=full (")
+
+
 def test_without_a_gpu_nothing_is_refused(qwen3_8b, monkeypatch):
     monkeypatch.setattr(torch.version, "cuda", None)
     assert preflight.check_memory(paper_8b(qwen3_8b, "profile.nproc_per_node=1")) == []
