@@ -71,12 +71,16 @@ def main(argv: list[str] | None = None) -> dict:
     from sft.token_stats import (ONLINE_TERMS, REFERENCE_TERMS, chunk_statistics, compiled_chunk_statistics,
                                  compiled_online_chunk_statistics)
 
+    loss = build_loss(compose([f"sft/method={args.method}"]).sft.method)
+    names = tuple(loss.stats)
+    if not names:
+        with_statistics = sorted(name for name, schema in SFT_METHOD_SCHEMAS.items() if build_loss(schema()).stats)
+        parser.error(f"--method {args.method} declares no statistics, so it has no statistics pass to time; "
+                     f"methods with one: {', '.join(with_statistics)}")
     configure_cpu_threads(args.threads)
     cuda = args.device == "cuda"
     clock = time.perf_counter if cuda else time.process_time
     synchronize = torch.cuda.synchronize if cuda else (lambda: None)
-    loss = build_loss(compose([f"sft/method={args.method}"]).sft.method)
-    names = tuple(loss.stats)
     needs_ref = bool(REFERENCE_TERMS & set(names))
     inputs = make_inputs(args.rows, args.vocab, args.hidden, torch.bfloat16 if cuda else torch.float32, args.device)
     with torch.no_grad():
