@@ -290,7 +290,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dry-run", action="store_true",
                         help="on the CPU, in under a minute: imports, shapes, A and B at tiny sizes, C's command")
-    parser.add_argument("--parts", nargs="+", choices=("A", "B", "C"), default=["A", "B", "C"])
+    parser.add_argument("--parts", nargs="+", choices=("A", "B", "C"), default=["A", "B", "C"],
+                        help="the parts to run, in this order (the results file is written after each)")
     parser.add_argument("--out", type=Path, default=None,
                         help="results file (default runs/gpu_smoke/<UTC time>.json)")
     parser.add_argument("--workdir", type=Path, default=None, help="part C's model and runs (default: a temp folder)")
@@ -303,18 +304,22 @@ def main(argv: list[str] | None = None) -> int:
     results = {"date_utc": stamp, "dry_run": args.dry_run, "versions": versions()}
     print("gpu_smoke: " + ", ".join(f"{key} {value}" for key, value in results["versions"].items()), flush=True)
     started = time.perf_counter()
+
+    def save() -> None:  # after every part, so a run stopped at its time limit keeps the parts it finished
+        results["seconds"] = time.perf_counter() - started
+        results["ok"] = all(results[part]["ok"] for part in args.parts if part in results)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(results, indent=2, default=str) + "\n")
+
     with tempfile.TemporaryDirectory(prefix="gpu_smoke_") as scratch:
         workdir = args.workdir or Path(scratch)
-        for part, run in (("A", part_a), ("B", part_b), ("C", None)):
-            if part not in args.parts:
-                continue
+        parts = {"A": lambda: part_a(device, args.dry_run), "B": lambda: part_b(device, args.dry_run),
+                 "C": lambda: part_c(device, args.dry_run, workdir)}
+        for part in dict.fromkeys(args.parts):
             part_started = time.perf_counter()
-            results[part] = part_c(device, args.dry_run, workdir) if part == "C" else run(device, args.dry_run)
+            results[part] = parts[part]()
             results[part]["seconds"] = time.perf_counter() - part_started
-    results["seconds"] = time.perf_counter() - started
-    results["ok"] = all(results[part]["ok"] for part in args.parts)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=2, default=str) + "\n")
+            save()
     print(f"gpu_smoke: {'PASSED' if results['ok'] else 'FAILED'} in {results['seconds']:.0f} s; results in {out}")
     return 0 if results["ok"] else 1
 
