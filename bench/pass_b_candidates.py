@@ -1,0 +1,264 @@
+"""Pass B of the loss head on one logits chunk: the trainer's hand-derived value and logit gradient against the
+objective written once, term by term, and differentiated by autograd.
+
+    python -m bench.pass_b_candidates                                # CPU: 256 rows x 32,768, one thread, CPU clock
+    python -m bench.pass_b_candidates --device cuda --rows 1024 --vocab 151936 --hidden 2048
+
+Pass B (``sft.token_stats._HeadPlan.chunk_value_and_grad``) forms ``Σ_rows Σ_terms coef · term`` of a chunk of fp32
+logits and its logit gradient from closed forms derived by hand, one per term, in eager elementwise kernels. The
+candidate here, :func:`chunk_objective`, writes each term once as the paper's equation (``log p_y``,
+``H = −Σ p log p``, ``KL = Σ p (log p − log q)``, …) and leaves the gradient to autograd. For one chunk of
+``--rows`` × ``--vocab`` with EKSFT's coefficients (the real ``sft.losses`` loss weighing the chunk's own pass-A
+statistics: ``logp`` on the unmasked rows, ``entropy`` and ``kl`` on the top-ρ union M), the bench times:
+
+* ``today``: the trainer's eager pass B, taking pass A's fp32 entropy and KL (``sft.online_statistics``, the paper
+  profile); ``today, summed``: the same without them (each row's entropy and KL summed over the vocabulary again);
+* ``today, compiled``: that same method under ``torch.compile`` (static shapes). Its reference rows are the
+  ``nonzero`` of the coefficients, a data-dependent shape: Dynamo breaks the graph there (4 graphs), and with static
+  shapes each new count of masked rows would compile again (fine for one chunk timed here; in training it needs
+  the count padded to a few buckets or a symbolic dimension);
+* ``once, eager``: :func:`objective_value_and_grad`, eager autograd;
+* ``once, compiled``: :func:`chunk_objective` compiled (``fullgraph``, static shapes), then ``torch.autograd.grad``
+  (AOTAutograd's forward and backward graphs; the partitioner recomputes elementwise work in backward rather than
+  save ``[rows × vocab]`` tensors);
+* ``once, grad_and_value``: ``torch.func.grad_and_value(chunk_objective)`` compiled as one graph.
+
+The "once" candidates take the masked rows the way the trainer does: their indices from the coefficients, eagerly,
+and those rows of the reference logits, as inputs (so they too compile once per count of masked rows).
+
+Each call gets a fresh fp32 copy of the policy logits, made outside the clock (the trainer overwrites its fp32
+logits in place: on a GPU the copy is the cast from bf16, on a CPU the matmul's own output). Printed per candidate:
+median seconds (after one untimed call, which compiles), the peak memory it allocates beyond its inputs (CUDA:
+``torch.cuda.max_memory_allocated``; CPU: torch's allocations in ``torch.profiler``'s memory timeline, a private
+API), and its largest deviation of value and gradient from :func:`chunk_objective` in fp64 (autograd in fp64; the
+trainer's closed forms equal it, tests/integration/test_pass_b_candidates.py).
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import statistics
+import time
+from typing import Any, Callable
+
+import torch
+from torch import Tensor
+
+from sft.token_stats import REFERENCE_TERMS
+
+
+def chunk_objective(logits: Tensor, targets: Tensor, coefs: dict[str, Tensor], ref_logits: Tensor | None = None,
+                    active: Tensor | None = None, old_logp: Tensor | None = None, *, gem_beta: float = 1.0,
+                    gem_weighting: str = "linear", **unused: Any) -> Tensor:
+    """``Σ_rows Σ_terms coef · term`` of ``logits [C, V]``, each objective term (``sft.token_stats.OBJECTIVE_TERMS``)
+    written once, with ``p = softmax(z)``, ``q = softmax(z')``:
+
+    ``logp = log p_y``; ``prob_logp = sg(p_y) log p_y``; ``de = (p_y − ½)²``;
+    ``ratio = exp(clamp(log p_y − old_logp, −20, 20))``; ``entropy = −Σ_v p_v log p_v``;
+    ``gem = Σ_v g_v w_v (log p_v − log p_y)``, ``g = sg(softmax(z/β))``, ``w = 1`` or ``sg(σ(0.01 (z − z_y)))``;
+    on the rows ``active`` only, against their reference logits ``ref_logits [A, V]``:
+    ``kl = Σ_v p_v (log p_v − log q_v)``; ``code_kl = Σ_v p_v (p_v − log q_v)``;
+    ``forward_kl = Σ_v q_v (log q_v − log p_v)``. ``coefs``: term → ``[C]``."""
+    logp = torch.log_softmax(logits, dim=-1)
+    probs = logp.exp()
+    logp_y = logp.gather(1, targets.unsqueeze(1)).squeeze(1)
+    terms: dict[str, Tensor] = {}
+    if "logp" in coefs:
+        terms["logp"] = logp_y
+    if "prob_logp" in coefs:
+        terms["prob_logp"] = logp_y.detach().exp() * logp_y
+    if "de" in coefs:
+        terms["de"] = (logp_y.exp() - 0.5) ** 2
+    if "ratio" in coefs:
+        terms["ratio"] = torch.exp(torch.clamp(logp_y - old_logp, -20.0, 20.0))
+    if "entropy" in coefs:
+        terms["entropy"] = -(probs * logp).sum(-1)
+    if "gem" in coefs:
+        detached = logits.detach()
+        weights = torch.softmax(detached / gem_beta, dim=-1)
+        if gem_weighting == "logsigmoid":
+            weights = weights * torch.sigmoid(0.01 * (detached - detached.gather(1, targets.unsqueeze(1))))
+        terms["gem"] = (weights * (logp - logp_y.unsqueeze(1))).sum(-1)
+    value = sum(((coefs[name] * term).sum() for name, term in terms.items()), logits.new_zeros(()))
+    if REFERENCE_TERMS & set(coefs):
+        logq = torch.log_softmax(ref_logits, dim=-1)
+        probs_a, logp_a = probs.index_select(0, active), logp.index_select(0, active)
+        reference_terms = {"kl": lambda: (probs_a * (logp_a - logq)).sum(-1),
+                           "code_kl": lambda: (probs_a * (probs_a - logq)).sum(-1),
+                           "forward_kl": lambda: (logq.exp() * (logq - logp_a)).sum(-1)}
+        for name in sorted(REFERENCE_TERMS & set(coefs)):
+            value = value + (coefs[name].index_select(0, active) * reference_terms[name]()).sum()
+    return value
+
+
+def objective_value_and_grad(logits: Tensor, *args: Any, objective: Callable[..., Tensor] = chunk_objective,
+                             **options: Any) -> tuple[Tensor, Tensor]:
+    """``objective`` (:func:`chunk_objective`, eager or compiled) of ``logits`` and its logit gradient by autograd."""
+    logits = logits.detach().requires_grad_()
+    value = objective(logits, *args, **options)
+    (grad,) = torch.autograd.grad(value, logits)
+    return value.detach(), grad
+
+
+@functools.cache
+def compiled_objective() -> Callable[..., Tensor]:
+    """:func:`chunk_objective` compiled as the trainer compiles pass A (static shapes, one graph)."""
+    return torch.compile(chunk_objective, dynamic=False, fullgraph=True)
+
+
+@functools.cache
+def compiled_grad_and_value() -> Callable[..., tuple[Tensor, Tensor]]:
+    """``(gradient, value)`` of :func:`chunk_objective` in its logits, one compiled graph."""
+    return torch.compile(torch.func.grad_and_value(chunk_objective), dynamic=False, fullgraph=True)
+
+
+def _today(plan, logits: Tensor) -> tuple[Tensor, Tensor]:
+    return plan.chunk_value_and_grad(logits, slice(0, logits.shape[0]), True)
+
+
+@functools.cache
+def compiled_today() -> Callable[..., tuple[Tensor, Tensor]]:
+    """The trainer's ``_HeadPlan.chunk_value_and_grad`` on one chunk under ``torch.compile`` (static shapes; graph
+    breaks at the ``nonzero`` of its reference rows)."""
+    return torch.compile(_today, dynamic=False)
+
+
+def active_rows(coefs: dict[str, Tensor]) -> Tensor:
+    """Rows with a non-zero reference-term coefficient (the rows pass B builds reference logits for)."""
+    names = sorted(REFERENCE_TERMS & set(coefs))
+    return torch.stack([coefs[name] != 0 for name in names]).any(0).nonzero().squeeze(1)
+
+
+def peak_extra_bytes(function: Callable[[], Any], device: str) -> int:
+    """Bytes ``function`` allocates at its peak beyond what was allocated before it (its result included)."""
+    if device == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        function()
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - before
+    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler._memory_profiler import Action
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True, with_stack=True) as prof:
+        function()
+    alive = peak = 0
+    for _, action, _, size in sorted(prof._memory_profile().timeline, key=lambda event: event[0]):
+        alive += {Action.CREATE: size, Action.DESTROY: -size}.get(action, 0)
+        peak = max(peak, alive)
+    return peak
+
+
+def timed_fresh(function: Callable[[Tensor], Any], fresh: Callable[[], Tensor], repeats: int, clock,
+                synchronize) -> tuple[float, Any]:
+    """Median seconds of ``repeats`` calls ``function(fresh())`` (after one untimed call), ``fresh()`` made outside
+    the clock, and the last result."""
+    result = function(fresh())
+    times = []
+    for _ in range(repeats):
+        logits = fresh()
+        synchronize()
+        started = clock()
+        result = function(logits)
+        synchronize()
+        times.append(clock() - started)
+    return statistics.median(times), result
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--rows", type=int, default=256, help="rows of the chunk (sft.chunk_size)")
+    parser.add_argument("--vocab", type=int, default=32768)
+    parser.add_argument("--hidden", type=int, default=512)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    args = parser.parse_args(argv)
+
+    from bench.statistics_pass import make_inputs
+    from common.config import compose
+    from common.tracking import configure_cpu_threads
+    from sft.losses import build_loss
+    from sft.token_stats import REUSED_TERMS, TokenStats, _FirstChunkLogits, _HeadPlan, online_chunk_statistics
+
+    configure_cpu_threads(args.threads)
+    cuda = args.device == "cuda"
+    clock = time.perf_counter if cuda else time.process_time
+    synchronize = torch.cuda.synchronize if cuda else (lambda: None)
+    loss = build_loss(compose(["sft/method=eksft"]).sft.method)
+    inputs = make_inputs(args.rows, args.vocab, args.hidden, torch.bfloat16 if cuda else torch.float32, args.device)
+    targets = inputs["targets"]
+    with torch.no_grad():
+        logits = inputs["hidden"] @ inputs["weight"].T  # compute dtype, as pass A hands them to pass B
+        ref_logits = inputs["ref_hidden"] @ inputs["ref_weight"].T
+        values = online_chunk_statistics(logits, targets, loss.stats, torch.float32, ref_logits=ref_logits)
+    rows = targets.numel()
+    stats = TokenStats(values=values, targets=targets, has_target=torch.ones_like(targets, dtype=torch.bool),
+                       is_label_position=torch.ones_like(targets, dtype=torch.bool),
+                       sequence=torch.zeros_like(targets), num_sequences=1, vocab_size=args.vocab)
+    coefs = loss.weigh(stats).coefs
+    active = active_rows(coefs)
+
+    def plan(reuse: bool) -> _HeadPlan:
+        return _HeadPlan(coefs=coefs, targets=targets, chunk_size=rows, compute_dtype=logits.dtype,
+                         first_chunk=_FirstChunkLogits(policy=None, reference=ref_logits), ref_hidden=None,
+                         ref_head_weight=None, old_logp=None, term_options=loss.term_options,
+                         target_logp=torch.zeros(rows, device=args.device),
+                         statistics={name: values[name] for name in REUSED_TERMS} if reuse else {})
+
+    def once(objective):
+        return lambda z: objective_value_and_grad(z, targets, coefs, ref_logits.index_select(0, active).float(),
+                                                  active, objective=objective, **loss.term_options)
+
+    def once_grad_and_value(z):
+        grad, value = compiled_grad_and_value()(z, targets, coefs, ref_logits.index_select(0, active).float(),
+                                                active, **loss.term_options)
+        return value, grad
+
+    candidates = {
+        "today": lambda z: _today(plan(True), z),
+        "today, summed": lambda z: _today(plan(False), z),
+        "today, compiled": lambda z: compiled_today()(plan(True), z),
+        "once, eager": once(chunk_objective),
+        "once, compiled": once(compiled_objective()),
+        "once, grad_and_value": once_grad_and_value,
+    }
+    fresh = lambda: logits.to(torch.float32, copy=True)  # noqa: E731
+    exact_value, exact_grad = objective_value_and_grad(
+        logits.double(), targets, coefs, ref_logits.index_select(0, active).double(), active, **loss.term_options)
+    seconds, peak, value_error, grad_error, failed = {}, {}, {}, {}, {}
+    for name, function in candidates.items():
+        try:
+            seconds[name], (value, grad) = timed_fresh(function, fresh, args.repeats, clock, synchronize)
+        except Exception as error:  # a candidate that fails to build here leaves the others' figures
+            failed[name] = f"{type(error).__name__}: {error}"
+            continue
+        value_error[name] = (value.double() - exact_value).abs().item()
+        grad_error[name] = (grad.double() - exact_grad).abs().max().item() / exact_grad.abs().max().item()
+        del value, grad
+        chunk = fresh()
+        peak[name] = peak_extra_bytes(lambda: function(chunk), args.device)
+
+    print(f"device {args.device}, EKSFT pass B, chunk {args.rows} x {args.vocab} ({active.numel()} masked rows with "
+          f"reference terms), hidden {args.hidden}, {args.repeats} repeats (median), "
+          f"{'wall' if cuda else 'CPU'} clock, {args.threads} thread(s)")
+    chunk_mb = rows * args.vocab * 4 / 2 ** 20
+    print(f"  (one fp32 chunk of logits: {chunk_mb:.1f} MiB; deviations from chunk_objective in fp64: value absolute, "
+          "gradient relative to its largest entry)")
+    for name in seconds:
+        print(f"  {name:21s} {1e3 * seconds[name]:9.3f} ms   peak extra {peak[name] / 2 ** 20:8.1f} MiB "
+              f"({peak[name] / 2 ** 20 / chunk_mb:4.2f} chunks)   |value - fp64| {value_error[name]:.2e}   "
+              f"|grad - fp64| {grad_error[name]:.2e}")
+    for name, error in failed.items():
+        print(f"  {name:21s} FAILED: {error[:1000]}")
+    best = min((name for name in seconds if name.startswith("once")), key=seconds.get, default=None)
+    if "today" in seconds and best is not None:
+        print(f"pass B speed-up (today / fastest written-once candidate, {best}): "
+              f"{seconds['today'] / seconds[best]:.2f}x")
+    return {"seconds": seconds, "peak_bytes": peak, "value_error": value_error, "grad_error": grad_error,
+            "failed": failed, "masked_rows": active.numel()}
+
+
+if __name__ == "__main__":
+    main()
