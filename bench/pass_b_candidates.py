@@ -19,8 +19,9 @@ statistics: ``logp`` on the unmasked rows, ``entropy`` and ``kl`` on the top-ρ 
   the count padded to a few buckets or a symbolic dimension);
 * ``once, eager``: :func:`objective_value_and_grad`, eager autograd;
 * ``once, compiled``: :func:`chunk_objective` compiled (``fullgraph``, static shapes), then ``torch.autograd.grad``
-  (AOTAutograd's forward and backward graphs; the partitioner recomputes elementwise work in backward rather than
-  save ``[rows × vocab]`` tensors);
+  (AOTAutograd's forward and backward graphs, its default partitioner choosing what to save);
+* ``once, recomputed``: the same with ``activation_memory_budget = 0``: only the inputs are saved for backward,
+  which recomputes the log-softmax and everything after it;
 * ``once, grad_and_value``: ``torch.func.grad_and_value(chunk_objective)`` compiled as one graph.
 
 The "once" candidates take the masked rows the way the trainer does: their indices from the coefficients, eagerly,
@@ -31,7 +32,7 @@ logits in place: on a GPU the copy is the cast from bf16, on a CPU the matmul's 
 median seconds (after one untimed call, which compiles), the peak memory it allocates beyond its inputs (CUDA:
 ``torch.cuda.max_memory_allocated``; CPU: torch's allocations in ``torch.profiler``'s memory timeline, a private
 API), and its largest deviation of value and gradient from :func:`chunk_objective` in fp64 (autograd in fp64; the
-trainer's closed forms equal it, tests/integration/test_pass_b_candidates.py).
+trainer's closed forms equal it: tests/unit/test_pass_b_candidates.py).
 """
 from __future__ import annotations
 
@@ -39,6 +40,7 @@ import argparse
 import functools
 import statistics
 import time
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
@@ -59,7 +61,7 @@ def chunk_objective(logits: Tensor, targets: Tensor, coefs: dict[str, Tensor], r
     on the rows ``active`` only, against their reference logits ``ref_logits [A, V]``:
     ``kl = Σ_v p_v (log p_v − log q_v)``; ``code_kl = Σ_v p_v (p_v − log q_v)``;
     ``forward_kl = Σ_v q_v (log q_v − log p_v)``. ``coefs``: term → ``[C]``."""
-    logp = torch.log_softmax(logits, dim=-1)
+    logp = logits - torch.logsumexp(logits, dim=-1, keepdim=True)  # ATen's CPU log_softmax sums less accurately
     probs = logp.exp()
     logp_y = logp.gather(1, targets.unsqueeze(1)).squeeze(1)
     terms: dict[str, Tensor] = {}
@@ -81,7 +83,7 @@ def chunk_objective(logits: Tensor, targets: Tensor, coefs: dict[str, Tensor], r
         terms["gem"] = (weights * (logp - logp_y.unsqueeze(1))).sum(-1)
     value = sum(((coefs[name] * term).sum() for name, term in terms.items()), logits.new_zeros(()))
     if REFERENCE_TERMS & set(coefs):
-        logq = torch.log_softmax(ref_logits, dim=-1)
+        logq = ref_logits - torch.logsumexp(ref_logits, dim=-1, keepdim=True)
         probs_a, logp_a = probs.index_select(0, active), logp.index_select(0, active)
         reference_terms = {"kl": lambda: (probs_a * (logp_a - logq)).sum(-1),
                            "code_kl": lambda: (probs_a * (probs_a - logq)).sum(-1),
@@ -106,21 +108,88 @@ def compiled_objective() -> Callable[..., Tensor]:
     return torch.compile(chunk_objective, dynamic=False, fullgraph=True)
 
 
+def compiled_objective_value_and_grad(logits: Tensor, *args: Any, **options: Any) -> tuple[Tensor, Tensor]:
+    """:func:`objective_value_and_grad` through :func:`compiled_objective` (AOTAutograd's forward and backward)."""
+    return objective_value_and_grad(logits, *args, objective=compiled_objective(), **options)
+
+
+def _recomputed_objective(*args: Any, **options: Any) -> Tensor:
+    return chunk_objective(*args, **options)  # its own code object: Dynamo caches compiled graphs per code object
+
+
 @functools.cache
-def compiled_grad_and_value() -> Callable[..., tuple[Tensor, Tensor]]:
-    """``(gradient, value)`` of :func:`chunk_objective` in its logits, one compiled graph."""
+def _compiled_recomputed_objective() -> Callable[..., Tensor]:
+    return torch.compile(_recomputed_objective, dynamic=False, fullgraph=True)
+
+
+def recomputed_objective_value_and_grad(logits: Tensor, *args: Any, **options: Any) -> tuple[Tensor, Tensor]:
+    """:func:`compiled_objective_value_and_grad` partitioned with ``activation_memory_budget = 0``: AOTAutograd saves
+    only the inputs for backward and recomputes every ``[rows × vocab]`` intermediate there."""
+    import torch._functorch.config
+
+    with torch._functorch.config.patch(activation_memory_budget=0.0):  # read when the first call compiles
+        return objective_value_and_grad(logits, *args, objective=_compiled_recomputed_objective(), **options)
+
+
+@functools.cache
+def _compiled_grad_and_value() -> Callable[..., tuple[Tensor, Tensor]]:
     return torch.compile(torch.func.grad_and_value(chunk_objective), dynamic=False, fullgraph=True)
 
 
-def _today(plan, logits: Tensor) -> tuple[Tensor, Tensor]:
+def grad_and_value(logits: Tensor, *args: Any, **options: Any) -> tuple[Tensor, Tensor]:
+    """:func:`chunk_objective` of ``logits`` and its logit gradient, ``torch.func.grad_and_value`` compiled as one
+    graph (static shapes)."""
+    grad, value = _compiled_grad_and_value()(logits, *args, **options)
+    return value, grad
+
+
+def written_once(logits: Tensor, targets: Tensor, coefs: dict[str, Tensor], ref_logits: Tensor | None = None,
+                 old_logp: Tensor | None = None, *, differentiate: Callable[..., tuple[Tensor, Tensor]],
+                 **term_options: Any) -> tuple[Tensor, Tensor]:
+    """Value and logit gradient of :func:`chunk_objective` of fp32 ``logits [C, V]`` by ``differentiate``
+    (:func:`objective_value_and_grad`, :func:`compiled_objective_value_and_grad` or :func:`grad_and_value`), given
+    the whole chunk's reference logits (compute dtype) as pass A hands them over: only the rows with a reference-term
+    coefficient are cast to the logits' dtype and used, as in the trainer."""
+    active = ref_rows = None
+    if REFERENCE_TERMS & set(coefs):
+        active = active_rows(coefs)
+        ref_rows = ref_logits.index_select(0, active).to(logits.dtype)
+    return differentiate(logits, targets, coefs, ref_rows, active, old_logp, **term_options)
+
+
+def trainer_plan(coefs: dict[str, Tensor], targets: Tensor, ref_logits: Tensor | None = None,
+                 old_logp: Tensor | None = None, statistics: dict[str, Tensor] | None = None, **term_options: Any):
+    """The trainer's pass-B plan for one chunk of ``targets.numel()`` rows with the whole chunk's reference logits
+    from pass A (``ref_logits``, compute dtype) and, with ``statistics``, pass A's fp32 entropy and KL."""
+    from sft.token_stats import _FirstChunkLogits, _HeadPlan
+
+    rows = targets.numel()
+    return _HeadPlan(coefs=coefs, targets=targets, chunk_size=rows,
+                     compute_dtype=torch.float32 if ref_logits is None else ref_logits.dtype,
+                     first_chunk=_FirstChunkLogits(policy=None, reference=ref_logits), ref_hidden=None,
+                     ref_head_weight=None, old_logp=old_logp, term_options=term_options,
+                     target_logp=torch.zeros(rows, device=targets.device), statistics=statistics or {})
+
+
+def hand_derived(logits: Tensor, *args: Any, **options: Any) -> tuple[Tensor, Tensor]:
+    """The trainer's pass B (``_HeadPlan.chunk_value_and_grad``) of fp32 ``logits`` (overwritten) with the plan of
+    :func:`trainer_plan` (``*args``, ``**options``): value and logit gradient."""
+    return _chunk_value_and_grad(trainer_plan(*args, **options), logits)
+
+
+def _chunk_value_and_grad(plan, logits: Tensor) -> tuple[Tensor, Tensor]:
     return plan.chunk_value_and_grad(logits, slice(0, logits.shape[0]), True)
 
 
 @functools.cache
-def compiled_today() -> Callable[..., tuple[Tensor, Tensor]]:
-    """The trainer's ``_HeadPlan.chunk_value_and_grad`` on one chunk under ``torch.compile`` (static shapes; graph
-    breaks at the ``nonzero`` of its reference rows)."""
-    return torch.compile(_today, dynamic=False)
+def _compiled_chunk_value_and_grad() -> Callable[..., tuple[Tensor, Tensor]]:
+    return torch.compile(_chunk_value_and_grad, dynamic=False)
+
+
+def compiled_hand_derived(logits: Tensor, *args: Any, **options: Any) -> tuple[Tensor, Tensor]:
+    """:func:`hand_derived` with ``chunk_value_and_grad`` under ``torch.compile`` (static shapes; graph breaks at the
+    ``nonzero`` of its reference rows)."""
+    return _compiled_chunk_value_and_grad()(trainer_plan(*args, **options), logits)
 
 
 def active_rows(coefs: dict[str, Tensor]) -> Tensor:
@@ -166,6 +235,63 @@ def timed_fresh(function: Callable[[Tensor], Any], fresh: Callable[[], Tensor], 
     return statistics.median(times), result
 
 
+@dataclass
+class EKSFTChunk:
+    """One chunk as pass B gets it: compute-dtype policy and reference logits ``[C, V]`` (pass A's products), the
+    targets, pass A's fp32 statistics, and EKSFT's coefficients from the real loss weighing them."""
+
+    logits: Tensor
+    ref_logits: Tensor
+    targets: Tensor
+    statistics: dict[str, Tensor]
+    coefs: dict[str, Tensor]
+    term_options: dict[str, Any]
+
+
+def eksft_chunk(rows: int, vocab: int, hidden: int, device: str = "cpu") -> EKSFTChunk:
+    """The chunk of ``bench.statistics_pass.make_inputs`` (bf16 head matmuls on CUDA, fp32 on a CPU), every row
+    supervised, weighed by ``sft/method=eksft`` (``logp`` on T∖M, ``entropy`` and ``kl`` on the top-ρ union M)."""
+    from bench.statistics_pass import make_inputs
+    from common.config import compose
+    from sft.losses import build_loss
+    from sft.token_stats import TokenStats, online_chunk_statistics
+
+    loss = build_loss(compose(["sft/method=eksft"]).sft.method)
+    inputs = make_inputs(rows, vocab, hidden, torch.bfloat16 if device == "cuda" else torch.float32, device)
+    targets = inputs["targets"]
+    with torch.no_grad():
+        logits = inputs["hidden"] @ inputs["weight"].T
+        ref_logits = inputs["ref_hidden"] @ inputs["ref_weight"].T
+        values = online_chunk_statistics(logits, targets, loss.stats, torch.float32, ref_logits=ref_logits)
+    every_row = torch.ones_like(targets, dtype=torch.bool)
+    stats = TokenStats(values=values, targets=targets, has_target=every_row, is_label_position=every_row,
+                       sequence=torch.zeros_like(targets), num_sequences=1, vocab_size=vocab)
+    return EKSFTChunk(logits=logits, ref_logits=ref_logits, targets=targets, statistics=values,
+                      coefs=loss.weigh(stats).coefs, term_options=dict(loss.term_options))
+
+
+def candidates(chunk: EKSFTChunk) -> dict[str, Callable[[Tensor], tuple[Tensor, Tensor]]]:
+    """Name → pass B of ``chunk`` as a function of fresh fp32 policy logits, returning value and logit gradient."""
+    from sft.token_stats import REUSED_TERMS
+
+    coefs, targets = chunk.coefs, chunk.targets
+    frozen = {"ref_logits": chunk.ref_logits, **chunk.term_options}
+    reused = {"statistics": {name: chunk.statistics[name] for name in REUSED_TERMS}}
+
+    def once(differentiate):
+        return lambda z: written_once(z, targets, coefs, differentiate=differentiate, **frozen)
+
+    return {
+        "today": lambda z: hand_derived(z, coefs, targets, **frozen, **reused),
+        "today, summed": lambda z: hand_derived(z, coefs, targets, **frozen),
+        "today, compiled": lambda z: compiled_hand_derived(z, coefs, targets, **frozen, **reused),
+        "once, eager": once(objective_value_and_grad),
+        "once, compiled": once(compiled_objective_value_and_grad),
+        "once, recomputed": once(recomputed_objective_value_and_grad),
+        "once, grad_and_value": once(grad_and_value),
+    }
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
@@ -176,59 +302,19 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     args = parser.parse_args(argv)
 
-    from bench.statistics_pass import make_inputs
-    from common.config import compose
     from common.tracking import configure_cpu_threads
-    from sft.losses import build_loss
-    from sft.token_stats import REUSED_TERMS, TokenStats, _FirstChunkLogits, _HeadPlan, online_chunk_statistics
 
     configure_cpu_threads(args.threads)
     cuda = args.device == "cuda"
     clock = time.perf_counter if cuda else time.process_time
     synchronize = torch.cuda.synchronize if cuda else (lambda: None)
-    loss = build_loss(compose(["sft/method=eksft"]).sft.method)
-    inputs = make_inputs(args.rows, args.vocab, args.hidden, torch.bfloat16 if cuda else torch.float32, args.device)
-    targets = inputs["targets"]
-    with torch.no_grad():
-        logits = inputs["hidden"] @ inputs["weight"].T  # compute dtype, as pass A hands them to pass B
-        ref_logits = inputs["ref_hidden"] @ inputs["ref_weight"].T
-        values = online_chunk_statistics(logits, targets, loss.stats, torch.float32, ref_logits=ref_logits)
-    rows = targets.numel()
-    stats = TokenStats(values=values, targets=targets, has_target=torch.ones_like(targets, dtype=torch.bool),
-                       is_label_position=torch.ones_like(targets, dtype=torch.bool),
-                       sequence=torch.zeros_like(targets), num_sequences=1, vocab_size=args.vocab)
-    coefs = loss.weigh(stats).coefs
-    active = active_rows(coefs)
-
-    def plan(reuse: bool) -> _HeadPlan:
-        return _HeadPlan(coefs=coefs, targets=targets, chunk_size=rows, compute_dtype=logits.dtype,
-                         first_chunk=_FirstChunkLogits(policy=None, reference=ref_logits), ref_hidden=None,
-                         ref_head_weight=None, old_logp=None, term_options=loss.term_options,
-                         target_logp=torch.zeros(rows, device=args.device),
-                         statistics={name: values[name] for name in REUSED_TERMS} if reuse else {})
-
-    def once(objective):
-        return lambda z: objective_value_and_grad(z, targets, coefs, ref_logits.index_select(0, active).float(),
-                                                  active, objective=objective, **loss.term_options)
-
-    def once_grad_and_value(z):
-        grad, value = compiled_grad_and_value()(z, targets, coefs, ref_logits.index_select(0, active).float(),
-                                                active, **loss.term_options)
-        return value, grad
-
-    candidates = {
-        "today": lambda z: _today(plan(True), z),
-        "today, summed": lambda z: _today(plan(False), z),
-        "today, compiled": lambda z: compiled_today()(plan(True), z),
-        "once, eager": once(chunk_objective),
-        "once, compiled": once(compiled_objective()),
-        "once, grad_and_value": once_grad_and_value,
-    }
+    chunk = eksft_chunk(args.rows, args.vocab, args.hidden, args.device)
+    logits, active = chunk.logits, active_rows(chunk.coefs)
     fresh = lambda: logits.to(torch.float32, copy=True)  # noqa: E731
-    exact_value, exact_grad = objective_value_and_grad(
-        logits.double(), targets, coefs, ref_logits.index_select(0, active).double(), active, **loss.term_options)
+    exact_value, exact_grad = written_once(logits.double(), chunk.targets, chunk.coefs, chunk.ref_logits.double(),
+                                           differentiate=objective_value_and_grad, **chunk.term_options)
     seconds, peak, value_error, grad_error, failed = {}, {}, {}, {}, {}
-    for name, function in candidates.items():
+    for name, function in candidates(chunk).items():
         try:
             seconds[name], (value, grad) = timed_fresh(function, fresh, args.repeats, clock, synchronize)
         except Exception as error:  # a candidate that fails to build here leaves the others' figures
@@ -237,18 +323,18 @@ def main(argv: list[str] | None = None) -> dict:
         value_error[name] = (value.double() - exact_value).abs().item()
         grad_error[name] = (grad.double() - exact_grad).abs().max().item() / exact_grad.abs().max().item()
         del value, grad
-        chunk = fresh()
-        peak[name] = peak_extra_bytes(lambda: function(chunk), args.device)
+        fresh_logits = fresh()
+        peak[name] = peak_extra_bytes(lambda: function(fresh_logits), args.device)
 
     print(f"device {args.device}, EKSFT pass B, chunk {args.rows} x {args.vocab} ({active.numel()} masked rows with "
           f"reference terms), hidden {args.hidden}, {args.repeats} repeats (median), "
           f"{'wall' if cuda else 'CPU'} clock, {args.threads} thread(s)")
-    chunk_mb = rows * args.vocab * 4 / 2 ** 20
-    print(f"  (one fp32 chunk of logits: {chunk_mb:.1f} MiB; deviations from chunk_objective in fp64: value absolute, "
+    chunk_mib = args.rows * args.vocab * 4 / 2 ** 20
+    print(f"  (one fp32 chunk of logits: {chunk_mib:.1f} MiB; deviations from chunk_objective in fp64: value absolute, "
           "gradient relative to its largest entry)")
     for name in seconds:
         print(f"  {name:21s} {1e3 * seconds[name]:9.3f} ms   peak extra {peak[name] / 2 ** 20:8.1f} MiB "
-              f"({peak[name] / 2 ** 20 / chunk_mb:4.2f} chunks)   |value - fp64| {value_error[name]:.2e}   "
+              f"({peak[name] / 2 ** 20 / chunk_mib:4.2f} chunks)   |value - fp64| {value_error[name]:.2e}   "
               f"|grad - fp64| {grad_error[name]:.2e}")
     for name, error in failed.items():
         print(f"  {name:21s} FAILED: {error[:1000]}")
