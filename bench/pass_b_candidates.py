@@ -29,7 +29,8 @@ and those rows of the reference logits, as inputs (so they too compile once per 
 
 Each call gets a fresh fp32 copy of the policy logits, made outside the clock (the trainer overwrites its fp32
 logits in place: on a GPU the copy is the cast from bf16, on a CPU the matmul's own output). Printed per candidate:
-median seconds (after one untimed call, which compiles), the peak memory it allocates beyond its inputs (CUDA:
+median seconds (after one untimed call, which compiles; the candidates timed in rounds of one call each, so that a
+shared machine's load weighs on all alike), the peak memory it allocates beyond its inputs (CUDA:
 ``torch.cuda.max_memory_allocated``; CPU: torch's allocations in ``torch.profiler``'s memory timeline, a private
 API), and its largest deviation of value and gradient from :func:`chunk_objective` in fp64 (autograd in fp64; the
 trainer's closed forms equal it: tests/unit/test_pass_b_candidates.py).
@@ -219,20 +220,28 @@ def peak_extra_bytes(function: Callable[[], Any], device: str) -> int:
     return peak
 
 
-def timed_fresh(function: Callable[[Tensor], Any], fresh: Callable[[], Tensor], repeats: int, clock,
-                synchronize) -> tuple[float, Any]:
-    """Median seconds of ``repeats`` calls ``function(fresh())`` (after one untimed call), ``fresh()`` made outside
-    the clock, and the last result."""
-    result = function(fresh())
-    times = []
+def timed_in_rounds(functions: dict[str, Callable[[Tensor], Any]], fresh: Callable[[], Tensor], repeats: int, clock,
+                    synchronize) -> tuple[dict[str, float], dict[str, Any], dict[str, str]]:
+    """Median seconds of ``repeats`` calls ``function(fresh())`` of each function (``fresh()`` made outside the
+    clock), in rounds of one call of each, so that a shared machine's load changes weigh on all alike; after one
+    untimed call of each (which compiles). Returns the medians, each one's last result, and the error of each
+    function that failed to run."""
+    results, failed = {}, {}
+    for name, function in functions.items():
+        try:
+            results[name] = function(fresh())
+        except Exception as error:  # a candidate that fails to build here leaves the others' figures
+            failed[name] = f"{type(error).__name__}: {error}"
+    times: dict[str, list[float]] = {name: [] for name in results}
     for _ in range(repeats):
-        logits = fresh()
-        synchronize()
-        started = clock()
-        result = function(logits)
-        synchronize()
-        times.append(clock() - started)
-    return statistics.median(times), result
+        for name in times:
+            logits = fresh()
+            synchronize()
+            started = clock()
+            results[name] = functions[name](logits)
+            synchronize()
+            times[name].append(clock() - started)
+    return {name: statistics.median(values) for name, values in times.items()}, results, failed
 
 
 @dataclass
@@ -298,7 +307,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--rows", type=int, default=256, help="rows of the chunk (sft.chunk_size)")
     parser.add_argument("--vocab", type=int, default=32768)
     parser.add_argument("--hidden", type=int, default=512)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     args = parser.parse_args(argv)
 
@@ -313,21 +322,19 @@ def main(argv: list[str] | None = None) -> dict:
     fresh = lambda: logits.to(torch.float32, copy=True)  # noqa: E731
     exact_value, exact_grad = written_once(logits.double(), chunk.targets, chunk.coefs, chunk.ref_logits.double(),
                                            differentiate=objective_value_and_grad, **chunk.term_options)
-    seconds, peak, value_error, grad_error, failed = {}, {}, {}, {}, {}
-    for name, function in candidates(chunk).items():
-        try:
-            seconds[name], (value, grad) = timed_fresh(function, fresh, args.repeats, clock, synchronize)
-        except Exception as error:  # a candidate that fails to build here leaves the others' figures
-            failed[name] = f"{type(error).__name__}: {error}"
-            continue
-        value_error[name] = (value.double() - exact_value).abs().item()
-        grad_error[name] = (grad.double() - exact_grad).abs().max().item() / exact_grad.abs().max().item()
-        del value, grad
+    passes = candidates(chunk)
+    seconds, results, failed = timed_in_rounds(passes, fresh, args.repeats, clock, synchronize)
+    value_error = {name: (value.double() - exact_value).abs().item() for name, (value, _) in results.items()}
+    grad_error = {name: ((grad.double() - exact_grad).abs().max() / exact_grad.abs().max()).item()
+                  for name, (_, grad) in results.items()}
+    del results
+    peak = {}
+    for name in seconds:
         fresh_logits = fresh()
-        peak[name] = peak_extra_bytes(lambda: function(fresh_logits), args.device)
+        peak[name] = peak_extra_bytes(lambda: passes[name](fresh_logits), args.device)
 
     print(f"device {args.device}, EKSFT pass B, chunk {args.rows} x {args.vocab} ({active.numel()} masked rows with "
-          f"reference terms), hidden {args.hidden}, {args.repeats} repeats (median), "
+          f"reference terms), hidden {args.hidden}, {args.repeats} rounds (median), "
           f"{'wall' if cuda else 'CPU'} clock, {args.threads} thread(s)")
     chunk_mib = args.rows * args.vocab * 4 / 2 ** 20
     print(f"  (one fp32 chunk of logits: {chunk_mib:.1f} MiB; deviations from chunk_objective in fp64: value absolute, "
