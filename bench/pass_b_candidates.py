@@ -42,7 +42,7 @@ import functools
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 from torch import Tensor
@@ -50,21 +50,28 @@ from torch import Tensor
 from sft.token_stats import REFERENCE_TERMS
 
 
-def chunk_objective(logits: Tensor, targets: Tensor, coefs: dict[str, Tensor], ref_logits: Tensor | None = None,
-                    active: Tensor | None = None, old_logp: Tensor | None = None, *, gem_beta: float = 1.0,
-                    gem_weighting: str = "linear", **unused: Any) -> Tensor:
+def chunk_objective(logits: Tensor, active_logits: Tensor | None, targets: Tensor, coefs: dict[str, Tensor],
+                    ref_logits: Tensor | None = None, active: Tensor | None = None, old_logp: Tensor | None = None, *,
+                    gem_beta: float = 1.0, gem_weighting: str = "linear", **unused: Any) -> Tensor:
     """``Σ_rows Σ_terms coef · term`` of ``logits [C, V]``, each objective term (``sft.token_stats.OBJECTIVE_TERMS``)
     written once, with ``p = softmax(z)``, ``q = softmax(z')``:
 
     ``logp = log p_y``; ``prob_logp = sg(p_y) log p_y``; ``de = (p_y − ½)²``;
     ``ratio = exp(clamp(log p_y − old_logp, −20, 20))``; ``entropy = −Σ_v p_v log p_v``;
     ``gem = Σ_v g_v w_v (log p_v − log p_y)``, ``g = sg(softmax(z/β))``, ``w = 1`` or ``sg(σ(0.01 (z − z_y)))``;
-    on the rows ``active`` only, against their reference logits ``ref_logits [A, V]``:
+    on the rows ``active`` only, from their policy logits ``active_logits [A, V]`` (``logits[active]`` as an input
+    of its own, see below) and their reference logits ``ref_logits [A, V]``:
     ``kl = Σ_v p_v (log p_v − log q_v)``; ``code_kl = Σ_v p_v (p_v − log q_v)``;
-    ``forward_kl = Σ_v q_v (log q_v − log p_v)``. ``coefs``: term → ``[C]``."""
-    logp = logits - torch.logsumexp(logits, dim=-1, keepdim=True)  # ATen's CPU log_softmax sums less accurately
+    ``forward_kl = Σ_v q_v (log q_v − log p_v)``. ``coefs``: term → ``[C]``.
+
+    Two choices keep the backward elementwise, so it fuses: ``log p_y`` is a masked row sum, not a ``gather`` (whose
+    gradient scatters into a zeroed ``[C × V]`` buffer), and the masked rows' policy logits come as their own input
+    (the gradient of ``index_select`` on ``[C × V]`` intermediates is an ``index_put`` into another zeroed buffer);
+    their gradient is added to those rows' afterwards (:func:`objective_value_and_grad`)."""
+    logp = _log_softmax(logits)
     probs = logp.exp()
-    logp_y = logp.gather(1, targets.unsqueeze(1)).squeeze(1)
+    is_target = torch.arange(logits.shape[-1], device=logits.device) == targets.unsqueeze(1)
+    logp_y = torch.where(is_target, logp, 0.0).sum(-1)
     terms: dict[str, Tensor] = {}
     if "logp" in coefs:
         terms["logp"] = logp_y
@@ -84,8 +91,8 @@ def chunk_objective(logits: Tensor, targets: Tensor, coefs: dict[str, Tensor], r
         terms["gem"] = (weights * (logp - logp_y.unsqueeze(1))).sum(-1)
     value = sum(((coefs[name] * term).sum() for name, term in terms.items()), logits.new_zeros(()))
     if REFERENCE_TERMS & set(coefs):
-        logq = ref_logits - torch.logsumexp(ref_logits, dim=-1, keepdim=True)
-        probs_a, logp_a = probs.index_select(0, active), logp.index_select(0, active)
+        logp_a, logq = _log_softmax(active_logits), _log_softmax(ref_logits)
+        probs_a = logp_a.exp()
         reference_terms = {"kl": lambda: (probs_a * (logp_a - logq)).sum(-1),
                            "code_kl": lambda: (probs_a * (probs_a - logq)).sum(-1),
                            "forward_kl": lambda: (logq.exp() * (logq - logp_a)).sum(-1)}
@@ -94,13 +101,27 @@ def chunk_objective(logits: Tensor, targets: Tensor, coefs: dict[str, Tensor], r
     return value
 
 
-def objective_value_and_grad(logits: Tensor, *args: Any, objective: Callable[..., Tensor] = chunk_objective,
+def _log_softmax(logits: Tensor) -> Tensor:
+    """``z − lse(z)`` (ATen's CPU ``log_softmax`` sums its exponentials less accurately: ~1e-5 off at 32k columns)."""
+    return logits - torch.logsumexp(logits, dim=-1, keepdim=True)
+
+
+def objective_value_and_grad(logits: Tensor, targets: Tensor, coefs: dict[str, Tensor],
+                             ref_logits: Tensor | None = None, active: Tensor | None = None,
+                             old_logp: Tensor | None = None, *,
+                             objective: Callable[..., Tensor] = chunk_objective,
                              **options: Any) -> tuple[Tensor, Tensor]:
-    """``objective`` (:func:`chunk_objective`, eager or compiled) of ``logits`` and its logit gradient by autograd."""
+    """``objective`` (:func:`chunk_objective`, eager or compiled) of ``logits`` and its logit gradient by autograd:
+    the gradient in ``logits`` plus, on the rows ``active``, the one in their own copy ``active_logits``."""
     logits = logits.detach().requires_grad_()
-    value = objective(logits, *args, **options)
-    (grad,) = torch.autograd.grad(value, logits)
-    return value.detach(), grad
+    active_logits = None if active is None else logits.detach().index_select(0, active).requires_grad_()
+    value = objective(logits, active_logits, targets, coefs, ref_logits, active, old_logp, **options)
+    grads = torch.autograd.grad(value, [logits] if active is None else [logits, active_logits], materialize_grads=True)
+    return value.detach(), _with_active_rows(grads, active)
+
+
+def _with_active_rows(grads: Sequence[Tensor], active: Tensor | None) -> Tensor:
+    return grads[0] if active is None else grads[0].index_add_(0, active, grads[1])
 
 
 @functools.cache
@@ -133,15 +154,19 @@ def recomputed_objective_value_and_grad(logits: Tensor, *args: Any, **options: A
 
 
 @functools.cache
-def _compiled_grad_and_value() -> Callable[..., tuple[Tensor, Tensor]]:
-    return torch.compile(torch.func.grad_and_value(chunk_objective), dynamic=False, fullgraph=True)
+def _compiled_grad_and_value(argnums: tuple[int, ...]) -> Callable[..., tuple[tuple[Tensor, ...], Tensor]]:
+    return torch.compile(torch.func.grad_and_value(chunk_objective, argnums=argnums), dynamic=False, fullgraph=True)
 
 
-def grad_and_value(logits: Tensor, *args: Any, **options: Any) -> tuple[Tensor, Tensor]:
-    """:func:`chunk_objective` of ``logits`` and its logit gradient, ``torch.func.grad_and_value`` compiled as one
-    graph (static shapes)."""
-    grad, value = _compiled_grad_and_value()(logits, *args, **options)
-    return value, grad
+def grad_and_value(logits: Tensor, targets: Tensor, coefs: dict[str, Tensor], ref_logits: Tensor | None = None,
+                   active: Tensor | None = None, old_logp: Tensor | None = None,
+                   **options: Any) -> tuple[Tensor, Tensor]:
+    """:func:`chunk_objective` of ``logits`` and its logit gradient (as :func:`objective_value_and_grad`),
+    ``torch.func.grad_and_value`` compiled as one graph (static shapes)."""
+    active_logits = None if active is None else logits.index_select(0, active)
+    grads, value = _compiled_grad_and_value((0,) if active is None else (0, 1))(
+        logits, active_logits, targets, coefs, ref_logits, active, old_logp, **options)
+    return value, _with_active_rows(grads, active)
 
 
 def written_once(logits: Tensor, targets: Tensor, coefs: dict[str, Tensor], ref_logits: Tensor | None = None,
