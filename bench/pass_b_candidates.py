@@ -25,7 +25,10 @@ statistics: ``logp`` on the unmasked rows, ``entropy`` and ``kl`` on the top-ρ 
 * ``once, grad_and_value``: ``torch.func.grad_and_value(chunk_objective)`` compiled as one graph.
 
 The "once" candidates take the masked rows the way the trainer does: their indices from the coefficients, eagerly,
-and those rows of the reference logits, as inputs (so they too compile once per count of masked rows).
+and those rows of the reference logits, as inputs (so they too compile once per count of masked rows). Those rows'
+policy logits are an input of their own and ``log p_y`` a masked row sum, so the backward is elementwise
+(:func:`chunk_objective`; with ``gather`` and ``index_select`` on the whole chunk the compiled candidates were ~2×
+slower and held 1–3 more chunks: docs/results/2026-11-27-pass-b-candidates-cpu.md).
 
 Each call gets a fresh fp32 copy of the policy logits, made outside the clock (the trainer overwrites its fp32
 logits in place: on a GPU the copy is the cast from bf16, on a CPU the matmul's own output). Printed per candidate:
