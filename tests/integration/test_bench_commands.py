@@ -26,6 +26,8 @@ COMMANDS = {
                          r"peak ratio dense/chunked: \S+x; transient ratio: \S+x"),
     "longest_sequence": (["--device", "cpu", "--size", "tiny", "--lengths", "32", "--world-sizes", "1"],
                          r"32 tokens: step \S+ s"),
+    "pass_b_candidates": (["--rows", "8", "--vocab", "64", "--hidden", "16", "--repeats", "1"],
+                          r"pass B speed-up \(today / fastest written-once candidate, once, [a-z_, ]+\): \S+x"),
     "scoring_limits": (["--slow", "1", "--limit", "1"], r"1 slow \+ 1 correct at once, limit 1 s: correct one"),
     "sft_load_memory": (["--size", "tiny", "--nproc", "1"], r"rank 0: sharded / full peak RSS = \d"),
     "sft_memory_estimate": (["--sizes", "tiny", "--lengths", "32"],
