@@ -3,6 +3,7 @@ step allocates on the CPU, full fine-tuning and LoRA, plain SFT and EKSFT.
 
     python -m bench.sft_memory_estimate                                   # tiny and small, 256 and 1,024 tokens
     python -m bench.sft_memory_estimate --sizes small --lengths 512 --no-gradient-checkpointing
+    python -m bench.sft_memory_estimate --gradient-checkpointing-policy selective
     python -m bench.sft_memory_estimate --predict --sizes qwen3-1.7b qwen3-4b qwen3-8b --lengths 4096
 
 Each trainer is the SFT stage's own (``bench.sft_step_time.build_trainer``: ``sft.train.root_from_base`` on a 1-rank
@@ -27,6 +28,7 @@ import torch
 
 from bench.sft_step_time import SIZES, build_model, build_trainer, random_micro_batches, release, trainer_bytes
 from bench.sft_step_time import parse_args as trainer_args
+from common.config.sft import CHECKPOINTING_POLICIES
 
 GIB = 2 ** 30
 TRAINERS = (("sft", False), ("sft", True), ("eksft", False), ("eksft", True))
@@ -58,16 +60,18 @@ def trainer_estimate(method: str, lora: bool, args: argparse.Namespace, model_di
     return estimate(method, lora, model_dir, args.seq_len, [
         "profile=toy", "profile.nproc_per_node=1", f"sft.micro_batch_size={args.micro_batch_size}",
         f"sft.mixed_precision={args.mixed_precision}", f"sft.frozen_dtype={args.frozen_dtype}",
-        f"sft.chunk_size={args.chunk_size}", f"sft.gradient_checkpointing={str(args.gradient_checkpointing).lower()}"])
+        f"sft.chunk_size={args.chunk_size}", f"sft.gradient_checkpointing={str(args.gradient_checkpointing).lower()}",
+        f"sft.gradient_checkpointing_policy={args.gradient_checkpointing_policy}"])
 
 
-def cpu_trainer_args(size: str, seq_len: int, chunk_size: int = 256,
-                     gradient_checkpointing: bool = True) -> argparse.Namespace:
+def cpu_trainer_args(size: str, seq_len: int, chunk_size: int = 256, gradient_checkpointing: bool = True,
+                     checkpointing_policy: str = "full") -> argparse.Namespace:
     """``build_trainer``'s options of a measured trainer: one sequence of ``seq_len`` tokens, fp32 throughout, the
     other ``sft.*`` options at ``bench.sft_step_time``'s defaults."""
     return trainer_args(["--size", size, "--seq-len", str(seq_len), "--micro-batch-size", "1", "--grad-accum", "1",
                          "--chunk-size", str(chunk_size), "--mixed-precision", "fp32"]
-                        + (["--gradient-checkpointing"] if gradient_checkpointing else []))
+                        + (["--gradient-checkpointing", "--gradient-checkpointing-policy", checkpointing_policy]
+                           if gradient_checkpointing else []))
 
 
 def allocated_peak(step) -> int:
@@ -116,8 +120,8 @@ def measure(args: argparse.Namespace) -> None:
 
     configure_cpu_threads(args.threads)
     env = init_distributed("cpu")
-    print(f"fp32, one rank, chunk {args.chunk_size}, activation checkpointing "
-          f"{'on' if args.gradient_checkpointing else 'off'}; MiB")
+    checkpointing = f"on ({args.gradient_checkpointing_policy})" if args.gradient_checkpointing else "off"
+    print(f"fp32, one rank, chunk {args.chunk_size}, activation checkpointing {checkpointing}; MiB")
     print("| shape | tokens | method | measured | estimate | estimate / measured |")
     print("| --- | --- | --- | --- | --- | --- |")
     try:
@@ -125,7 +129,8 @@ def measure(args: argparse.Namespace) -> None:
             for size in args.sizes:
                 model_dir = save_config(size, Path(tmp) / size)
                 for seq_len in args.lengths:
-                    trainer_args = cpu_trainer_args(size, seq_len, args.chunk_size, args.gradient_checkpointing)
+                    trainer_args = cpu_trainer_args(size, seq_len, args.chunk_size, args.gradient_checkpointing,
+                                                    args.gradient_checkpointing_policy)
                     for method, lora in TRAINERS:
                         row = compare(method, lora, trainer_args, model_dir, env)
                         print(f"| {size} | {seq_len:,} | {method}{'-LoRA' if lora else ''} | "
@@ -158,6 +163,8 @@ def main() -> None:
     parser.add_argument("--lengths", type=int, nargs="+", default=[256, 1024])
     parser.add_argument("--chunk-size", type=int, default=256)
     parser.add_argument("--no-gradient-checkpointing", dest="gradient_checkpointing", action="store_false")
+    parser.add_argument("--gradient-checkpointing-policy", choices=CHECKPOINTING_POLICIES, default="full",
+                        help="sft.gradient_checkpointing_policy of the measured trainers")
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     parser.add_argument("--predict", action="store_true", help="only the estimates under the paper profile")
     parser.add_argument("--world-sizes", type=int, nargs="+", default=[1, 8], help="GPUs of --predict")
