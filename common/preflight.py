@@ -598,7 +598,7 @@ def estimate_sft_memory(cfg: "Config") -> MemoryEstimate | None:
         H = 4·6·C·V + [full]·(4 + b)·V·d                              the chunked loss head
         X = T·(K + (4 + 4b + 2b·(R + Q))·d)                           activations
         K = (L + 1)·a, with activation checkpointing L·b·d + a,
-            selective L·b·(3d + 2q + 2k + 2I + [LoRA]·Σ(r + o)) + a
+            selective L·b·(3d + 2q + 2k + 2I + [LoRA]·Σr) + a
         a = 4·(2d + q + k) + b·(4d + 3q + 3k + 4I) + [LoRA]·Σ(b·r + [dropout]·(b + 1)·i)
 
     N GPUs in all (``profile.nproc_per_node × profile.nnodes``) shard the state; b the compute dtype's bytes (2 under
@@ -618,8 +618,8 @@ def estimate_sft_memory(cfg: "Config") -> MemoryEstimate | None:
     adapted layer, the sums over them), all L layers kept (and one layer's gradients in flight) or, with
     ``sft.gradient_checkpointing``, only each layer's input and the one layer recomputed in the backward (under
     ``sft.gradient_checkpointing_policy=selective`` also its matmul and attention outputs: the q, k, v, o, gate, up
-    and down projections, the attention output and, with LoRA, each adapted layer's A and B outputs of widths r and
-    its output width o); plus the final hidden states and their copies in the loss head,
+    and down projections, the attention output and, with LoRA, each adapter's A output of width r; its B, rank r, is
+    recomputed: ``sft.policy.selective_policy``); plus the final hidden states and their copies in the loss head,
     and the reference's (R) and old policy's (Q). Not counted: the CUDA context, the allocator's fragmentation, norms
     and biases."""
     c = model_config(cfg)
@@ -645,10 +645,9 @@ def estimate_sft_memory(cfg: "Config") -> MemoryEstimate | None:
         trainable = lora_parameters(cfg)
         frozen, models = params + old * trainable, 1
     per_layer = 4 * (2 * d + q + k) + b * (4 * d + 3 * q + 3 * k + 4 * inter)
-    adapted = [] if full else [shapes[name] for name in sft.lora.target_modules if name in shapes]
-    r = sft.lora.rank
-    per_layer += sum(b * r + (sft.lora.dropout > 0) * (b + 1) * width for width, _ in adapted)
-    saved = b * (2 * d + 2 * q + 2 * k + 2 * inter) + sum(b * (r + width) for _, width in adapted)
+    adapted = [] if full else [shapes[name][0] for name in sft.lora.target_modules if name in shapes]
+    per_layer += sum(b * sft.lora.rank + (sft.lora.dropout > 0) * (b + 1) * width for width in adapted)
+    saved = b * (2 * d + 2 * q + 2 * k + 2 * inter + sft.lora.rank * len(adapted))
     checkpointed = b * d + (sft.gradient_checkpointing_policy == "selective") * saved
     kept = layers * checkpointed + per_layer if sft.gradient_checkpointing else (layers + 1) * per_layer
     tokens = sft.micro_batch_size * cfg.data.max_length

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
+from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 from transformers import PreTrainedModel
 
 from sft.distributed import DistEnv
@@ -50,19 +50,31 @@ policy keeps them. The RMSNorms, RoPE, SwiGLU's activation and the residual adds
 elementwise work against the matmuls full recompute repeats."""
 
 
-def checkpoint_decoder_layers(model: PreTrainedModel, policy: str) -> None:
+def checkpoint_decoder_layers(model: PreTrainedModel, policy: str, lora_rank: int = 0) -> None:
     """Activation checkpointing of each decoder layer (``sft.gradient_checkpointing_policy``): ``full`` is HF's
     non-reentrant checkpointing around each layer's call; ``selective`` wraps each layer's ``forward`` in
-    ``torch.utils.checkpoint`` with a policy that saves :data:`SELECTIVE_SAVED_OPS` and recomputes the rest, inside
-    the module (FSDP2's hooks stay outside the recomputed region) and before :func:`compile_decoder_layers`, so
-    ``torch.compile`` traces the checkpoint and partitions the layer's forward and backward by that policy, as
-    torchtitan orders them. Layers in eval mode or under ``no_grad`` are not checkpointed."""
+    ``torch.utils.checkpoint`` with :func:`selective_policy`, inside the module (FSDP2's hooks stay outside the
+    recomputed region) and before :func:`compile_decoder_layers`, so ``torch.compile`` traces the checkpoint and
+    partitions the layer's forward and backward by that policy, as torchtitan orders them. Layers in eval mode or
+    under ``no_grad`` are not checkpointed. ``lora_rank``: the rank of the adapters added after this (0: none)."""
     if policy == "full":
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         return
-    saving = functools.partial(create_selective_checkpoint_contexts, list(SELECTIVE_SAVED_OPS))
+    saving = functools.partial(create_selective_checkpoint_contexts, selective_policy(lora_rank))
     for layer in model.get_decoder().layers:
         layer.forward = _selectively_checkpointed(layer.forward, saving)
+
+
+def selective_policy(lora_rank: int) -> Callable[..., CheckpointPolicy]:
+    """Keep the outputs of :data:`SELECTIVE_SAVED_OPS`, recompute the rest; with LoRA also recompute the ``mm`` that
+    contracts over at most ``lora_rank`` (each adapter's B): keeping its output, as wide as the projection's, made a
+    layer keep more than no checkpointing at all (docs/results/2026-11-27-sft-memory-estimate-selective.md), and it
+    costs ``lora_rank / d`` of the projection's FLOPs to redo."""
+    def policy(ctx, op, *args, **kwargs) -> CheckpointPolicy:
+        low_rank = op is torch.ops.aten.mm.default and args[0].shape[-1] <= lora_rank
+        return CheckpointPolicy.MUST_SAVE if op in SELECTIVE_SAVED_OPS and not low_rank \
+            else CheckpointPolicy.PREFER_RECOMPUTE
+    return policy
 
 
 def _selectively_checkpointed(forward: Callable[..., Any], context_fn: Callable[[], Any]) -> Callable[..., Any]:

@@ -214,7 +214,7 @@ def root_from_base(sft: SFTConfig, token_loss: TokenLoss, base: BaseModel, env: 
     head."""
     policy = base.empty_copy()
     if sft.gradient_checkpointing:
-        checkpoint_decoder_layers(policy, sft.gradient_checkpointing_policy)
+        checkpoint_decoder_layers(policy, sft.gradient_checkpointing_policy, sft.lora.rank if sft.lora.enabled else 0)
     frozen_dtype = sft.frozen_dtype
     full = base.full
     if sft.lora.enabled:  # the reference and old policy are views of the policy's own layers (sft/lora.py)

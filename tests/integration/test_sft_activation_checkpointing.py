@@ -1,7 +1,8 @@
 """Activation checkpointing of the policy's decoder layers (``sft.gradient_checkpointing_policy``) in the trainer's
 own FSDP2 root (tiny Qwen3, 1 rank, CPU, eager layers): ``full`` and ``selective`` give the loss and gradients of no
 checkpointing, and they differ only in what the backward runs again: full recompute repeats the layers' matmuls,
-selective none. Compiled layers under selective checkpointing: tests/e2e/test_sft_compile.py."""
+selective none of the projections (under LoRA only the adapters' rank-r B matmuls). Compiled layers under selective
+checkpointing: tests/e2e/test_sft_compile.py."""
 from __future__ import annotations
 
 import pytest
@@ -18,23 +19,28 @@ MATMULS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.at
 RECOMPUTED_PER_LAYER = 6
 """The projections full recompute runs again per layer: q, k, v, o, gate and up, not down, whose output the backward
 does not read (non-reentrant checkpointing stops its recompute once it has what the backward needs)."""
+LORA_RANK = 16
+"""``sft.lora.rank``'s default, what ``build_trainer`` adds."""
 
 
 class MatmulCount(TorchDispatchMode):
-    """Counts the matmuls dispatched while active."""
+    """Counts the matmuls dispatched while active: all, and the low-rank ones (contracting over at most
+    :data:`LORA_RANK`: LoRA's B)."""
 
     def __init__(self):
         super().__init__()
-        self.count = 0
+        self.count = self.low_rank = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.count += func in MATMULS
+        if func in MATMULS:
+            self.count += 1
+            self.low_rank += args[0].shape[-1] <= LORA_RANK
         return func(*args, **(kwargs or {}))
 
 
-def step(env, checkpointing: str | None, lora: bool) -> tuple[torch.Tensor, dict[str, torch.Tensor], int, int]:
-    """An EKSFT micro-batch's loss, the policy's gradients, the root's decoder layer count and the matmuls its
-    backward ran, with ``checkpointing`` (None: off), full fine-tuning or LoRA."""
+def step(env, checkpointing: str | None, lora: bool):
+    """An EKSFT micro-batch's loss, the policy's gradients, the root's decoder layer count and the counts of the
+    matmuls its backward ran (:class:`MatmulCount`), with ``checkpointing`` (None: off), full fine-tuning or LoRA."""
     flags = ["--mixed-precision", "fp32", "--seq-len", "16", "--micro-batch-size", "2", "--grad-accum", "1",
              "--chunk-size", "8"]
     if checkpointing is not None:
@@ -51,24 +57,27 @@ def step(env, checkpointing: str | None, lora: bool) -> tuple[torch.Tensor, dict
     layers = len(root.policy.get_decoder().layers)
     del root
     release(env)
-    return result.loss.detach(), grads, layers, counter.count
+    return result.loss.detach(), grads, layers, (counter.count, counter.low_rank)
 
 
 @pytest.mark.parametrize("lora", [False, True], ids=["full-fine-tuning", "lora"])
-def test_selective_checkpointing_recomputes_no_matmul_and_changes_no_number(lora):
-    """Under LoRA full recompute repeats the adapters' matmuls too (how many is PEFT's layout; more, is checked)."""
+def test_selective_checkpointing_recomputes_no_projection_and_changes_no_number(lora):
+    """Under LoRA full recompute repeats the adapters' matmuls too (how many is PEFT's layout; more, is checked), and
+    selective repeats each adapter's B, nothing wider."""
     env = init_distributed("cpu")
     try:
-        loss, grads, layers, matmuls = step(env, None, lora)
+        loss, grads, layers, (matmuls, low_rank) = step(env, None, lora)
         outcomes = {policy: step(env, policy, lora) for policy in ("full", "selective")}
     finally:
         close_distributed(env)
     assert len(grads) > 0
+    (full, _), (selective, selective_low_rank) = outcomes["full"][3], outcomes["selective"][3]
     if lora:
-        assert outcomes["full"][3] > matmuls + RECOMPUTED_PER_LAYER * layers
+        assert full > matmuls + RECOMPUTED_PER_LAYER * layers
+        assert selective - matmuls == selective_low_rank - low_rank == RECOMPUTED_PER_LAYER * layers
     else:
-        assert outcomes["full"][3] == matmuls + RECOMPUTED_PER_LAYER * layers
-    assert outcomes["selective"][3] == matmuls
+        assert full == matmuls + RECOMPUTED_PER_LAYER * layers
+        assert selective == matmuls
     for policy, (policy_loss, policy_grads, _, _) in outcomes.items():
         assert torch.allclose(policy_loss, loss, rtol=1e-6, atol=0), policy
         for name, grad in grads.items():
