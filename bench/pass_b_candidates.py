@@ -50,6 +50,7 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import Tensor
 
+from bench.statistics_pass import add_chunk_arguments, make_inputs
 from sft.token_stats import REFERENCE_TERMS
 
 
@@ -288,7 +289,6 @@ class EKSFTChunk:
 def eksft_chunk(rows: int, vocab: int, hidden: int, device: str = "cpu") -> EKSFTChunk:
     """The chunk of ``bench.statistics_pass.make_inputs`` (bf16 head matmuls on CUDA, fp32 on a CPU), every row
     supervised, weighed by ``sft/method=eksft`` (``logp`` on T∖M, ``entropy`` and ``kl`` on the top-ρ union M)."""
-    from bench.statistics_pass import make_inputs
     from common.config import compose
     from sft.losses import build_loss
     from sft.token_stats import TokenStats, online_chunk_statistics
@@ -331,12 +331,7 @@ def candidates(chunk: EKSFTChunk) -> dict[str, Callable[[Tensor], tuple[Tensor, 
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    parser.add_argument("--rows", type=int, default=256, help="rows of the chunk (sft.chunk_size)")
-    parser.add_argument("--vocab", type=int, default=32768)
-    parser.add_argument("--hidden", type=int, default=512)
-    parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    add_chunk_arguments(parser, repeats=7)
     args = parser.parse_args(argv)
 
     from common.tracking import configure_cpu_threads

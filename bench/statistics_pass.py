@@ -39,6 +39,16 @@ def make_inputs(rows: int, vocab: int, hidden: int, dtype: torch.dtype, device: 
             "targets": torch.randint(0, vocab, (rows,), generator=generator, device=device)}
 
 
+def add_chunk_arguments(parser: argparse.ArgumentParser, repeats: int) -> None:
+    """The options of a bench timing one logits chunk: its device, shape, repeats and CPU threads."""
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--rows", type=int, default=256, help="rows of the chunk (sft.chunk_size)")
+    parser.add_argument("--vocab", type=int, default=32768)
+    parser.add_argument("--hidden", type=int, default=512)
+    parser.add_argument("--repeats", type=int, default=repeats)
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+
+
 def timed(function, repeats: int, clock, synchronize) -> tuple[float, object]:
     """Median seconds of ``repeats`` calls of ``function`` (after one untimed call) and its last result."""
     result = function()
@@ -54,14 +64,9 @@ def timed(function, repeats: int, clock, synchronize) -> tuple[float, object]:
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--method", choices=sorted(SFT_METHOD_SCHEMAS), default="eksft",
                         help="the loss whose statistics are computed (eksft: logp, entropy, KL to the reference)")
-    parser.add_argument("--rows", type=int, default=256, help="rows of the chunk (sft.chunk_size)")
-    parser.add_argument("--vocab", type=int, default=32768)
-    parser.add_argument("--hidden", type=int, default=512)
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    add_chunk_arguments(parser, repeats=5)
     args = parser.parse_args(argv)
 
     from bench import statistics_candidates as candidates
