@@ -10,7 +10,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from bench.sft_step_time import build_trainer, parse_args, release
-from common.config.sft import EKSFTMethod
+from common.config.sft import EKSFTMethod, LoRAConfig
 from sft.distributed import close_distributed, init_distributed
 
 pytestmark = pytest.mark.integration
@@ -19,8 +19,8 @@ MATMULS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.at
 RECOMPUTED_PER_LAYER = 6
 """The projections full recompute runs again per layer: q, k, v, o, gate and up, not down, whose output the backward
 does not read (non-reentrant checkpointing stops its recompute once it has what the backward needs)."""
-LORA_RANK = 16
-"""``sft.lora.rank``'s default, what ``build_trainer`` adds."""
+LORA_RANK = LoRAConfig().rank
+"""The adapters' rank ``build_trainer`` adds (``sft.lora.rank``'s default)."""
 
 
 class MatmulCount(TorchDispatchMode):
