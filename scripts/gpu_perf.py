@@ -15,9 +15,9 @@ Needs a CUDA torch and transformers (no vLLM, no verl). Parts, all through the b
   default, :data:`DEFAULT_ORDER`) of six: the eager trainer (chunk 1,024); the statistics compiled and the frozen
   models in bf16; that plus compiled decoder layers; that with the online statistics pass
   (``sft.online_statistics``, the paper profile); that with selective activation checkpointing
-  (``sft.gradient_checkpointing_policy=selective``: no matmul recomputed; a micro-batch keeps 19 GiB more
-  activations by ``common.preflight``'s formula, ~96 GiB with the three trainers, more than an 80 GB card holds);
-  compiled layers at chunk 4,096. Ratios to
+  (``sft.gradient_checkpointing_policy=selective``: no matmul recomputed; SFT alone, for its MFU: a micro-batch keeps
+  19 GiB more activations by ``common.preflight``'s formula, and with the three trainers' ~68 GiB of state it would
+  need ~96 GiB, more than an 80 GB card holds); compiled layers at chunk 4,096. Ratios to
   SFT (targets live ≤ 1.30, cached ≤ 1.10) and SFT's MFU (6 · params · tokens/s over ``--peak-tflops``;
   torchtitan's 33-39% is the anchor, 40% the target). After the first configuration's timed steps, one more step
   of each of its trainers runs under ``torch.profiler``; the tables go beside the results file (``.profile.txt``).
@@ -45,9 +45,11 @@ CONFIGURATIONS = {
                                 compile_layers=True, chunk_size=1024),
     "+ chunk 4096": dict(compile_statistics=True, frozen_dtype="bf16", compile_layers=True, chunk_size=4096),
     "+ selective checkpointing": dict(compile_statistics=True, online_statistics=True, frozen_dtype="bf16",
-                                      compile_layers=True, chunk_size=1024, checkpointing="selective"),
+                                      compile_layers=True, chunk_size=1024, checkpointing="selective",
+                                      methods=("sft",)),
 }
-"""The trainer configurations timed, by the ``sft.*`` keys that tell them apart."""
+"""The trainer configurations timed, by the ``sft.*`` keys that tell them apart (and ``methods``, the trainers timed
+when not all three)."""
 DEFAULT_ORDER = ("+ online statistics", "+ selective checkpointing")
 """What one run times by default: the paper profile's configuration, profiled, and the same with selective
 activation checkpointing. On an H200 the statistics and static-memory parts and the first configuration took 259 s
@@ -69,6 +71,7 @@ def step_args(dry_run: bool, steps: int, **options) -> argparse.Namespace:
 def option_flags(options: dict) -> list[str]:
     flags = ["--frozen-dtype", options["frozen_dtype"],
              "--gradient-checkpointing-policy", options.get("checkpointing", "full")]
+    flags += ["--methods", *options["methods"]] if "methods" in options else []
     flags += ["--compile-statistics"] if options["compile_statistics"] else []
     flags += ["--online-statistics"] if options.get("online_statistics") else []
     return flags + (["--compile-layers"] if options["compile_layers"] else [])
@@ -130,24 +133,27 @@ def main(argv: list[str] | None = None) -> int:
                 release(env)  # outside the except block: its traceback no longer holds the trainers
                 continue
             medians = result["median_s"]
-            result["ratios"] = {method: medians[method] / medians["sft"] for method in TARGETS}
+            result["ratios"] = {method: medians[method] / medians["sft"] for method in TARGETS if method in medians}
             result["sft_mfu"] = mfu(result, "sft", args.peak_tflops)
             results["step_time"][name] = result
             save()
     finally:
         close_distributed(env)
     save()
+
+    def cell(values: dict, key: str, width: int) -> str:  # "-" for a trainer the configuration did not time
+        return f"{values[key]:{width}.3f}" if key in values else f"{'-':>{width}s}"
+
     print(f"\n{'configuration':34s} {'SFT s':>8s} {'live s':>8s} {'cache s':>8s} {'live/SFT':>9s} {'cache/SFT':>10s} "
           f"{'SFT MFU':>8s} {'peak GiB':>9s}")
     for name, result in results["step_time"].items():
         if "error" in result:
             print(f"{name:34s} failed: {result['error'][:200]}")
             continue
-        medians = result["median_s"]
+        seconds, ratios = result["median_s"], result["ratios"]
         peak = f"{result['peak_gib']:9.1f}" if result["peak_gib"] is not None else f"{'-':>9s}"
-        print(f"{name:34s} {medians['sft']:8.3f} {medians['eksft']:8.3f} {medians['eksft_cache']:8.3f} "
-              f"{result['ratios']['eksft']:9.3f} {result['ratios']['eksft_cache']:10.3f} "
-              f"{100 * result['sft_mfu']:7.1f}% {peak}")
+        print(f"{name:34s} {cell(seconds, 'sft', 8)} {cell(seconds, 'eksft', 8)} {cell(seconds, 'eksft_cache', 8)} "
+              f"{cell(ratios, 'eksft', 9)} {cell(ratios, 'eksft_cache', 10)} {100 * result['sft_mfu']:7.1f}% {peak}")
     print(f"targets: live/SFT <= {TARGETS['eksft']}, cache/SFT <= {TARGETS['eksft_cache']}, SFT MFU >= 40%; "
           f"static bytes per parameter " + ", ".join(f"{k} {v:.2f}" for k, v in
                                                     results["static_bytes_per_parameter"].items()))
