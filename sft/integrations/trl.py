@@ -36,12 +36,12 @@ from trl import SFTConfig, SFTTrainer
 from trl.models import prepare_fsdp
 
 from common.config.common import ConfigError, check_choice
-from common.config.sft import LOSS_NORMS, SFTMethod
+from common.config.sft import CHECKPOINTING_POLICIES, LOSS_NORMS, SFTMethod
 from common.paths import sft_stat_key
 from sft.data import supervised_token_count
 from sft.lora import AdapterView, refuse_adapted_embeddings
 from sft.losses import TokenLoss, build_loss, method_config
-from sft.policy import PolicyWithTokenLoss, freeze, refresh_old_policy
+from sft.policy import PolicyWithTokenLoss, checkpoint_decoder_layers, freeze, refresh_old_policy
 from sft.trainer import micro_batch_weight
 
 
@@ -61,7 +61,10 @@ class TokenLossSFTTrainer(SFTTrainer):
     base of a PEFT model with its adapters disabled, or a frozen copy of ``model`` as given. ``loss_norm``: how
     micro-batch objectives make the step objective (``sft.loss_norm``; a method's own, EKSFT official_code's
     micro_batch_sum, wins). ``compile_statistics``, ``online_statistics``: the loss head's statistics pass as
-    ``sft.compile_statistics`` and ``sft.online_statistics`` (docs/loss_head.md). Refused, each with one line:
+    ``sft.compile_statistics`` and ``sft.online_statistics`` (docs/loss_head.md). ``gradient_checkpointing_policy``:
+    what ``args.gradient_checkpointing`` recomputes, as ``sft.gradient_checkpointing_policy`` (``selective``: the
+    project's per-layer checkpoint, ``sft.policy.checkpoint_decoder_layers``, instead of HF's). Refused, each with one
+    line:
     packing and padding-free batches, Liger, TRL's own ``loss_type="dft"`` or a ``compute_loss_func``, LoRA on
     ``lm_head`` or ``embed_tokens``, EKSFT ``selection_scope=optimizer_batch``, SED-SFT's calibration, DeepSpeed and
     FSDP1.
@@ -75,12 +78,17 @@ class TokenLossSFTTrainer(SFTTrainer):
                  token_loss: str | SFTMethod = "eksft", token_loss_options: dict[str, Any] | None = None,
                  ref_model: str | PreTrainedModel | None = None, chunk_size: int = 256,
                  loss_norm: str = "global_token_mean", compile_statistics: bool = False,
-                 online_statistics: bool = False, **trainer_kwargs: Any):
+                 online_statistics: bool = False, gradient_checkpointing_policy: str = "full",
+                 **trainer_kwargs: Any):
         loss = build_loss(method_config(token_loss, **(token_loss_options or {})))
         check_choice("loss_norm", loss_norm, LOSS_NORMS)
+        check_choice("gradient_checkpointing_policy", gradient_checkpointing_policy, CHECKPOINTING_POLICIES)
         args = args if args is not None else SFTConfig(loss_type="nll")
-        _refuse_unsupported(loss, args, trainer_kwargs, ref_model)
+        _refuse_unsupported(loss, args, trainer_kwargs, ref_model, gradient_checkpointing_policy)
         args.loss_type = "nll"  # TRL's own chunked head stays unpatched: the token loss's head replaces it
+        selective = gradient_checkpointing_policy == "selective"
+        if selective:  # the Trainer must not wrap the layers in HF's checkpointing too
+            args.gradient_checkpointing = False
         super().__init__(model, args=args, **trainer_kwargs)
         if self.is_deepspeed_enabled or (self.is_fsdp_enabled and self.accelerator.state.fsdp_plugin.fsdp_version != 2):
             raise ConfigError("TokenLossSFTTrainer runs on one process, DDP or FSDP2 (fsdp_version: 2); not DeepSpeed "
@@ -94,6 +102,9 @@ class TokenLossSFTTrainer(SFTTrainer):
         trunk_owner = policy.get_base_model() if is_peft else policy
         if is_peft:
             refuse_adapted_embeddings(trunk_owner, "TokenLossSFTTrainer")
+        if selective:
+            lora_rank = policy.peft_config[policy.active_adapter].r if is_peft else 0
+            checkpoint_decoder_layers(trunk_owner, gradient_checkpointing_policy, lora_rank)
         reference = old_policy = None
         if loss.needs_reference:
             if ref_model is None and is_peft:
@@ -208,7 +219,7 @@ def _load_like(ref_model: str | PreTrainedModel, policy: PreTrainedModel) -> Pre
 
 
 def _refuse_unsupported(loss: TokenLoss, args: SFTConfig, trainer_kwargs: dict[str, Any],
-                        ref_model: Any) -> None:
+                        ref_model: Any, gradient_checkpointing_policy: str) -> None:
     """One line for each setting the token losses cannot honour, before any model is built."""
     refusals = [
         (args.packing or args.padding_free, "packing / padding_free put several sequences in one row: the losses "
@@ -223,6 +234,8 @@ def _refuse_unsupported(loss: TokenLoss, args: SFTConfig, trainer_kwargs: dict[s
                                          "set threshold_calibration=none"),
         (ref_model is not None and not loss.needs_reference, f"token loss {loss.name!r} uses no reference; drop "
                                                              "ref_model"),
+        (gradient_checkpointing_policy != "full" and not args.gradient_checkpointing,
+         f"gradient_checkpointing_policy={gradient_checkpointing_policy} needs gradient_checkpointing=True"),
     ]
     for refused, message in refusals:
         if refused:

@@ -25,16 +25,17 @@ LORA_RANK = LoRAConfig().rank
 
 class MatmulCount(TorchDispatchMode):
     """Counts the matmuls dispatched while active: all, and the low-rank ones (contracting over at most
-    :data:`LORA_RANK`: LoRA's B)."""
+    :data:`LORA_RANK`: LoRA's B); and SwiGLU's forward ``silu``, which a backward runs only when it recomputes."""
 
     def __init__(self):
         super().__init__()
-        self.count = self.low_rank = 0
+        self.count = self.low_rank = self.silu = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func in MATMULS:
             self.count += 1
             self.low_rank += args[0].shape[-1] <= LORA_RANK
+        self.silu += func is torch.ops.aten.silu.default
         return func(*args, **(kwargs or {}))
 
 
@@ -57,7 +58,7 @@ def step(env, checkpointing: str | None, lora: bool):
     layers = len(root.policy.get_decoder().layers)
     del root
     release(env)
-    return result.loss.detach(), grads, layers, (counter.count, counter.low_rank)
+    return result.loss.detach(), grads, layers, (counter.count, counter.low_rank, counter.silu)
 
 
 @pytest.mark.parametrize("lora", [False, True], ids=["full-fine-tuning", "lora"])
@@ -66,12 +67,13 @@ def test_selective_checkpointing_recomputes_no_projection_and_changes_no_number(
     selective repeats each adapter's B, nothing wider."""
     env = init_distributed("cpu")
     try:
-        loss, grads, layers, (matmuls, low_rank) = step(env, None, lora)
+        loss, grads, layers, (matmuls, low_rank, silu) = step(env, None, lora)
         outcomes = {policy: step(env, policy, lora) for policy in ("full", "selective")}
     finally:
         close_distributed(env)
     assert len(grads) > 0
-    (full, _), (selective, selective_low_rank) = outcomes["full"][3], outcomes["selective"][3]
+    (full, _, _), (selective, selective_low_rank, selective_silu) = outcomes["full"][3], outcomes["selective"][3]
+    assert silu == 0 and selective_silu == layers  # the elementwise work is recomputed
     if lora:
         assert full > matmuls + RECOMPUTED_PER_LAYER * layers
         assert selective - matmuls == selective_low_rank - low_rank == RECOMPUTED_PER_LAYER * layers

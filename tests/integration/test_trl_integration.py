@@ -189,6 +189,8 @@ def test_peft_reference_is_the_base_bitwise(tiny, dataset, tmp_path):
     (dict(token_loss="sft", ref_model="unused"), "uses no reference"),
     (dict(peft=["q_proj", "lm_head"]), "lm_head is wrapped by PEFT"),
     (dict(peft=["q_proj", "embed_tokens"]), "embed_tokens is wrapped by PEFT"),
+    (dict(args=dict(gradient_checkpointing=False), gradient_checkpointing_policy="selective"),
+     "gradient_checkpointing_policy=selective needs gradient_checkpointing=True"),
 ])
 def test_what_cannot_be_honoured_is_refused_in_one_line(setting, message, tiny, dataset, tmp_path):
     from peft import LoraConfig
@@ -200,6 +202,34 @@ def test_what_cannot_be_honoured_is_refused_in_one_line(setting, message, tiny, 
         TokenLossSFTTrainer(load(tiny), args=sft_args(tmp_path, **setting.get("args", {})), train_dataset=dataset,
                             processing_class=AutoTokenizer.from_pretrained(tiny), **{"token_loss": "eksft", **kwargs})
     assert "\n" not in str(refusal.value)
+
+
+def test_selective_checkpointing_trains_as_hf_checkpointing_and_repeats_no_matmul(tiny, dataset, tmp_path):
+    """``gradient_checkpointing_policy="selective"``: the same SGD step as HF's full checkpointing (TRL's default
+    ``gradient_checkpointing=True``), and a backward that recomputes SwiGLU's activation but runs the matmuls of one
+    without checkpointing."""
+    from test_sft_activation_checkpointing import MatmulCount
+
+    def trainer(folder: str, checkpointing: bool = True, policy: str = "full") -> TokenLossSFTTrainer:
+        return TokenLossSFTTrainer(load(tiny), args=sft_args(tmp_path / folder, gradient_checkpointing=checkpointing),
+                                   train_dataset=dataset, processing_class=AutoTokenizer.from_pretrained(tiny),
+                                   token_loss="eksft", token_loss_options=OPTIONS["eksft"],
+                                   gradient_checkpointing_policy=policy)
+
+    def backward_counts(trainer: TokenLossSFTTrainer) -> tuple[int, int]:
+        batch = next(iter(trainer.get_train_dataloader()))
+        trainer.current_gradient_accumulation_steps = 1
+        trainer.model.train()
+        loss = trainer.compute_loss(trainer.model, batch, num_items_in_batch=supervised_token_count(batch["labels"]))
+        with MatmulCount() as counter:
+            loss.backward()
+        return counter.count, counter.silu
+
+    assert_close_weights(trained_weights(trainer("full")), trained_weights(trainer("selective", policy="selective")),
+                         atol=1e-6)
+    (matmuls, silu), (none_matmuls, none_silu) = backward_counts(trainer("sel", policy="selective")), \
+        backward_counts(trainer("none", False))
+    assert matmuls == none_matmuls and silu > none_silu == 0  # activations recomputed, no matmul
 
 
 def test_hf_trainer_compute_loss_func_equals_the_trl_trainer(tiny, dataset, tmp_path):
