@@ -34,8 +34,8 @@ Each call gets a fresh fp32 copy of the policy logits, made outside the clock (t
 logits in place: on a GPU the copy is the cast from bf16, on a CPU the matmul's own output). Printed per candidate:
 median seconds (after one untimed call, which compiles; the candidates timed in rounds of one call each, so that a
 shared machine's load weighs on all alike), the peak memory it allocates beyond its inputs (CUDA:
-``torch.cuda.max_memory_allocated``; CPU: torch's allocations in ``torch.profiler``'s memory timeline, a private
-API), and its largest deviation of value and gradient from :func:`chunk_objective` in fp64 (autograd in fp64; the
+``torch.cuda.max_memory_allocated``; CPU: the allocation events of ``torch.profiler``, as
+``bench.sft_memory_estimate`` counts them), and its largest deviation of value and gradient from :func:`chunk_objective` in fp64 (autograd in fp64; the
 trainer's closed forms equal it: tests/unit/test_pass_b_candidates.py).
 """
 from __future__ import annotations
@@ -50,8 +50,9 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import Tensor
 
+from bench.sft_memory_estimate import allocated_peak
 from bench.statistics_pass import add_chunk_arguments, make_inputs
-from sft.token_stats import REFERENCE_TERMS
+from sft.token_stats import REFERENCE_TERMS, reference_rows
 
 
 def chunk_objective(logits: Tensor, active_logits: Tensor | None, targets: Tensor, coefs: dict[str, Tensor],
@@ -182,7 +183,7 @@ def written_once(logits: Tensor, targets: Tensor, coefs: dict[str, Tensor], ref_
     coefficient are cast to the logits' dtype and used, as in the trainer."""
     active = ref_rows = None
     if REFERENCE_TERMS & set(coefs):
-        active = active_rows(coefs)
+        active = reference_rows(coefs)
         ref_rows = ref_logits.index_select(0, active).to(logits.dtype)
     return differentiate(logits, targets, coefs, ref_rows, active, old_logp, **term_options)
 
@@ -222,14 +223,9 @@ def compiled_hand_derived(logits: Tensor, *args: Any, **options: Any) -> tuple[T
     return _compiled_chunk_value_and_grad()(trainer_plan(*args, **options), logits)
 
 
-def active_rows(coefs: dict[str, Tensor]) -> Tensor:
-    """Rows with a non-zero reference-term coefficient (the rows pass B builds reference logits for)."""
-    names = sorted(REFERENCE_TERMS & set(coefs))
-    return torch.stack([coefs[name] != 0 for name in names]).any(0).nonzero().squeeze(1)
-
-
 def peak_extra_bytes(function: Callable[[], Any], device: str) -> int:
-    """Bytes ``function`` allocates at its peak beyond what was allocated before it (its result included)."""
+    """Bytes ``function`` allocates at its peak beyond what was allocated before it (its result included): CUDA's
+    allocator peak, or on a CPU the profiler's allocation events (``bench.sft_memory_estimate.allocated_peak``)."""
     if device == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
@@ -237,16 +233,7 @@ def peak_extra_bytes(function: Callable[[], Any], device: str) -> int:
         function()
         torch.cuda.synchronize()
         return torch.cuda.max_memory_allocated() - before
-    from torch.profiler import ProfilerActivity, profile
-    from torch.profiler._memory_profiler import Action
-
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True, with_stack=True) as prof:
-        function()
-    alive = peak = 0
-    for _, action, _, size in sorted(prof._memory_profile().timeline, key=lambda event: event[0]):
-        alive += {Action.CREATE: size, Action.DESTROY: -size}.get(action, 0)
-        peak = max(peak, alive)
-    return peak
+    return allocated_peak(function)
 
 
 def timed_in_rounds(functions: dict[str, Callable[[Tensor], Any]], fresh: Callable[[], Tensor], repeats: int, clock,
@@ -341,7 +328,7 @@ def main(argv: list[str] | None = None) -> dict:
     clock = time.perf_counter if cuda else time.process_time
     synchronize = torch.cuda.synchronize if cuda else (lambda: None)
     chunk = eksft_chunk(args.rows, args.vocab, args.hidden, args.device)
-    logits, active = chunk.logits, active_rows(chunk.coefs)
+    logits, active = chunk.logits, reference_rows(chunk.coefs)
     fresh = lambda: logits.to(torch.float32, copy=True)  # noqa: E731
     exact_value, exact_grad = written_once(logits.double(), chunk.targets, chunk.coefs, chunk.ref_logits.double(),
                                            differentiate=objective_value_and_grad, **chunk.term_options)

@@ -756,7 +756,7 @@ class _HeadPlan:
         value = logp.new_zeros(())
         if not ref_names:
             return None, value, None
-        active = torch.stack([coefs[name] != 0 for name in ref_names]).any(0).nonzero().squeeze(1)
+        active = reference_rows(coefs)
         if not active.numel():
             return None, value, None
         ref_logits = self._reference_logits(chunk, active)
@@ -789,6 +789,12 @@ class _HeadPlan:
             if part is not None:
                 grad.add_(part.mul_(coef.unsqueeze(1)))
         return active, value, grad
+
+
+def reference_rows(coefs: Mapping[str, Tensor]) -> Tensor:
+    """Indices of the rows with a non-zero coefficient of some reference term (:data:`REFERENCE_TERMS`): the only
+    rows pass B builds reference logits for."""
+    return torch.stack([coefs[name] != 0 for name in coefs if name in REFERENCE_TERMS]).any(0).nonzero().squeeze(1)
 
 
 class _ChunkedHeadObjective(torch.autograd.Function):
