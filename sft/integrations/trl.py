@@ -64,10 +64,9 @@ class TokenLossSFTTrainer(SFTTrainer):
     ``sft.compile_statistics`` and ``sft.online_statistics`` (docs/loss_head.md). ``gradient_checkpointing_policy``:
     what ``args.gradient_checkpointing`` recomputes, as ``sft.gradient_checkpointing_policy`` (``selective``: the
     project's per-layer checkpoint, ``sft.policy.checkpoint_decoder_layers``, instead of HF's). Refused, each with one
-    line:
-    packing and padding-free batches, Liger, TRL's own ``loss_type="dft"`` or a ``compute_loss_func``, LoRA on
-    ``lm_head`` or ``embed_tokens``, EKSFT ``selection_scope=optimizer_batch``, SED-SFT's calibration, DeepSpeed and
-    FSDP1.
+    line: packing and padding-free batches, Liger, TRL's own ``loss_type="dft"`` or a ``compute_loss_func``, LoRA on
+    ``lm_head`` or ``embed_tokens``, EKSFT ``selection_scope=optimizer_batch``, SED-SFT's calibration, ``selective``
+    checkpointing without ``gradient_checkpointing``, DeepSpeed and FSDP1.
     """
 
     loss_is_scaled_for_ga = True
