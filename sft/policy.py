@@ -45,9 +45,10 @@ SELECTIVE_SAVED_OPS = tuple(getattr(torch.ops.aten, name).default for name in (
     "mm", "addmm", "bmm", "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
     "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu"))
 """The ops whose outputs selective activation checkpointing keeps (``sft.gradient_checkpointing_policy=selective``):
-the matmuls (the projections' ``mm``; ``bmm`` for eager attention) and the attention kernels, as torchtitan's op-level
-policy keeps them. The RMSNorms, RoPE, SwiGLU's activation and the residual adds are recomputed in the backward: cheap
-elementwise work against the matmuls full recompute repeats."""
+the matmuls (the projections' ``mm``; ``bmm`` for eager attention) and the attention kernels, torchtitan's op-level
+save list, but every matmul kept (torchtitan's op policy recomputes every second ``mm`` for memory). The RMSNorms,
+RoPE, SwiGLU's activation and the residual adds are recomputed in the backward: cheap elementwise work against the
+matmuls full recompute repeats."""
 
 
 def checkpoint_decoder_layers(model: PreTrainedModel, policy: str, lora_rank: int = 0) -> None:

@@ -470,9 +470,10 @@ class SFTConfig:
     gradient_checkpointing_policy: str = field(default="full", metadata=IDENTITY_WHEN_SET)
     """What ``gradient_checkpointing`` recomputes of each decoder layer of the policy (``sft.policy.
     checkpoint_decoder_layers``): ``full``, everything (HF's non-reentrant checkpointing: only the layer's input is
-    kept); ``selective``, everything but the matmul and attention outputs (``sft.policy.selective_policy``,
-    torchtitan's op-level choice; under LoRA each adapter's rank-r B is recomputed too), so the backward repeats no
-    projection, for more activation memory. The same numbers."""
+    kept); ``selective``, everything but the matmul and attention outputs (``sft.policy.selective_policy``:
+    torchtitan's op-level save list with every matmul kept, where torchtitan recomputes every second one; under LoRA
+    each adapter's rank-r B is recomputed), so the backward repeats no projection, for more activation memory. The
+    same numbers."""
     compile_layers: bool = field(default=False, metadata=IDENTITY_WHEN_SET)
     """Each decoder layer's forward under ``torch.compile`` (``sft.policy.compile_decoder_layers``): fused
     elementwise kernels, the same computation up to fp32 round-off."""
