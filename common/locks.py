@@ -33,10 +33,34 @@ class LockHeld(UserError, RuntimeError):
         self.holder = holder
 
 
-def describe_holder(holder: dict) -> str:
-    """Whose a lock is, as the holder recorded it: ``PID <pid> on host <host> since <time> (<what>: <command>)``."""
-    return (f"PID {holder.get('pid', '?')} on host {holder.get('host', '?')} since {holder.get('since', '?')} "
-            f"({holder.get('what', '?')}: {holder.get('command', '?')})")
+def describe_holder(holder: dict, *, command: bool = True) -> str:
+    """Whose a lock is, as the holder recorded it: ``PID <pid> on host <host> since <time> (<what>: <command>)``;
+    without its command line when ``command`` is False."""
+    doing = f"{holder.get('what', '?')}: {holder.get('command', '?')}" if command else holder.get('what', '?')
+    return f"PID {holder.get('pid', '?')} on host {holder.get('host', '?')} since {holder.get('since', '?')} ({doing})"
+
+
+def live_holder(directory: str | Path) -> dict | None:
+    """The record of the process holding ``<directory>/.lock`` while it still runs; None when the lock is free,
+    released, or its holder ended without releasing it. Read without taking the lock, so a writer starting at that
+    moment is never refused. On this host the PID must exist and have started by the record's ``since`` (a PID reused
+    later is not the holder); a holder on another host cannot be checked from here and counts as live."""
+    try:
+        text = (Path(directory) / DirectoryLock.FILE_NAME).read_text(encoding="utf-8", errors="replace").strip()
+        holder = json.loads(text) if text else {}
+    except (OSError, ValueError):
+        return None
+    if not holder:
+        return None
+    if holder.get("host") != socket.gethostname():
+        return holder
+    import psutil
+    try:
+        started = psutil.Process(int(holder["pid"])).create_time()
+        since = time.mktime(time.strptime(holder["since"], "%Y-%m-%d %H:%M:%S"))
+    except (psutil.NoSuchProcess, KeyError, TypeError, ValueError):
+        return None
+    return holder if started <= since + 1 else None
 
 
 def existing_parent(path: str | Path) -> Path:

@@ -286,6 +286,21 @@ def read_manifest(directory: str | Path) -> Manifest | None:
     return Manifest(**data)
 
 
+def running_runs(root: str | Path) -> Iterator[tuple[Path, Manifest]]:
+    """Every run folder under ``root`` whose manifest says ``running`` (a stage in progress, or one that ended without
+    recording it), with that manifest. The walk does not enter run folders; an unreadable manifest is passed over."""
+    for folder, subfolders, files in os.walk(root):
+        if MANIFEST_NAME not in files:
+            continue
+        subfolders.clear()
+        try:
+            manifest = read_manifest(folder)
+        except StageInputError:
+            continue
+        if manifest is not None and manifest.status == "running":
+            yield Path(folder), manifest
+
+
 # -------------------------------------------------------------------------------------------- integrity
 IGNORED_NAMES = {MANIFEST_NAME, DirectoryLock.FILE_NAME, LAUNCH_LOCK_NAME, SPACE_RESERVE_NAME, "launch.json",
                  "launch.log"}

@@ -37,7 +37,7 @@ from common.preflight import PreflightError, estimate_bytes, memory_line, requir
 from pipeline.estimates import estimate_line
 from common.processes import interrupted_by, termination_signals_interrupt
 from pipeline.migrations import retire_cpu_chosen_bf16_bases, warn_about_old_layout
-from pipeline.stages import StageCommand, build_plan, check_force, force_patterns
+from pipeline.stages import StageCommand, build_plan, check_force, check_force_in_use, force_patterns
 
 STATUS_EVERY_S = 60
 """Seconds between status lines while commands run side by side (their own output goes to their logs)."""
@@ -96,6 +96,7 @@ def run(cfg: Config, overrides: list[str]) -> list[StageCommand]:
         require_writable_run_root(cfg)  # before any manifest is read or lock taken there
     plan = build_plan(cfg, overrides)
     check_force(plan, cfg.force)
+    check_force_in_use(plan, cfg.force, cfg.experiment.run_root)
     header = (f"experiment={cfg.experiment.name} profile={cfg.profile.name} models={cfg.profile.models} "
               f"methods={cfg.experiment.methods}: {len(plan)} stage commands")
     print(header)

@@ -20,6 +20,7 @@ for the base model); the labels ``rl.init`` and ``eval.variant`` only name its o
 """
 from __future__ import annotations
 
+import os
 import sys
 from difflib import get_close_matches
 from dataclasses import dataclass, field, replace
@@ -28,6 +29,8 @@ from fnmatch import fnmatch
 from typing import Callable
 
 from common.config import Config, ConfigError, compose, override_value
+from common.locks import describe_holder, live_holder
+from common.manifest import running_runs
 from common.paths import (
     BASE_VARIANT,
     BEHAVIOUR_LOGPROBS_COLUMN,
@@ -259,6 +262,29 @@ def check_force(plan: list[StageCommand], patterns: list[str] | tuple[str, ...])
     hint = f"did you mean {', '.join(close)}? " if close else ""
     raise ConfigError(f"force={unmatched} matches no stage or command of this plan; {hint}valid: stage names or "
                       f"command names (globs allowed): {', '.join(valid)}")
+
+
+def check_force_in_use(plan: list[StageCommand], patterns: list[str] | tuple[str, ...], run_root: str | Path) -> None:
+    """Raises :class:`ConfigError` when a run that ``force`` would restart is written, or read as an input, by a live
+    stage process anywhere under ``run_root`` (a ``running`` manifest whose folder lock is held,
+    :func:`common.locks.live_holder`). Restarting it under that process loses work: a reader's run, finished on the
+    old input, is redone from scratch at its next launch; a writer's ``complete`` overwrites the restart mark."""
+    forced = {os.path.realpath(run.directory) for command in plan if force_patterns(command, patterns)
+              for run in command.runs}
+    if not forced:
+        return
+    in_use = []
+    for folder, manifest in running_runs(run_root):
+        written = forced & {os.path.realpath(folder)}
+        read = forced & {os.path.realpath(record["path"]) for record in manifest.inputs.values() if "path" in record}
+        holder = (written or read) and live_holder(folder)
+        if holder:
+            what = f"written by {folder}" if written else f"read by {folder}"
+            in_use += [f"{run} ({what}: {describe_holder(holder, command=False)})" for run in sorted(written | read)]
+    if in_use:
+        raise ConfigError(f"force={list(patterns)} would restart runs that live stage processes use: "
+                          f"{'; '.join(in_use)}; restarting them now loses that work. Wait for those processes to "
+                          "end (or stop them), or use another experiment.run_root")
 
 
 def _eval_commands(cfg: Config, overrides: list[str], phase: str, evaluated: list[Arm],
