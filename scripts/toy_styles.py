@@ -22,7 +22,8 @@ fork distribution (``common.forks``, one forward pass per held-out problem) and 
 method and phase, its seeds pooled: the fork entropy (mean over the seeds, with their range) and the mean
 probability of each family's right strategy (``column`` on small, ``round`` on carry, ``place`` on plain). It reads
 runs made in any checkout: a model path a manifest holds relative to its own checkout is looked up under the run
-root the experiment folder lies in (:func:`model_folder`).
+root the experiment folder lies in (:func:`model_folder`). An evaluation of an RL run made with an algorithm other
+than DAPO (``rl/algorithm=``) is its own method, ``<variant>+<algorithm>`` (:func:`method`).
 """
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from common.config.rl import RLConfig, algorithm_suffix  # noqa: E402
 from common.config.toy import (  # noqa: E402
     FORK_BENCHMARK_PREFIX,
     FORK_BEST_STRATEGY,
@@ -105,15 +107,30 @@ RUN_ID_SUFFIX = re.compile(r"-[0-9a-f]{8}$")
 """The run id that ends an evaluation's variant folder (``sft-9210f287``): one per seed."""
 
 
+def method(evaluation: Path, experiment_dir: Path, pool_seeds: bool) -> str:
+    """The evaluation's variant folder (its run id dropped with ``pool_seeds``), followed for an evaluation of an RL
+    run made with an algorithm other than DAPO by ``+<algorithm>`` (:func:`common.config.rl.algorithm_suffix`), read
+    from that run's manifest: the points of an ``rl/algorithm`` sweep start from the same runs and share their
+    variant names, so without it their evaluations would be pooled as one method."""
+    phase, variant = evaluation.parent.parent.name, evaluation.parent.name
+    name = RUN_ID_SUFFIX.sub("", variant) if pool_seeds else variant
+    evaluated = read_manifest(evaluation)
+    upstream = (evaluated.details.get("model") or {}).get("upstream_run") if phase == "rl" and evaluated else None
+    if not upstream:
+        return name
+    rl_run = read_manifest(model_folder(upstream, experiment_dir, evaluation))
+    return name + algorithm_suffix(((rl_run.config.get("rl") or {}) if rl_run else {}).get("algorithm",
+                                                                                          RLConfig.algorithm))
+
+
 def table(experiment_dir: Path, phase: str | None, benchmark: str | None, pool_seeds: bool = False) -> str:
     files = sorted(experiment_dir.glob("eval/*/*/*/*/samples.jsonl"))
     groups: dict[tuple[str, str, str, str], list[dict[str, tuple[int, int]]]] = {}
     for samples_file in files:
-        model, file_phase, variant, file_benchmark = samples_file.parent.parts[-4:]
+        model, file_phase, _, file_benchmark = samples_file.parent.parts[-4:]
         if (phase and file_phase != phase) or (benchmark and file_benchmark != benchmark):
             continue
-        if pool_seeds:
-            variant = RUN_ID_SUFFIX.sub("", variant)
+        variant = method(samples_file.parent, experiment_dir, pool_seeds)
         groups.setdefault((model, file_phase, variant, file_benchmark), []).append(
             style_mix(samples_file, world_of(file_benchmark)))
     rows: dict[str, list[str]] = {world: [] for world in CLASSES}
@@ -162,13 +179,13 @@ def fork_table(experiment_dir: Path, phase: str | None, measure: Callable[[str],
     right strategy's probability per family as the mean."""
     models: dict[tuple[str, str, str], set[str]] = {}
     for manifest_file in sorted(experiment_dir.glob(f"eval/*/*/*/{FORK_BENCHMARK_PREFIX}*/manifest.json")):
-        model, file_phase, variant, _ = manifest_file.parent.parts[-4:]
+        model, file_phase = manifest_file.parent.parts[-4:-2]
         if phase and file_phase != phase:
             continue
         manifest = read_manifest(manifest_file.parent)
         if not manifest.complete:
             continue
-        key = (model, file_phase, RUN_ID_SUFFIX.sub("", variant))
+        key = (model, file_phase, method(manifest_file.parent, experiment_dir, pool_seeds=True))
         models.setdefault(key, set()).add(
             model_folder(manifest.details["model"]["path"], experiment_dir, manifest_file.parent))
     if not models:

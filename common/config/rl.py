@@ -180,9 +180,8 @@ class RLConfig(SamplingConfig):
 
     @property
     def algorithm_suffix(self) -> str:
-        """``+<algorithm>`` after the names of an RL run and of the report for every algorithm but the default DAPO
-        (whose names stay as they were), so a sweep over ``rl/algorithm`` keeps one report per point."""
-        return "" if self.algorithm == RLConfig.algorithm else f"+{self.algorithm}"
+        """:func:`algorithm_suffix` of this run's algorithm."""
+        return algorithm_suffix(self.algorithm)
 
     @property
     def kept_groups_per_step(self) -> int | None:
@@ -270,3 +269,9 @@ class RLConfig(SamplingConfig):
         for key in self.verl_overrides:
             if not key or "=" in key or " " in key:
                 raise ConfigError(f"rl.verl_overrides has an invalid verl key {key!r} (write key: value)")
+
+
+def algorithm_suffix(algorithm: str) -> str:
+    """``+<algorithm>`` after the names of an RL run and of the report for every algorithm but the default DAPO
+    (whose names stay as they were), so a sweep over ``rl/algorithm`` keeps one report per point."""
+    return "" if algorithm == RLConfig.algorithm else f"+{algorithm}"

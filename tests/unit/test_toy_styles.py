@@ -112,6 +112,44 @@ def test_fork_table_measures_each_evaluated_model_once_and_pools_its_seeds(tmp_p
     assert sorted(measured) == ["base", "sft0", "sft1"]
 
 
+def _write_rl_evaluation(experiment: Path, evaluation: str, rl_run: str, algorithm: str | None,
+                         samples: list[tuple[str, int]]) -> None:
+    """A complete forking evaluation of the RL run ``rl_run`` (trained with ``algorithm``; None: a run recorded
+    before ``rl.algorithm`` existed), with its samples."""
+    run = experiment / "rl" / "toy" / rl_run
+    run.mkdir(parents=True)
+    (run / "hf").mkdir()
+    (run / "manifest.json").write_text(json.dumps(asdict(Manifest(
+        stage="rl", variant="sft", status="complete", config={"rl": {"algorithm": algorithm} if algorithm else {}}))))
+    _write_samples(experiment / evaluation, samples)
+    (experiment / evaluation / "manifest.json").write_text(json.dumps(asdict(Manifest(
+        stage="eval", variant="sft", status="complete",
+        details={"model": {"path": str(run / "hf"), "upstream_run": str(run)}}))))
+
+
+def test_the_points_of_an_rl_algorithm_sweep_are_methods_of_their_own(tmp_path):
+    # Issue 42's comparison runs DAPO, KL-Cov, ... from the same SFT runs: their RL evaluations share the variant
+    # `sft`, and --pool-seeds and --fork pooled all of them into one row.
+    place, round_ = (forking.solve(forking.Problem(45, 38), name) for name in ("place", "round"))
+    _write_rl_evaluation(tmp_path, "eval/toy/rl/sft-1a2b3c4d/toy_fork_carry", "sft-11111111", None, [(place, 0)])
+    _write_rl_evaluation(tmp_path, "eval/toy/rl/sft-2b3c4d5e/toy_fork_carry", "sft-22222222", "dapo", [(place, 0)])
+    _write_rl_evaluation(tmp_path, "eval/toy/rl/sft-3c4d5e6f/toy_fork_carry", "sft-33333333", "kl_cov", [(round_, 1)])
+    _, _, *rows = toy_styles.table(tmp_path, None, None, pool_seeds=True).splitlines()
+    assert rows == ["| toy | rl | sft | toy_fork_carry | 2 | 0.000 | 0 / — | 1.00 / 0.00 | 0 / — | 0 / — |",
+                    "| toy | rl | sft+kl_cov | toy_fork_carry | 1 | 1.000 | 0 / — | 0 / — | 1.00 / 1.00 | 0 / — |"]
+    assert "| toy | rl | sft-3c4d5e6f+kl_cov | toy_fork_carry |" in toy_styles.table(tmp_path, None, None)
+    measured = []
+
+    def measure(model_path):
+        measured.append(model_path)
+        return {"fork_entropy_nats": 0.1, **{f"fork_{f}_p_{s}": 0.5 for f, s in
+                                              (("small", "column"), ("carry", "round"), ("plain", "place"))}}
+
+    _, _, *rows = toy_styles.fork_table(tmp_path, None, measure).splitlines()
+    assert [row.split(" | ")[2:4] for row in rows] == [["sft", "2"], ["sft+kl_cov", "1"]]
+    assert len(measured) == 3
+
+
 def test_fork_table_finds_the_models_of_a_run_made_in_another_checkout(tmp_path, monkeypatch):
     # Issue 43: manifests hold the model paths relative to the checkout the run was made in (run root `runs`); read
     # from anywhere else they named nothing and the script died in a 30-line traceback.
