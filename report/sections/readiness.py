@@ -11,17 +11,20 @@ G = ``rl.rollout_n``, unbiased per problem (c of n correct), then the mean over 
 
 When RL arms have Table 2 evaluations too: Spearman's ρ, over their (arm, seed) pairs, of the predicted mixed share
 and of the coverage against the base with the measured RL gain in Avg pass@1 (:func:`report.tables.rl_gains`), with
-the interval of the bootstrap over arms (:func:`eval.intervals.cluster_spearman`), and beside each arm the share of
-groups DAPO kept in its runs (the predictor's calibration).
+the interval of the bootstrap over arms (:func:`eval.intervals.cluster_spearman`), beside each arm the share of
+groups DAPO kept in its runs (the predictor's calibration), and per model a scatter plot of those points.
 """
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from statistics import fmean
 from typing import NamedTuple
 
 from eval.intervals import cluster_spearman
+from report.analyses import method_colour, pyplot, save_figure
 from report.collect import Collected, PhaseTable
+from report.paper_figures import slug
 from report.sections import Section
 from report.sections.headroom import mixed_groups_per_seed, rho_text
 from report.sections.rl_gain import groups_kept_per_seed
@@ -53,10 +56,34 @@ class ReadinessPoint(NamedTuple):
 
 
 def render(grid: Grid, collected: Collected) -> Section:
-    """``## RL readiness``; metrics ``readiness``."""
-    lines, metrics = readiness_section(collected.tables, grid.cfg.rl.rollout_n,
-                                       groups_kept_per_seed(grid.models, grid.rl_variants))
-    return Section(["## RL readiness: what Table 1 predicts for RL", "", *lines], metrics={"readiness": metrics})
+    """``## RL readiness``, with one scatter plot per model of its (arm, seed) points; metrics ``readiness``."""
+    lines, metrics, points = readiness_section(collected.tables, grid.cfg.rl.rollout_n,
+                                               groups_kept_per_seed(grid.models, grid.rl_variants))
+    section = Section(["## RL readiness: what Table 1 predicts for RL", "", *lines], metrics={"readiness": metrics})
+    for model in dict.fromkeys(point.model for point in points):
+        relative = f"plots/readiness_{slug(model)}.png"
+        plot_readiness([point for point in points if point.model == model], f"{model} · RL readiness",
+                       collected.out_dir / relative)
+        section.add_output(relative, f"predicted mixed share against the RL gain per arm and seed, {model}")
+        section.lines += [f"![RL readiness, {model}]({relative})", ""]
+    return section
+
+
+def plot_readiness(points: list[ReadinessPoint], title: str, path: Path) -> None:
+    """The predicted mixed share (x) against the measured RL gain (y), one point per (arm, seed), one colour per
+    arm (:func:`report.analyses.method_colour`)."""
+    plt = pyplot()
+    figure, axes = plt.subplots(figsize=(5.6, 3.8), dpi=100)
+    for arm in dict.fromkeys(point.arm for point in points):
+        mine = [point for point in points if point.arm == arm]
+        axes.scatter([p.mixed for p in mine], [p.gain for p in mine], label=arm, color=method_colour(arm), s=24)
+    axes.axhline(0.0, color="grey", linewidth=0.8)
+    axes.set_xlabel("predicted mixed groups before RL (%)")
+    axes.set_ylabel("RL gain in Avg pass@1 (points)")
+    axes.set_title(title, fontsize=9)
+    axes.grid(True, alpha=0.3)
+    axes.legend(fontsize=7)
+    save_figure(figure, path)
 
 
 def coverage_table(before: ResultTable, group_size: int) -> ResultTable:
@@ -70,16 +97,16 @@ def coverage_table(before: ResultTable, group_size: int) -> ResultTable:
 
 
 def readiness_section(collected: dict[str, PhaseTable], group_size: int,
-                      kept: dict[tuple[int, str], dict[int, float]]) -> tuple[list[str], dict]:
-    """The module docstring's table and correlations (``kept``: (model index, variant) → seed → share of groups
-    DAPO kept, :func:`report.sections.rl_gain.groups_kept_per_seed`)."""
+                      kept: dict[tuple[int, str], dict[int, float]]) -> tuple[list[str], dict, list[ReadinessPoint]]:
+    """The module docstring's table and correlations, and the (arm, seed) points they are computed over. ``kept``:
+    (model index, variant) → seed → share of groups DAPO kept (:func:`report.sections.rl_gain.groups_kept_per_seed`)."""
     if "sft" not in collected:
-        return ["Skipped: needs Table 1 (before RL) evaluations.", ""], {}
+        return ["Skipped: needs Table 1 (before RL) evaluations.", ""], {}, []
     before = collected["sft"][0]
     if any(doc["n"] < group_size for block in before.blocks for row in block.rows
            for by_seed in row.evaluations.values() for doc in by_seed.values()):
         return [f"Skipped: some Table 1 evaluation drew fewer samples per problem than the rollout group size "
-                f"G = {group_size} (rl.rollout_n).", ""], {}
+                f"G = {group_size} (rl.rollout_n).", ""], {}, []
     coverage = coverage_table(before, group_size)
     cell = (AVERAGE, f"pass@{group_size}")
     gains = ({(m, gain.variant): gain.per_seed
@@ -129,7 +156,7 @@ def readiness_section(collected: dict[str, PhaseTable], group_size: int,
                 points.append(ReadinessPoint(block.title, row.label, seed, mixed[seed], versus_base, gain[seed]))
     lines.append("")
     if not gains:
-        return lines + ["The correlation with the RL gain needs Table 2 (after RL) evaluations.", ""], metrics
+        return lines + ["The correlation with the RL gain needs Table 2 (after RL) evaluations.", ""], metrics, []
     correlations = {}
     for name in ("mixed", "coverage_vs_base"):
         having = [p for p in points if getattr(p, name) is not None]
@@ -146,4 +173,4 @@ def readiness_section(collected: dict[str, PhaseTable], group_size: int,
         if not math.isnan(rho.estimate.low):
             metrics[f"spearman_{name} 95% arms"] = [rho.estimate.low, rho.estimate.high]
     metrics["points"], metrics["arms"] = len(points), arms
-    return lines, metrics
+    return lines, metrics, points

@@ -73,7 +73,8 @@ def test_coverage_and_predicted_group_shares_per_start(tmp_path):
 
 
 def test_the_mixed_share_is_correlated_with_the_rl_gain_over_arms_and_seeds(tmp_path):
-    metrics = readiness.render(*build(tmp_path)).metrics["readiness"]
+    section = readiness.render(*build(tmp_path))
+    metrics = section.metrics["readiness"]
     mixed = {variant: 100 * (1 - (sum(map(all_wrong, c)) + sum(map(all_right, c))) / PROBLEMS)
              for variant, c in BEFORE.items()}
     gains = {"base": [12.5, 12.5], "sft": [0.0, 0.0], "eksft": [12.5, 25.0]}
@@ -82,11 +83,16 @@ def test_the_mixed_share_is_correlated_with_the_rl_gain_over_arms_and_seeds(tmp_
     assert metrics["points"] == 6 and metrics["arms"] == 3
     assert metrics["spearman_mixed"] == pytest.approx(expected.estimate.mean)
     assert metrics["spearman_mixed 95% arms"] == pytest.approx([expected.estimate.low, expected.estimate.high])
+    # the points the correlation is computed over, plotted (one figure per model)
+    assert list(section.files) == ["plots/readiness_Toy-Qwen3-0.8M.png"]
+    (plot,) = tmp_path.glob("*/report/plots/readiness_Toy-Qwen3-0.8M.png")
+    assert plot.stat().st_size > 0
+    assert "![RL readiness, Toy-Qwen3-0.8M](plots/readiness_Toy-Qwen3-0.8M.png)" in section.lines
 
 
 def test_without_rl_evaluations_the_levels_alone_and_with_too_few_samples_skipped(tmp_path):
     section = readiness.render(*build(tmp_path / "sft_only", phases=("sft",)))
     assert "The correlation with the RL gain needs Table 2 (after RL) evaluations." in section.lines
-    assert "spearman_mixed" not in section.metrics["readiness"]
+    assert "spearman_mixed" not in section.metrics["readiness"] and not section.files
     section = readiness.render(*build(tmp_path / "few", phases=("sft",), n=2))
     assert section.lines[2].startswith("Skipped: some Table 1 evaluation drew fewer samples per problem than")
