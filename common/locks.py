@@ -58,6 +58,8 @@ def live_holder(directory: str | Path) -> dict | None:
     try:
         started = psutil.Process(int(holder["pid"])).create_time()
         since = time.mktime(time.strptime(holder["since"], "%Y-%m-%d %H:%M:%S"))
+    except psutil.AccessDenied:  # it exists, and its start cannot be read: taken as the holder
+        return holder
     except (psutil.NoSuchProcess, KeyError, TypeError, ValueError):
         return None
     return holder if started <= since + 1 else None

@@ -119,8 +119,8 @@ def method(evaluation: Path, experiment_dir: Path, pool_seeds: bool) -> str:
     if not upstream:
         return name
     rl_run = read_manifest(model_folder(upstream, experiment_dir, evaluation))
-    return name + algorithm_suffix(((rl_run.config.get("rl") or {}) if rl_run else {}).get("algorithm",
-                                                                                          RLConfig.algorithm))
+    algorithm = ((rl_run.config if rl_run else {}).get("rl") or {}).get("algorithm", RLConfig.algorithm)
+    return name + algorithm_suffix(algorithm)
 
 
 def table(experiment_dir: Path, phase: str | None, benchmark: str | None, pool_seeds: bool = False) -> str:
