@@ -35,8 +35,9 @@ logits in place: on a GPU the copy is the cast from bf16, on a CPU the matmul's 
 median seconds (after one untimed call, which compiles; the candidates timed in rounds of one call each, so that a
 shared machine's load weighs on all alike), the peak memory it allocates beyond its inputs (CUDA:
 ``torch.cuda.max_memory_allocated``; CPU: the allocation events of ``torch.profiler``, as
-``bench.sft_memory_estimate`` counts them), and its largest deviation of value and gradient from :func:`chunk_objective` in fp64 (autograd in fp64; the
-trainer's closed forms equal it: tests/unit/test_pass_b_candidates.py).
+``bench.sft_memory_estimate`` counts them), and its largest deviation of value and gradient from
+:func:`chunk_objective` in fp64 (autograd in fp64; the trainer's closed forms equal it:
+tests/unit/test_pass_b_candidates.py).
 """
 from __future__ import annotations
 

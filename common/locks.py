@@ -46,10 +46,13 @@ def live_holder(directory: str | Path) -> dict | None:
     moment is never refused. On this host the PID must exist and have started by the record's ``since`` (a PID reused
     later is not the holder); a holder on another host cannot be checked from here and counts as live."""
     try:
-        text = (Path(directory) / DirectoryLock.FILE_NAME).read_text(encoding="utf-8", errors="replace").strip()
-        holder = json.loads(text) if text else {}
-    except (OSError, ValueError):
+        fd = os.open(Path(directory) / DirectoryLock.FILE_NAME, os.O_RDONLY)
+    except OSError:
         return None
+    try:
+        holder = _read_holder(fd)
+    finally:
+        os.close(fd)
     if not holder:
         return None
     if holder.get("host") != socket.gethostname():

@@ -47,7 +47,7 @@ from common.config.toy import (  # noqa: E402
 )
 from common.errors import user_errors_in_one_line  # noqa: E402
 from common.forks import FORK_ENTROPY, best_strategy_key, summarize  # noqa: E402
-from common.manifest import read_manifest  # noqa: E402
+from common.manifest import Manifest, read_manifest  # noqa: E402
 from toy.forking import solution_strategy  # noqa: E402
 from toy.arithmetic import STYLES, solution_style  # noqa: E402
 
@@ -107,14 +107,13 @@ RUN_ID_SUFFIX = re.compile(r"-[0-9a-f]{8}$")
 """The run id that ends an evaluation's variant folder (``sft-9210f287``): one per seed."""
 
 
-def method(evaluation: Path, experiment_dir: Path, pool_seeds: bool) -> str:
+def method(evaluation: Path, evaluated: Manifest | None, experiment_dir: Path, pool_seeds: bool) -> str:
     """The evaluation's variant folder (its run id dropped with ``pool_seeds``), followed for an evaluation of an RL
     run made with an algorithm other than DAPO by ``+<algorithm>`` (:func:`common.config.rl.algorithm_suffix`), read
-    from that run's manifest: the points of an ``rl/algorithm`` sweep start from the same runs and share their
-    variant names, so without it their evaluations would be pooled as one method."""
+    from that run's manifest (``evaluated``: the evaluation's own): the points of an ``rl/algorithm`` sweep start from
+    the same runs and share their variant names, so without it their evaluations would be pooled as one method."""
     phase, variant = evaluation.parent.parent.name, evaluation.parent.name
     name = RUN_ID_SUFFIX.sub("", variant) if pool_seeds else variant
-    evaluated = read_manifest(evaluation)
     upstream = (evaluated.details.get("model") or {}).get("upstream_run") if phase == "rl" and evaluated else None
     if not upstream:
         return name
@@ -130,7 +129,7 @@ def table(experiment_dir: Path, phase: str | None, benchmark: str | None, pool_s
         model, file_phase, _, file_benchmark = samples_file.parent.parts[-4:]
         if (phase and file_phase != phase) or (benchmark and file_benchmark != benchmark):
             continue
-        variant = method(samples_file.parent, experiment_dir, pool_seeds)
+        variant = method(samples_file.parent, read_manifest(samples_file.parent), experiment_dir, pool_seeds)
         groups.setdefault((model, file_phase, variant, file_benchmark), []).append(
             style_mix(samples_file, world_of(file_benchmark)))
     rows: dict[str, list[str]] = {world: [] for world in CLASSES}
@@ -185,7 +184,7 @@ def fork_table(experiment_dir: Path, phase: str | None, measure: Callable[[str],
         manifest = read_manifest(manifest_file.parent)
         if not manifest.complete:
             continue
-        key = (model, file_phase, method(manifest_file.parent, experiment_dir, pool_seeds=True))
+        key = (model, file_phase, method(manifest_file.parent, manifest, experiment_dir, pool_seeds=True))
         models.setdefault(key, set()).add(
             model_folder(manifest.details["model"]["path"], experiment_dir, manifest_file.parent))
     if not models:
