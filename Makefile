@@ -202,5 +202,6 @@ bench:
 	$(call python_of,$(BENCH_STACK)) -m bench.head_grad_accuracy $(if $(findstring cuda,$(ARGS)),--device cuda,)
 	$(call python_of,$(BENCH_STACK)) -m bench.vllm_vs_hf $(ARGS)
 
+## Removes runs/demo, refused while a live process (the demo's orchestrator, a stage) uses it (pipeline/clean.py).
 clean-demo:
-	rm -rf runs/demo
+	$(if $(wildcard $(CPU_PY)),$(CPU_PY) -m pipeline.clean runs/demo,rm -rf runs/demo)

@@ -266,25 +266,34 @@ def check_force(plan: list[StageCommand], patterns: list[str] | tuple[str, ...])
 
 def check_force_in_use(plan: list[StageCommand], patterns: list[str] | tuple[str, ...], run_root: str | Path) -> None:
     """Raises :class:`ConfigError` when a run that ``force`` would restart is written, or read as an input, by a live
-    stage process anywhere under ``run_root`` (a ``running`` manifest whose folder lock is held,
-    :func:`common.locks.live_holder`). Restarting it under that process loses work: a reader's run, finished on the
-    old input, is redone from scratch at its next launch; a writer's ``complete`` overwrites the restart mark."""
-    forced = {os.path.realpath(run.directory) for command in plan if force_patterns(command, patterns)
-              for run in command.runs}
-    if not forced:
-        return
-    in_use = []
-    for folder, manifest in running_runs(run_root):
-        written = forced & {os.path.realpath(folder)}
-        read = forced & {os.path.realpath(record["path"]) for record in manifest.inputs.values() if "path" in record}
-        holder = (written or read) and live_holder(folder)
-        if holder:
-            what = f"written by {folder}" if written else f"read by {folder}"
-            in_use += [f"{run} ({what}: {describe_holder(holder, command=False)})" for run in sorted(written | read)]
-    if in_use:
+    stage process anywhere under ``run_root`` (:func:`live_uses`). Restarting it under that process loses work: a
+    reader's run, finished on the old input, is redone from scratch at its next launch; a writer's ``complete``
+    overwrites the restart mark."""
+    forced = [run.directory for command in plan if force_patterns(command, patterns) for run in command.runs]
+    if forced and (in_use := live_uses(run_root, forced)):
         raise ConfigError(f"force={list(patterns)} would restart runs that live stage processes use: "
                           f"{'; '.join(in_use)}; restarting them now loses that work. Wait for those processes to "
                           "end (or stop them), or use another experiment.run_root")
+
+
+def live_uses(run_root: str | Path, folders: list[str | Path]) -> list[str]:
+    """One line per use of ``folders`` (or of anything inside one) by a live stage process under ``run_root``: a
+    ``running`` run it writes there, or an input it reads from there, while its folder lock is held
+    (:func:`common.locks.live_holder`)."""
+    roots = [os.path.realpath(folder) for folder in folders]
+
+    def used(path: str | Path) -> str | None:
+        real = os.path.realpath(path)
+        return real if any(real == root or real.startswith(root + os.sep) for root in roots) else None
+
+    uses = []
+    for folder, manifest in running_runs(run_root):
+        inputs = [record["path"] for record in manifest.inputs.values() if "path" in record]
+        paths = sorted({used(path) for path in [folder, *inputs]} - {None})
+        if paths and (holder := live_holder(folder)):
+            what = f"written by {folder}" if used(folder) else f"read by {folder}"
+            uses += [f"{path} ({what}: {describe_holder(holder, command=False)})" for path in paths]
+    return uses
 
 
 def _eval_commands(cfg: Config, overrides: list[str], phase: str, evaluated: list[Arm],

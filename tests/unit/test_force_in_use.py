@@ -1,4 +1,5 @@
-"""``force`` refuses to restart a run that a live stage process writes or reads (``check_force_in_use``), and
+"""``force`` refuses to restart a run that a live stage process writes or reads (``check_force_in_use``),
+``make clean-demo`` refuses to remove an experiment folder a live process uses (``pipeline.clean``), and
 ``live_holder`` tells a held lock from one whose holder has ended."""
 from __future__ import annotations
 
@@ -14,8 +15,10 @@ from pathlib import Path
 import pytest
 
 from common.config import ConfigError, compose
-from common.locks import DirectoryLock, live_holder
+from common.errors import UserError
+from common.locks import DirectoryLock, LockHeld, live_holder
 from common.manifest import read_manifest
+from pipeline.clean import remove_experiment
 from pipeline.run import run
 from pipeline.stages import build_plan
 
@@ -105,3 +108,26 @@ def test_force_refuses_a_run_that_a_live_stage_writes(tmp_path, stage_process):
     process = stage_process(data_dir, tmp_path / "elsewhere")
     with pytest.raises(ConfigError, match=rf"{data_dir} \(written by {data_dir}: PID {process.pid} on host"):
         run(compose([*overrides, "force=[data]"]), [])
+
+
+def test_clean_refuses_an_experiment_folder_a_live_process_uses_and_removes_it_after(tmp_path, stage_process):
+    # make clean-demo was `rm -rf runs/demo`, even while the demo ran there.
+    demo = tmp_path / "demo"
+    assert remove_experiment(demo) is False  # nothing there
+    (demo / "sft" / "toy").mkdir(parents=True)
+    with DirectoryLock(demo, "orchestrator of experiment demo"):
+        with pytest.raises(LockHeld, match="orchestrator of experiment demo"):
+            remove_experiment(demo)
+    writer = stage_process(demo / "sft" / "toy" / "sft-writer", tmp_path / "cache" / "base")
+    with pytest.raises(UserError, match=f"sft-writer.*written by .*PID {writer.pid}"):
+        remove_experiment(demo)
+    writer.kill()
+    writer.wait()
+    reader = stage_process(tmp_path / "own_data" / "sft" / "toy" / "sft-reader", demo / "sft" / "toy" / "sft-writer")
+    with pytest.raises(UserError, match=f"read by .*sft-reader.*PID {reader.pid}"):
+        remove_experiment(demo)
+    assert (demo / "sft" / "toy").is_dir()
+    reader.kill()
+    reader.wait()
+    assert remove_experiment(demo) is True
+    assert not demo.exists()
