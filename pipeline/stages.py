@@ -288,10 +288,11 @@ def live_uses(run_root: str | Path, folders: list[str | Path]) -> list[str]:
 
     uses = []
     for folder, manifest in running_runs(run_root):
-        inputs = [record["path"] for record in manifest.inputs.values() if "path" in record]
-        paths = sorted({used(path) for path in [folder, *inputs]} - {None})
+        written = used(folder)
+        read = {used(record["path"]) for record in manifest.inputs.values() if "path" in record}
+        paths = sorted(({written} | read) - {None})
         if paths and (holder := live_holder(folder)):
-            what = f"written by {folder}" if used(folder) else f"read by {folder}"
+            what = f"written by {folder}" if written else f"read by {folder}"
             uses += [f"{path} ({what}: {describe_holder(holder, command=False)})" for path in paths]
     return uses
 
