@@ -254,6 +254,10 @@ NO_SPREAD = math.nan
 there is no p, neither 0 nor 1 (:func:`no_spread` tests for it; the tables print "no spread")."""
 
 
+ROUNDING = 1e-9
+"""The relative spread :func:`seed_t_test` reads as rounding, far below the step of any mean of pass@k values."""
+
+
 def no_spread(p_value: float | None) -> bool:
     """Whether ``p_value`` is :data:`NO_SPREAD` (per-seed values without spread: the t-test is undefined)."""
     return p_value is not None and math.isnan(p_value)
@@ -262,12 +266,14 @@ def no_spread(p_value: float | None) -> bool:
 def seed_t_test(per_seed: Sequence[float]) -> float | None:
     """Two-sided p of the one-sample t-test of mean 0 over the per-seed values (for a paired difference: the
     per-seed differences), ``t = mean / (sd / √S)`` with S − 1 degrees of freedom; None with fewer than 2 seeds, and
-    :data:`NO_SPREAD` when the values are all equal (sd = 0: t is x/0 or 0/0, and the test says nothing)."""
+    :data:`NO_SPREAD` when the values are all equal (sd = 0: t is x/0 or 0/0, and the test says nothing). Equal
+    means equal up to rounding, sd ≤ :data:`ROUNDING` · max(1, |mean|): per-seed means computed from counts can
+    differ in the last bits where the counts agree."""
     values = np.asarray(per_seed, dtype=float)
     if len(values) < 2:
         return None
     mean, sd = float(values.mean()), float(values.std(ddof=1))
-    if sd == 0:
+    if sd <= ROUNDING * max(1.0, abs(mean)):
         return NO_SPREAD
     return student_t_tail(mean / (sd / math.sqrt(len(values))), len(values) - 1)
 

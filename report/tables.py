@@ -44,6 +44,7 @@ from eval.intervals import (
     value_matrix,
 )
 from common.grid import top_level_unit
+from common.paths import BASE_VARIANT
 
 PAPER_TABLES = Path(__file__).with_name("paper_tables.json")
 AVERAGE = "Avg"
@@ -191,9 +192,18 @@ def _seed_level_delta(row: Row, cell: tuple[str, str], seeds: Sequence, groups: 
                       reference: Sequence[np.ndarray]) -> None:
     """The seed-level t-interval and t-test p of ``row``'s paired difference in ``cell`` (two or more top-level
     units, :func:`unit_means`)."""
+    if (tested := seed_level_difference(seeds, groups, reference)) is not None:
+        row.delta_seed[cell], row.delta_p[cell] = tested
+
+
+def seed_level_difference(seeds: Sequence, groups: Sequence[np.ndarray],
+                          reference: Sequence[np.ndarray]) -> tuple[Estimate, float | None] | None:
+    """The seed-level t-interval and two-sided t-test p of the paired difference ``groups − reference`` in points,
+    over its per-seed values averaged within each top-level unit (:func:`unit_means`); None below two units."""
     differences = unit_means(100 * (per_seed_means(groups) - per_seed_means(reference)), seeds)
-    if (seed_level := seed_t_interval(differences)) is not None:
-        row.delta_seed[cell], row.delta_p[cell] = seed_level, seed_t_test(differences)
+    if (seed_level := seed_t_interval(differences)) is None:
+        return None
+    return seed_level, seed_t_test(differences)
 
 
 def endpoint_cell(endpoint: str) -> tuple[str, str]:
@@ -244,10 +254,18 @@ class Gain:
     """The seed-level 95% t-interval of ``versus_reference`` over the per-seed differences in differences."""
     versus_p: float | None = None
     """Two-sided p of the t-test of ``versus_reference`` = 0 over those per-seed values, unadjusted."""
+    versus_control: Estimate | None = None
+    """The arm's level after RL − the control's (Base + DAPO, ``experiment.rl_from_base``) in the same Avg cell of
+    Table 2, paired on the seeds and problems both evaluated: does the arm end above RL from the base model? None for
+    the control itself or without one."""
+    versus_control_seed: Estimate | None = None
+    """The seed-level 95% t-interval of ``versus_control`` over its per-seed differences."""
+    versus_control_p: float | None = None
+    """Two-sided p of the t-test of ``versus_control`` = 0 over those per-seed values, unadjusted (exploratory)."""
 
 
-def rl_gains(before: ResultTable, after: ResultTable, metric: str,
-             reference_variant: str = REFERENCE_VARIANT) -> list[tuple[str, list[Gain]]]:
+def rl_gains(before: ResultTable, after: ResultTable, metric: str, reference_variant: str = REFERENCE_VARIANT,
+             control_variant: str = BASE_VARIANT) -> list[tuple[str, list[Gain]]]:
     """Per block (model): the :class:`Gain` in ``metric`` of every Table 2 row whose variant has a Table 1 row,
     in Table 2's order. Each bootstrap replicate is linear in the values, so a gain's replicates are those of the
     per-(seed, problem) differences ``after − before``."""
@@ -258,6 +276,7 @@ def rl_gains(before: ResultTable, after: ResultTable, metric: str,
         pre_rl = {row.variant: row for row in block_before.rows}
         pairs = [(row, pre_rl[row.variant]) for row in block_after.rows if row.variant in pre_rl]
         reference = next(((a, b) for a, b in pairs if a.variant == reference_variant), None)
+        control = next((row for row in block_after.rows if row.variant == control_variant), None)
         gains = []
         for row_after, row_before in pairs:
             found = _groups([row_after, row_before], columns, k)
@@ -274,11 +293,17 @@ def rl_gains(before: ResultTable, after: ResultTable, metric: str,
                     mine = [a - b for a, b in zip(mine_after, mine_before)]
                     theirs = [a - b for a, b in zip(theirs_after, theirs_before)]
                     versus = paired_difference(mine, theirs).scaled(100)
-                    in_differences = unit_means(100 * (per_seed_means(mine) - per_seed_means(theirs)), shared[0])
-                    versus_seed, versus_p = seed_t_interval(in_differences), seed_t_test(in_differences)
+                    versus_seed, versus_p = seed_level_difference(shared[0], mine, theirs) or (None, None)
+            versus_control = versus_control_seed = versus_control_p = None
+            if control is not None and row_after is not control:
+                levels = _groups([row_after, control], columns, k)
+                if levels is not None:
+                    versus_control = paired_difference(*levels[1]).scaled(100)
+                    versus_control_seed, versus_control_p = seed_level_difference(levels[0], *levels[1]) or (None, None)
             gains.append(Gain(row_after.label, row_after.variant, estimate(differences).scaled(100), versus,
                               {seed: float(value) for seed, value in zip(seeds, per_seed)},
-                              seed_t_interval(unit_means(per_seed, seeds)), versus_seed, versus_p))
+                              seed_t_interval(unit_means(per_seed, seeds)), versus_seed, versus_p,
+                              versus_control, versus_control_seed, versus_control_p))
         result.append((block_after.title, gains))
     return result
 

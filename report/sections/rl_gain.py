@@ -1,5 +1,6 @@
-"""The RL gain of every RL arm (Table 2 − Table 1, paired), that gain minus SFT's, and the share of the prompt groups
-DAPO kept (:func:`report.tables.rl_gains`, :func:`common.tracking.dapo_groups_kept`)."""
+"""The RL gain of every RL arm (Table 2 − Table 1, paired), that gain minus SFT's, its level after RL against Base +
+DAPO's (the control), and the share of the prompt groups DAPO kept (:func:`report.tables.rl_gains`,
+:func:`common.tracking.dapo_groups_kept`)."""
 from __future__ import annotations
 
 from report.analyses.iou import read_metrics_log
@@ -19,7 +20,7 @@ from report.tables import (
     signed_estimate,
 )
 from common.grid import Grid, ModelGrid
-from common.paths import RL_DISCARDED_GROUPS, RL_GROUPS_KEPT, TRAINING_METRICS_FILE
+from common.paths import BASE_VARIANT, RL_DISCARDED_GROUPS, RL_GROUPS_KEPT, TRAINING_METRICS_FILE
 from common.tracking import dapo_groups_kept
 
 
@@ -36,9 +37,9 @@ def rl_gain_section(collected: dict[str, PhaseTable], kept: dict[tuple[int, str]
     problems, and that gain minus SFT's (:func:`report.tables.rl_gains`), each with its seed-level t-interval; the
     ``Δ vs SFT`` of ``arms`` in ``endpoints`` (``report.primary_endpoints.rl_gain``) are primary comparisons with
     Holm-adjusted p-values (:func:`report.tables.primary_gains`), the others exploratory. Each gain stands beside the
-    arm's levels before and after RL (its Avg cells in Table 1 and Table 2: a gain alone hides where it ends). Beside
-    them the share of
-    the prompt groups DAPO kept in the arm's RL runs (``kept``: (model index, variant) → seed → share,
+    arm's levels before and after RL (its Avg cells in Table 1 and Table 2: a gain alone hides where it ends) and,
+    where the grid runs DAPO from the base model, the level after RL minus that control's (exploratory). Beside them
+    the share of the prompt groups DAPO kept in the arm's RL runs (``kept``: (model index, variant) → seed → share,
     :func:`groups_kept_per_seed`)."""
     if "sft" not in collected or "rl" not in collected:
         return ["Skipped: needs both Table 1 (before RL) and Table 2 (after RL) evaluations.", ""], {}
@@ -46,14 +47,21 @@ def rl_gain_section(collected: dict[str, PhaseTable], kept: dict[tuple[int, str]
     by_metric = {metric: rl_gains(before, after, metric) for metric in after.metrics}
     primary = primary_gains(by_metric, endpoints, arms)
     first = after.metrics[0]
+    controls = {gain.label for blocks in by_metric.values() for _, gains in blocks for gain in gains
+                if gain.variant == BASE_VARIANT}
+    control = f"Δ after RL vs {' / '.join(sorted(controls))} + DAPO" if controls else None
     lines = [f"Table 2 − Table 1 of the same arm, Avg column, in points: mean [95% interval] over the seeds and "
              f"problems both evaluated, paired (same resamples); <sub>{delta_label(after)}</sub>: that gain minus "
              f"{after.reference}'s gain, paired on the seeds all four evaluations share.", "", INTERVALS_LEGEND, "",
+             *([f"{control} (the control, exploratory): the arm's Table 2 level minus RL from the base model's, "
+                "paired on the seeds both evaluated; a larger gain from a lower start can still end below it.", ""]
+               if control else []),
              primary_gains_note(primary, endpoints), "",
              "| model | arm | seeds | " + " | ".join(f"Avg {metric} before → after RL | RL gain in Avg {metric} | "
-                                                      f"{delta_label(after)}" for metric in after.metrics)
+                                                      f"{delta_label(after)}" + (f" | {control}" if control else "")
+                                                      for metric in after.metrics)
              + f" | {first} gain per seed | groups DAPO kept |",
-             "|---|---|:---:|" + ":---:|:---:|:---:|" * len(after.metrics) + ":---:|:---:|"]
+             "|---|---|:---:|" + (":---:|" * (4 if control else 3)) * len(after.metrics) + ":---:|:---:|"]
     metrics = {}
     for m, blocks in enumerate(zip(*by_metric.values())):  # one model: its (title, gains) under each metric
         title = blocks[0][0]
@@ -66,6 +74,9 @@ def rl_gain_section(collected: dict[str, PhaseTable], kept: dict[tuple[int, str]
                           signed_estimate(gain.gain, gain.seed_interval),
                           MISSING if versus is None else signed_estimate(versus, gain.versus_seed)
                           + comparison_text(primary, key)]
+                if control:
+                    cells.append(MISSING if gain.versus_control is None else
+                                 signed_estimate(gain.versus_control, gain.versus_control_seed))
                 metrics[f"{title}/{gain.label}/{metric}"] = {
                     "before": levels[0], "after": levels[1],
                     "gain": gain.gain.mean, "low": gain.gain.low, "high": gain.gain.high,
@@ -73,7 +84,13 @@ def rl_gain_section(collected: dict[str, PhaseTable], kept: dict[tuple[int, str]
                     **({"seed_t": [gain.seed_interval.low, gain.seed_interval.high]} if gain.seed_interval else {}),
                     **({"versus_seed_t": [gain.versus_seed.low, gain.versus_seed.high], "versus_p_t": p_value_record(gain.versus_p)}
                        if gain.versus_seed else {}),
-                    **({"versus_p_holm": p_value_record(primary[key])} if key in primary else {})}
+                    **({"versus_p_holm": p_value_record(primary[key])} if key in primary else {}),
+                    **({"versus_control": gain.versus_control.mean,
+                        "versus_control_interval": [gain.versus_control.low, gain.versus_control.high]}
+                       if gain.versus_control else {}),
+                    **({"versus_control_seed_t": [gain.versus_control_seed.low, gain.versus_control_seed.high],
+                        "versus_control_p_t": p_value_record(gain.versus_control_p)}
+                       if gain.versus_control_seed else {})}
             per_seed = ", ".join(f"{seed}: {value:+.1f}" for seed, value in arm[0].per_seed.items())
             shares = list(kept.get((m, arm[0].variant), {}).values())
             share = f"{100 * sum(shares) / len(shares):.1f}%" if shares else MISSING

@@ -248,6 +248,11 @@ def test_report_training_curves_and_rl_headroom(tmp_path):
     assert eksft["versus_seed_t"] == pytest.approx([37.5 - 158.828, 37.5 + 158.828], abs=1e-3)
     assert eksft["versus_p_t"] == pytest.approx(1 - 2 * math.atan(3) / math.pi) and "versus_p_holm" not in eksft
     assert gains["Toy-Qwen3-0.8M/SFT/pass@1"]["versus_reference"] is None
+    # Against the control, after RL: EKSFT 100, 75 against Base + DAPO's 50, 50 -> +50, +25: 37.5, t = 3 as above.
+    assert eksft["versus_control"] == 37.5 and eksft["versus_control_interval"] == [25.0, 50.0]
+    assert eksft["versus_control_p_t"] == pytest.approx(1 - 2 * math.atan(3) / math.pi)
+    assert "versus_control" not in gains["Toy-Qwen3-0.8M/Base/pass@1"]
+    assert "| Δ vs SFT | Δ after RL vs Base + DAPO | Avg pass@" in text
     # Each gain beside both levels (issue 43): Base's Avg pass@1 0, 25 -> 12.5 before RL, 50, 50 -> 50.0 after.
     assert ("| Toy-Qwen3-0.8M | Base | 2 | 12.5 → 50.0 | +37.5 [+25.0, +50.0] ⟨−121.3, +196.3⟩ | +25.0 [+25.0, +25.0] "
             "⟨+25.0, +25.0⟩ expl. |") in text

@@ -136,6 +136,10 @@ def test_seed_t_test_reports_no_spread_instead_of_a_p_value():
     for equal in ([-15.6, -15.6, -15.6], [2.0, 2.0], [0.0, 0.0, 0.0]):
         assert no_spread(seed_t_test(equal))
     assert not no_spread(seed_t_test([1.0, 2.0, 3.0])) and not no_spread(None)
+    # Equal up to rounding: the toy report's SFT pass@8 after RL minus Base + DAPO's, per seed, is −20 on both seeds
+    # as computed from counts (sd 5e-14); an exact sd == 0 test gave p = 1.8e-16.
+    assert no_spread(seed_t_test([-20.000000000000007, -19.99999999999993]))
+    assert not no_spread(seed_t_test([-20.0, -20.0 + 1e-3]))  # a real spread, far below a pass@k mean's step
     # a no-spread comparison stays in its Holm family as p = 1 (the family keeps its size) and keeps its mark
     adjusted = holm_family({"a": 0.01, "b": NO_SPREAD, "c": 0.04, "d": None})
     assert adjusted["a"] == pytest.approx(0.03) and adjusted["c"] == pytest.approx(0.08)

@@ -170,6 +170,32 @@ def test_rl_gain_is_paired_on_the_arm_and_compared_with_the_reference_gain():
     assert sft.versus_seed is None and sft.versus_p is None
 
 
+
+def test_rl_arms_are_compared_with_rl_from_the_base_model_after_rl():
+    # One benchmark, two problems, n = 4, seeds 0 and 1. After RL: Base + DAPO 50, 75; SFT 75, 25; EKSFT 100, 50.
+    def seeds(first, second):
+        return {"A": {0: _doc(first, first, n=4), 1: _doc(second, second, n=4)}}
+
+    rows = [("Base", "base", seeds(1, 1)), ("SFT", "sft", seeds(2, 1)), ("EKSFT", "eksft", seeds(0, 0))]
+    before = ResultTable(caption="1", row_header="Method", columns=["A", "Avg"], metrics=["pass@1"],
+                         blocks=[Block("m", [Row(label, variant, evaluations=ev) for label, variant, ev in rows])])
+    rows = [("Base", "base", seeds(2, 3)), ("SFT", "sft", seeds(3, 1)), ("EKSFT", "eksft", seeds(4, 2))]
+    after = ResultTable(caption="2", row_header="Method(+DAPO)", columns=["A", "Avg"], metrics=["pass@1"],
+                        blocks=[Block("m", [Row(label, variant, evaluations=ev) for label, variant, ev in rows])])
+    (_, (base, sft, eksft)), = rl_gains(before, after, "pass@1")
+    assert base.versus_control is None and base.versus_control_seed is None  # the control itself
+    # EKSFT − Base + DAPO per seed: +50, −25 -> +12.5; the two seeds resampled span both values. Seed level
+    # (df = 1): sd 53.033, t = 12.5 / 37.5 = 1/3, p = 1 − 2 atan(1/3) / π; 12.5 ± 12.7062 · 37.5.
+    assert eksft.versus_control == Estimate(12.5, -25.0, 50.0)
+    assert eksft.versus_control_seed == Estimate(12.5, pytest.approx(12.5 - 476.483, abs=1e-3),
+                                                 pytest.approx(12.5 + 476.483, abs=1e-3))
+    assert eksft.versus_control_p == pytest.approx(1 - 2 * math.atan(1 / 3) / math.pi)
+    assert sft.versus_control == Estimate(-12.5, -50.0, 25.0)  # +25, −50
+    # Without a Base row in Table 2 (experiment.rl_from_base=false) there is no control.
+    after.blocks[0].rows = after.blocks[0].rows[1:]
+    (_, (sft, eksft)), = rl_gains(before, after, "pass@1")
+    assert sft.versus_control is None and eksft.versus_control is None
+
 def _three_seed_table() -> ResultTable:
     """One benchmark, one problem per seed, n = 4, seeds 0, 1, 2: SFT 25, 50, 75; X 50, 100, 100 (Δ +25, +50, +25);
     Y 25, 75, 100 (Δ 0, +25, +25); Base 0, 0, 0."""
