@@ -176,10 +176,10 @@ def fill_estimates(table: ResultTable, reference_variant: str = REFERENCE_VARIAN
                 if (seed_level := seed_t_interval(unit_means(means, seeds))) is not None:
                     row.seed_intervals[(column, metric)] = seed_level
                 if reference is not None and row is not reference:
-                    paired = _groups([row, reference], columns, k)
-                    if paired is not None:
-                        row.delta[(column, metric)] = paired_difference(*paired[1]).scaled(100)
-                        _seed_level_delta(row, (column, metric), paired[0], *paired[1])
+                    if (paired := paired_rows(row, reference, columns, k)) is not None:
+                        row.delta[(column, metric)], seed_level, p_value = paired
+                        if seed_level is not None:
+                            row.delta_seed[(column, metric)], row.delta_p[(column, metric)] = seed_level, p_value
 
 
 def unit_means(per_seed: np.ndarray, seeds: Sequence) -> np.ndarray:
@@ -188,12 +188,16 @@ def unit_means(per_seed: np.ndarray, seeds: Sequence) -> np.ndarray:
     return top_level_means(per_seed, [top_level_unit(seed) for seed in seeds])
 
 
-def _seed_level_delta(row: Row, cell: tuple[str, str], seeds: Sequence, groups: Sequence[np.ndarray],
-                      reference: Sequence[np.ndarray]) -> None:
-    """The seed-level t-interval and t-test p of ``row``'s paired difference in ``cell`` (two or more top-level
-    units, :func:`unit_means`)."""
-    if (tested := seed_level_difference(seeds, groups, reference)) is not None:
-        row.delta_seed[cell], row.delta_p[cell] = tested
+def paired_rows(row: Row, other: Row, columns: Sequence[str], k: int
+                ) -> tuple[Estimate, Estimate | None, float | None] | None:
+    """``row − other`` in points over ``columns`` at pass@``k``, on the seeds and problems both evaluated: the paired
+    bootstrap difference (same resamples), its seed-level t-interval and t-test p (:func:`seed_level_difference`;
+    None, None below two top-level units); None when the rows share nothing."""
+    paired = _groups([row, other], columns, k)
+    if paired is None:
+        return None
+    seeds, (mine, theirs) = paired
+    return paired_difference(mine, theirs).scaled(100), *(seed_level_difference(seeds, mine, theirs) or (None, None))
 
 
 def seed_level_difference(seeds: Sequence, groups: Sequence[np.ndarray],
@@ -294,12 +298,9 @@ def rl_gains(before: ResultTable, after: ResultTable, metric: str, reference_var
                     theirs = [a - b for a, b in zip(theirs_after, theirs_before)]
                     versus = paired_difference(mine, theirs).scaled(100)
                     versus_seed, versus_p = seed_level_difference(shared[0], mine, theirs) or (None, None)
-            versus_control = versus_control_seed = versus_control_p = None
-            if control is not None and row_after is not control:
-                levels = _groups([row_after, control], columns, k)
-                if levels is not None:
-                    versus_control = paired_difference(*levels[1]).scaled(100)
-                    versus_control_seed, versus_control_p = seed_level_difference(levels[0], *levels[1]) or (None, None)
+            has_control = control is not None and row_after is not control
+            ended = paired_rows(row_after, control, columns, k) if has_control else None
+            versus_control, versus_control_seed, versus_control_p = ended or (None, None, None)
             gains.append(Gain(row_after.label, row_after.variant, estimate(differences).scaled(100), versus,
                               {seed: float(value) for seed, value in zip(seeds, per_seed)},
                               seed_t_interval(unit_means(per_seed, seeds)), versus_seed, versus_p,

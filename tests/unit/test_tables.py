@@ -170,7 +170,6 @@ def test_rl_gain_is_paired_on_the_arm_and_compared_with_the_reference_gain():
     assert sft.versus_seed is None and sft.versus_p is None
 
 
-
 def test_rl_arms_are_compared_with_rl_from_the_base_model_after_rl():
     # One benchmark, two problems, n = 4, seeds 0 and 1. After RL: Base + DAPO 50, 75; SFT 75, 25; EKSFT 100, 50.
     def seeds(first, second):
@@ -195,6 +194,7 @@ def test_rl_arms_are_compared_with_rl_from_the_base_model_after_rl():
     after.blocks[0].rows = after.blocks[0].rows[1:]
     (_, (sft, eksft)), = rl_gains(before, after, "pass@1")
     assert sft.versus_control is None and eksft.versus_control is None
+
 
 def _three_seed_table() -> ResultTable:
     """One benchmark, one problem per seed, n = 4, seeds 0, 1, 2: SFT 25, 50, 75; X 50, 100, 100 (Δ +25, +50, +25);
