@@ -249,6 +249,7 @@ def fit(root: PolicyWithTokenLoss, optimizer: torch.optim.Optimizer,
         raise ValueError(f"the loss needs an old policy but old_policy_refresh_every is {refresh_every!r}")
     root.train()
     bar = progress(total=total_steps, initial=state.global_step, desc="sft", unit="step", enabled=show_progress)
+    unlogged_times: dict[str, float] = {}  # checkpoint saves made after the last logged line
     for step in range(state.global_step, total_steps):
         root.token_loss.begin_step(step)
         phase_times: dict[str, float] = {}
@@ -271,18 +272,22 @@ def fit(root: PolicyWithTokenLoss, optimizer: torch.optim.Optimizer,
             world_size=env.world_size, supervised_tokens=state.supervised_tokens + result.supervised_tokens,
             input_tokens=state.input_tokens + result.input_tokens, train_time_s=state.train_time_s + step_time,
             last_loss=result.loss)
-        at_epoch_end = done % order.steps_per_epoch == 0
-        if (sft.checkpoint_every and done % sft.checkpoint_every == 0) or at_epoch_end or done == total_steps:
-            started = time.perf_counter()
-            checkpointer.save(state, root, optimizer, scheduler)
-            phase_times["time/checkpoint_s"] = time.perf_counter() - started
         peak = max_over_ranks(peak_memory_gib(env), env)
         if done % log_every == 0 or done == total_steps:
             logger.log(done, {"loss": result.loss, "grad_norm": result.grad_norm, "lr": lr,
                               "epoch": done / order.steps_per_epoch, "supervised_tokens": result.supervised_tokens,
                               "input_tokens": result.input_tokens, "tokens_per_s": result.input_tokens / step_time,
-                              "time/step_s": step_time, "peak_memory_gib": peak, **phase_times,
+                              "time/step_s": step_time, "peak_memory_gib": peak, **unlogged_times, **phase_times,
                               **{sft_stat_key(k): v for k, v in result.metrics.items()}})
+            unlogged_times = {}
+        # The step's line is written before its checkpoint: a resume from that checkpoint keeps the lines up to it,
+        # so a crash between the two must not leave the step without its line. The save is timed on the next line.
+        at_epoch_end = done % order.steps_per_epoch == 0
+        if (sft.checkpoint_every and done % sft.checkpoint_every == 0) or at_epoch_end or done == total_steps:
+            started = time.perf_counter()
+            checkpointer.save(state, root, optimizer, scheduler)
+            unlogged_times["time/checkpoint_s"] = \
+                unlogged_times.get("time/checkpoint_s", 0.0) + time.perf_counter() - started
         bar.set_postfix(loss=f"{result.loss:.4f}", lr=f"{lr:.2e}", refresh=False)
         bar.update(1)
     bar.close()

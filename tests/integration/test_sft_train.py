@@ -20,7 +20,7 @@ from common.paths import TRAINING_METRICS_FILE, hf_export_dir, sft_dir
 from common.tracking import read_metrics
 import sft.train
 from sft.train import run
-from sft.checkpoint import CHECKPOINTS_DIR, TRAINER_STATE_FILE, ResumeError
+from sft.checkpoint import CHECKPOINTS_DIR, TRAINER_STATE_FILE, Checkpointer, ResumeError
 from sft.trainer import TrainSummary
 from sft_helpers import HEADS, build_tiny_model, final_weights, kill_after_checkpoint, prepare_run, run_torchrun
 
@@ -48,8 +48,9 @@ def reference(tmp_path_factory, model_dir):
 
 
 TIED_HEAD_ONLY = pytest.mark.parametrize("model_dir", ["tied"], indirect=True)
-"""The 2-rank and SIGKILL launches on the tied head only: tests/e2e/test_sft_train_untied.py runs them on the untied
-one, whose checkpoints and 2-rank loading the in-process tests here and tests/integration/test_sharded_load.py cover."""
+"""The 2-rank, SIGKILL and crash launches on the tied head only: tests/e2e/test_sft_train_untied.py runs the first two
+on the untied one, whose checkpoints and 2-rank loading the in-process tests here and
+tests/integration/test_sharded_load.py cover."""
 
 
 def losses(cfg) -> list[float]:
@@ -72,6 +73,8 @@ def test_reference_run_trains_every_step_and_checkpoints_epoch_ends(reference):
     assert [r["step"] for r in records] == list(range(1, 9))
     # PSFT logs its clip statistics; the refresh is timed apart from the step (steps 1, 4, 7 refresh)
     assert [r["step"] for r in records if "time/old_policy_refresh_s" in r] == [1, 4, 7]
+    # a save is timed on the line after its step's (the line goes first): saves after steps 3, 4, 6 and 8
+    assert [r["step"] for r in records if "time/checkpoint_s" in r] == [4, 5, 7]
     assert all(key in records[0] for key in ("grad_norm", "lr", "tokens_per_s", "peak_memory_gib", "time/step_s"))
 
 
@@ -103,6 +106,36 @@ def test_sigkill_then_resume_matches_uninterrupted(tmp_path, model_dir, referenc
     assert manifest.details["steps_this_launch"] == 8 - manifest.details["resumed_from_step"]
     assert losses(cfg) == pytest.approx(ref_losses, abs=1e-6)
     assert_same_weights(final_weights(cfg), ref_weights, atol=1e-6)
+
+
+class Killed(RuntimeError):
+    """The process dies here."""
+
+
+@TIED_HEAD_ONLY
+def test_crash_right_after_a_checkpoint_keeps_that_steps_metrics_line(tmp_path, model_dir, reference, monkeypatch):
+    """The SIGKILL test's race made deterministic: the process dies as soon as checkpoint 3 is complete. The resumed
+    run starts after step 3, so step 3's metrics line must already be in metrics.jsonl (it was lost, and the run
+    ended with 7 lines for 8 steps)."""
+    _, _, _, _, ref_losses = reference
+    cfg, overrides = prepare_run(tmp_path, model_dir, NUM_ROWS, **RUN)
+    save = Checkpointer.save
+
+    def save_then_die(self, state, *args):
+        path = save(self, state, *args)
+        if state.global_step == 3:
+            raise Killed
+        return path
+
+    monkeypatch.setattr(Checkpointer, "save", save_then_die)
+    with pytest.raises(Killed):
+        run(cfg)
+    monkeypatch.undo()
+
+    manifest = run(compose(overrides))
+    assert manifest.complete and manifest.details["resumed_from_step"] == 3
+    assert [r["step"] for r in read_metrics(sft_dir(cfg) / TRAINING_METRICS_FILE)] == list(range(1, 9))
+    assert losses(cfg) == pytest.approx(ref_losses, abs=1e-6)
 
 
 def crashed_copy(reference_cfg, tmp_path: Path, keep_up_to_step: int):
