@@ -490,7 +490,8 @@ class SFTConfig:
     frozen_dtype: str = field(default="fp32", metadata=IDENTITY_WHEN_SET)
     """fp32 or bf16: storage of the frozen reference, its cached head and PSFT's old policy (``sft.policy.freeze``).
     Under bf16 mixed precision on a GPU FSDP2 casts them to bf16 for every forward anyway, so bf16 changes no number
-    there and saves 2 bytes per parameter."""
+    there and saves 2 bytes per parameter. Elsewhere (a CPU, fp32) the policy computes with weights the bf16 models
+    do not hold: EKSFT's KL at step 0 is rounding (~1e-6 nats), not 0, and it draws the first KL masks."""
     lora: LoRAConfig = field(default_factory=LoRAConfig, metadata=IDENTITY_WHEN_SET)
     """LoRA adapters instead of full fine-tuning (off by default)."""
     reference_cache: bool = False

@@ -11,7 +11,8 @@ import weakref
 import pytest
 import torch
 
-from bench.sft_step_time import build_trainer, parse_args, release, static_bytes_per_parameter
+from bench.sft_step_time import (SIZES, build_trainer, parse_args, random_micro_batches, release,
+                                 static_bytes_per_parameter)
 from bench.tiny_model import random_qwen3
 from common.config.sft import SFT_METHOD_SCHEMAS, EKSFTMethod
 from sft.distributed import close_distributed, init_distributed
@@ -101,6 +102,27 @@ def test_an_eksft_trainer_with_a_bf16_reference_holds_14_bytes_per_parameter():
     try:
         assert static_bytes_per_parameter(tiny_args(frozen_dtype="fp32"), env) == pytest.approx(16.0)
         assert static_bytes_per_parameter(tiny_args(frozen_dtype="bf16"), env) == pytest.approx(14.0)
+    finally:
+        close_distributed(env)
+
+
+def test_a_bf16_reference_is_not_the_fp32_policy_at_step_0_on_a_cpu():
+    """``sft.frozen_dtype=bf16`` changes no number on a GPU, where FSDP2 computes the policy from bf16 casts of its
+    weights too; on a CPU the fp32 policy computes with weights the bf16 reference does not hold, so EKSFT's KL at
+    step 0 is rounding and its KL mask picks tokens by it. An fp32 reference gives exactly 0 and an empty KL mask."""
+    env = init_distributed("cpu")
+    try:
+        kl = {}
+        for frozen_dtype in ("fp32", "bf16"):
+            args = tiny_args(frozen_dtype=frozen_dtype)
+            root, _, _ = build_trainer(EKSFTMethod(), args, env)
+            with torch.no_grad():
+                metrics = root(**random_micro_batches(args, SIZES[args.size][-1], env.device)[0]).metrics
+            kl[frozen_dtype] = float(metrics["kl_mean_rest"]), float(metrics["num_M_KL"])
+            del root
+            release(env)
+        assert kl["fp32"] == (0.0, 0.0)
+        assert 0 < kl["bf16"][0] < 1e-3 and kl["bf16"][1] > 0
     finally:
         close_distributed(env)
 
