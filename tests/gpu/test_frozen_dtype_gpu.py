@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bench.sft_step_time import SIZES, build_trainer, parse_args, random_micro_batches, release
-from common.config.sft import EKSFTMethod
+from bench.sft_step_time import parse_args
 from sft.distributed import close_distributed, init_distributed
+from sft_helpers import step_zero_kl
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (make test-gpu)")]
@@ -20,11 +20,6 @@ def test_a_bf16_reference_is_the_bf16_policy_at_step_0():
         for frozen_dtype in ("fp32", "bf16"):
             args = parse_args(["--device", "cuda", "--mixed-precision", "bf16", "--frozen-dtype", frozen_dtype,
                                "--seq-len", "64", "--micro-batch-size", "2", "--grad-accum", "1"])
-            root, _, _ = build_trainer(EKSFTMethod(), args, env)
-            with torch.no_grad():
-                metrics = root(**random_micro_batches(args, SIZES[args.size][-1], env.device)[0]).metrics
-            assert (float(metrics["kl_mean_rest"]), float(metrics["num_M_KL"])) == (0.0, 0.0), frozen_dtype
-            del root
-            release(env)
+            assert step_zero_kl(args, env) == (0.0, 0.0), frozen_dtype
     finally:
         close_distributed(env)

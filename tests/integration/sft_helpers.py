@@ -1,6 +1,6 @@
 """Tiny fixtures for the SFT trainer tests: a random 2-layer Qwen3 with a ChatML BPE tokenizer, and a
-tokenised SFT split in the data stage's format (with a complete data manifest), all in a tmp folder; and a
-single-rank gloo process group (``one_rank``)."""
+tokenised SFT split in the data stage's format (with a complete data manifest), all in a tmp folder; a
+single-rank gloo process group (``one_rank``); and EKSFT's KL at step 0 of a bench trainer (``step_zero_kl``)."""
 from __future__ import annotations
 
 import math
@@ -19,8 +19,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from bench.sft_step_time import SIZES, build_trainer, random_micro_batches, release
 from bench.tiny_model import TRAINING_TEXTS, build_tiny_qwen3
 from common.config import Config, compose
+from common.config.sft import EKSFTMethod
 from common.manifest import stage_run
 from common.paths import BEHAVIOUR_LOGP_COLUMN, SFT_TOKENS_FILE, hf_export_dir, sft_dir, tokens_dir
 from common.processes import start_in_new_session, stop_tree
@@ -160,3 +162,15 @@ def kill_after_checkpoint(overrides: list[str], checkpoint_dir: Path, timeout: f
     finally:
         if process.poll() is None:
             stop_tree(process, STOP_GRACE_S, first_signal=signal.SIGKILL)
+
+
+def step_zero_kl(args, env) -> tuple[float, float]:
+    """EKSFT's KL at step 0 (``kl_mean_rest``) and the size of its KL mask (``num_M_KL``) on the first micro-batch of
+    ``bench.sft_step_time``'s trainer for ``args`` (policy and reference the same random base): (0, 0) exactly when
+    the reference computes what the policy does. The trainer is released before it returns."""
+    root, _, _ = build_trainer(EKSFTMethod(), args, env)
+    with torch.no_grad():
+        metrics = root(**random_micro_batches(args, SIZES[args.size][-1], env.device)[0]).metrics
+    del root
+    release(env)
+    return float(metrics["kl_mean_rest"]), float(metrics["num_M_KL"])

@@ -11,14 +11,14 @@ import weakref
 import pytest
 import torch
 
-from bench.sft_step_time import (SIZES, build_trainer, parse_args, random_micro_batches, release,
-                                 static_bytes_per_parameter)
+from bench.sft_step_time import build_trainer, parse_args, release, static_bytes_per_parameter
 from bench.tiny_model import random_qwen3
 from common.config.sft import SFT_METHOD_SCHEMAS, EKSFTMethod
 from sft.distributed import close_distributed, init_distributed
 from sft.losses import build_loss
 from sft.policy import compile_decoder_layers
 from sft.token_stats import chunked_loss
+from sft_helpers import step_zero_kl
 
 pytestmark = pytest.mark.integration
 
@@ -112,15 +112,7 @@ def test_a_bf16_reference_is_not_the_fp32_policy_at_step_0_on_a_cpu():
     step 0 is rounding and its KL mask picks tokens by it. An fp32 reference gives exactly 0 and an empty KL mask."""
     env = init_distributed("cpu")
     try:
-        kl = {}
-        for frozen_dtype in ("fp32", "bf16"):
-            args = tiny_args(frozen_dtype=frozen_dtype)
-            root, _, _ = build_trainer(EKSFTMethod(), args, env)
-            with torch.no_grad():
-                metrics = root(**random_micro_batches(args, SIZES[args.size][-1], env.device)[0]).metrics
-            kl[frozen_dtype] = float(metrics["kl_mean_rest"]), float(metrics["num_M_KL"])
-            del root
-            release(env)
+        kl = {dtype: step_zero_kl(tiny_args(frozen_dtype=dtype), env) for dtype in ("fp32", "bf16")}
         assert kl["fp32"] == (0.0, 0.0)
         assert 0 < kl["bf16"][0] < 1e-3 and kl["bf16"][1] > 0
     finally:
