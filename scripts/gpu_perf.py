@@ -85,6 +85,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="dense bf16 peak of the GPU for MFU (H100/H200 SXM datasheet: 989)")
     parser.add_argument("--configurations", nargs="+", choices=list(CONFIGURATIONS), default=list(DEFAULT_ORDER),
                         help="the configurations timed, in this order; the first is profiled")
+    parser.add_argument("--statistics-rows", type=int, nargs="*", default=[1024, 4096],
+                        help="rows of the statistics part's logits chunk, one measurement each (none: skip the part)")
     parser.add_argument("--out", type=Path, default=None, help="results file (default runs/gpu_perf/<UTC time>.json)")
     args = parser.parse_args(argv)
     from common.tracking import configure_cpu_threads
@@ -103,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(results, indent=2, default=str) + "\n")
 
-    for rows in ((64,) if args.dry_run else (1024, 4096)):
+    for rows in ((64,) if args.dry_run else args.statistics_rows):
         shape = ["--rows", str(rows)] + (["--vocab", "512", "--hidden", "64"] if args.dry_run else
                                          ["--device", "cuda", "--vocab", "151936", "--hidden", "2048"])
         results["statistics"][rows] = statistics_pass.main(shape + ["--repeats", "3" if args.dry_run else "10"])
