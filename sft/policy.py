@@ -154,19 +154,24 @@ class PolicyWithTokenLoss(nn.Module):
         if labels is None:
             return self.policy(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
         frozen = self.frozen_states(input_ids, attention_mask, ref_hidden)
-        head_weight = self.policy.get_output_embeddings().weight
         if statistics_only:
             with torch.no_grad():
                 hidden = final_hidden_states(self.policy, input_ids, attention_mask)
-                stats = chunked_statistics(self.token_loss, hidden, head_weight, labels, chunk_size=self.chunk_size,
+                stats = chunked_statistics(self.token_loss, hidden, self.head_weight(), labels,
+                                           chunk_size=self.chunk_size,
                                            compile_statistics=self.compile_statistics,
                                            online_statistics=self.online_statistics, behaviour_logp=behaviour_logp,
                                            **frozen)
             return StepStatistics(stats, frozen.get("ref_hidden"))
         hidden = final_hidden_states(self.policy, input_ids, attention_mask)
-        return chunked_loss(self.token_loss, hidden, head_weight, labels, chunk_size=self.chunk_size,
+        return chunked_loss(self.token_loss, hidden, self.head_weight(), labels, chunk_size=self.chunk_size,
                             weights=weights, statistics=statistics, compile_statistics=self.compile_statistics,
                             online_statistics=self.online_statistics, behaviour_logp=behaviour_logp, **frozen)
+
+    def head_weight(self) -> torch.Tensor:
+        """The policy's head weight, read after its trunk's forward: under accelerate's FSDP2 the head is sharded
+        with the final norm (and the tied embeddings) in a unit that the trunk's forward unshards, not this root."""
+        return self.policy.get_output_embeddings().weight
 
     @torch.no_grad()
     def frozen_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,

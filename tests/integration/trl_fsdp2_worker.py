@@ -1,6 +1,8 @@
-"""TokenLossSFTTrainer's FSDP2 path by hand on a CPU (accelerate never selects FSDP there): one gloo rank, the policy
-sharded as accelerate shards it (each decoder layer, then the root) and the frozen reference and old policy as TRL's
-``prepare_fsdp`` shards them (one unit each); the loss and gradients must equal the unsharded ones on the same batch.
+"""TokenLossSFTTrainer's FSDP2 path on a CPU (accelerate never selects FSDP there): one gloo rank, the policy sharded
+by accelerate's own ``fsdp2_prepare_model`` as ``accelerate launch --use_fsdp --fsdp_version 2`` shards it (each
+decoder layer a unit; the final norm and the head, with the embeddings when tied, one tail unit unsharded by the
+trunk's forward; then the root) and the frozen reference and old policy as TRL's ``prepare_fsdp`` shards them (one
+unit each); the loss and gradients must equal the unsharded ones on the same batch.
 
     python tests/integration/trl_fsdp2_worker.py MODEL_DIR OUT_DIR LOSS...   # prints "ok <loss name> <loss>" for each
 """
@@ -12,6 +14,8 @@ import sys
 import torch
 import torch.distributed as dist
 from datasets import Dataset
+from accelerate.utils import FullyShardedDataParallelPlugin
+from accelerate.utils.fsdp_utils import fsdp2_prepare_model
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor
 from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerControl, TrainerState
@@ -50,9 +54,10 @@ def check(model_dir: str, out_dir: str, loss_name: str, port: int) -> None:
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=0, world_size=1)
-    for layer in trainer.model.model.layers:
-        fully_shard(layer)
-    fully_shard(trainer.model)
+    trainer.accelerator.state.fsdp_plugin = FullyShardedDataParallelPlugin(
+        fsdp_version=2, auto_wrap_policy="transformer_based_wrap", transformer_cls_names_to_wrap=["Qwen3DecoderLayer"],
+        reshard_after_forward=True, state_dict_type="SHARDED_STATE_DICT", cpu_ram_efficient_loading=False)
+    fsdp2_prepare_model(trainer.accelerator, trainer.model)
     frozen = [model for model in (trainer.loss_root.reference, trainer.loss_root.old_policy) if model is not None]
     for model in frozen:
         fully_shard(model)
