@@ -13,10 +13,10 @@ statistics: ``logp`` on the unmasked rows, ``entropy`` and ``kl`` on the top-ρ 
 
 * ``today``: the trainer's eager pass B, taking pass A's fp32 entropy and KL (``sft.online_statistics``, the paper
   profile); ``today, summed``: the same without them (each row's entropy and KL summed over the vocabulary again);
-* ``today, compiled``: that same method under ``torch.compile`` (static shapes). Its reference rows are the
-  ``nonzero`` of the coefficients, a data-dependent shape: Dynamo breaks the graph there (4 graphs), and with static
-  shapes each new count of masked rows would compile again (fine for one chunk timed here; in training it needs
-  the count padded to a few buckets or a symbolic dimension);
+* ``today, compiled``: that same method as ``sft.compile_pass_b`` runs it in training
+  (``sft.token_stats.compiled_chunk_objective_and_grad``). Its reference rows are the ``nonzero`` of the
+  coefficients, a data-dependent shape: Dynamo breaks the graph there, and makes the count symbolic at its second
+  value (one count here: static);
 * ``once, eager``: :func:`objective_value_and_grad`, eager autograd;
 * ``once, compiled``: :func:`chunk_objective` compiled (``fullgraph``, static shapes), then ``torch.autograd.grad``
   (AOTAutograd's forward and backward graphs, its default partitioner choosing what to save);
@@ -190,9 +190,11 @@ def written_once(logits: Tensor, targets: Tensor, coefs: dict[str, Tensor], ref_
 
 
 def trainer_plan(coefs: dict[str, Tensor], targets: Tensor, ref_logits: Tensor | None = None,
-                 old_logp: Tensor | None = None, statistics: dict[str, Tensor] | None = None, **term_options: Any):
+                 old_logp: Tensor | None = None, statistics: dict[str, Tensor] | None = None, compiled: bool = False,
+                 **term_options: Any):
     """The trainer's pass-B plan for one chunk of ``targets.numel()`` rows with the whole chunk's reference logits
-    from pass A (``ref_logits``, compute dtype) and, with ``statistics``, pass A's fp32 entropy and KL."""
+    from pass A (``ref_logits``, compute dtype) and, with ``statistics``, pass A's fp32 entropy and KL; ``compiled``:
+    ``sft.compile_pass_b``."""
     from sft.token_stats import _FirstChunkLogits, _HeadPlan
 
     rows = targets.numel()
@@ -200,7 +202,8 @@ def trainer_plan(coefs: dict[str, Tensor], targets: Tensor, ref_logits: Tensor |
                      compute_dtype=torch.float32 if ref_logits is None else ref_logits.dtype,
                      first_chunk=_FirstChunkLogits(policy=None, reference=ref_logits), ref_hidden=None,
                      ref_head_weight=None, old_logp=old_logp, term_options=term_options,
-                     target_logp=torch.zeros(rows, device=targets.device), statistics=statistics or {})
+                     target_logp=torch.zeros(rows, device=targets.device), statistics=statistics or {},
+                     compiled=compiled)
 
 
 def hand_derived(logits: Tensor, *args: Any, **options: Any) -> tuple[Tensor, Tensor]:
@@ -213,15 +216,10 @@ def _chunk_value_and_grad(plan, logits: Tensor) -> tuple[Tensor, Tensor]:
     return plan.chunk_value_and_grad(logits, slice(0, logits.shape[0]), True)
 
 
-@functools.cache
-def _compiled_chunk_value_and_grad() -> Callable[..., tuple[Tensor, Tensor]]:
-    return torch.compile(_chunk_value_and_grad, dynamic=False)
-
-
 def compiled_hand_derived(logits: Tensor, *args: Any, **options: Any) -> tuple[Tensor, Tensor]:
-    """:func:`hand_derived` with ``chunk_value_and_grad`` under ``torch.compile`` (static shapes; graph breaks at the
-    ``nonzero`` of its reference rows)."""
-    return _compiled_chunk_value_and_grad()(trainer_plan(*args, **options), logits)
+    """:func:`hand_derived` as ``sft.compile_pass_b`` runs it (``sft.token_stats.compiled_chunk_objective_and_grad``:
+    the chunk's shape static, a graph break at the ``nonzero`` of its reference rows)."""
+    return _chunk_value_and_grad(trainer_plan(*args, compiled=True, **options), logits)
 
 
 def peak_extra_bytes(function: Callable[[], Any], device: str) -> int:

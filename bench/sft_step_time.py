@@ -83,7 +83,8 @@ def build_trainer(method, args: argparse.Namespace, env, cached_reference: bool 
                     gradient_checkpointing=args.gradient_checkpointing,
                     gradient_checkpointing_policy=args.gradient_checkpointing_policy, reference_cache=cached_reference,
                     compile_layers=args.compile_layers, compile_statistics=args.compile_statistics,
-                    online_statistics=args.online_statistics, frozen_dtype=args.frozen_dtype,
+                    online_statistics=args.online_statistics, compile_pass_b=args.compile_pass_b,
+                    frozen_dtype=args.frozen_dtype,
                     lora=LoRAConfig(enabled=lora))
     sft.validate()
     base = build_model(args.size, seed=0, num_layers=getattr(args, "layers", None))
@@ -137,6 +138,8 @@ def add_trainer_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--compile-layers", action="store_true", help="sft.compile_layers: compiled decoder layers")
     parser.add_argument("--compile-statistics", action="store_true",
                         help="sft.compile_statistics: the loss head's statistics pass compiled")
+    parser.add_argument("--compile-pass-b", action="store_true",
+                        help="sft.compile_pass_b: the loss head's gradient pass compiled")
     parser.add_argument("--online-statistics", action="store_true",
                         help="sft.online_statistics: EKSFT's statistics by an online log-sum-exp over vocabulary "
                              "blocks")

@@ -115,7 +115,7 @@ class PolicyWithTokenLoss(nn.Module):
     def __init__(self, policy: PreTrainedModel, token_loss: Any, chunk_size: int,
                  reference: PreTrainedModel | None = None, old_policy: PreTrainedModel | None = None,
                  reference_head: nn.Module | None = None, compile_statistics: bool = False,
-                 online_statistics: bool = False):
+                 online_statistics: bool = False, compile_pass_b: bool = False):
         super().__init__()
         if reference is not None and reference_head is not None:
             raise ValueError("give the reference model or its cached head, not both")
@@ -127,6 +127,7 @@ class PolicyWithTokenLoss(nn.Module):
         self.chunk_size = chunk_size
         self.compile_statistics = compile_statistics
         self.online_statistics = online_statistics
+        self.compile_pass_b = compile_pass_b
 
     def models(self) -> list[PreTrainedModel]:
         """The models with layers of their own (a LoRA policy's reference and old policy are views of its layers)."""
@@ -166,7 +167,8 @@ class PolicyWithTokenLoss(nn.Module):
         hidden = final_hidden_states(self.policy, input_ids, attention_mask)
         return chunked_loss(self.token_loss, hidden, self.head_weight(), labels, chunk_size=self.chunk_size,
                             weights=weights, statistics=statistics, compile_statistics=self.compile_statistics,
-                            online_statistics=self.online_statistics, behaviour_logp=behaviour_logp, **frozen)
+                            online_statistics=self.online_statistics, compile_pass_b=self.compile_pass_b,
+                            behaviour_logp=behaviour_logp, **frozen)
 
     def head_weight(self) -> torch.Tensor:
         """The policy's head weight, read after its trunk's forward: under accelerate's FSDP2 the head is sharded

@@ -217,6 +217,8 @@ def root_from_base(sft: SFTConfig, token_loss: TokenLoss, base: BaseModel, env: 
         checkpoint_decoder_layers(policy, sft.gradient_checkpointing_policy, sft.lora.rank if sft.lora.enabled else 0)
     frozen_dtype = sft.frozen_dtype
     full = base.full
+    head_options = dict(compile_statistics=sft.compile_statistics, online_statistics=sft.online_statistics,
+                        compile_pass_b=sft.compile_pass_b)
     if sft.lora.enabled:  # the reference and old policy are views of the policy's own layers (sft/lora.py)
         adapters = dict(settings=sft.lora, old_adapter=token_loss.needs_old_policy,
                         frozen_dtype=FROZEN_DTYPES[frozen_dtype])
@@ -226,7 +228,7 @@ def root_from_base(sft: SFTConfig, token_loss: TokenLoss, base: BaseModel, env: 
             policy, token_loss, sft.chunk_size,
             reference=AdapterView(policy) if token_loss.needs_reference else None,
             old_policy=AdapterView(policy, OLD_ADAPTER) if token_loss.needs_old_policy else None,
-            compile_statistics=sft.compile_statistics, online_statistics=sft.online_statistics)
+            **head_options)
     else:
         live_reference = token_loss.needs_reference and not cached_reference
         root = PolicyWithTokenLoss(
@@ -234,7 +236,7 @@ def root_from_base(sft: SFTConfig, token_loss: TokenLoss, base: BaseModel, env: 
             reference=freeze(base.empty_copy(), frozen_dtype) if live_reference else None,
             old_policy=freeze(base.empty_copy(), frozen_dtype) if token_loss.needs_old_policy else None,
             reference_head=frozen_head_copy(base.empty_copy(), frozen_dtype) if cached_reference else None,
-            compile_statistics=sft.compile_statistics, online_statistics=sft.online_statistics)
+            **head_options)
     if sft.compile_layers:
         for model in root.models():
             compile_decoder_layers(model)

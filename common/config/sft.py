@@ -487,6 +487,10 @@ class SFTConfig:
     statistics up to fp32 round-off (the entropy more accurate). Other losses keep ``row_terms``. The loss head's
     gradient pass then takes the fp32 ``entropy`` and ``kl`` of that pass (``sft.token_stats.REUSED_TERMS``) instead
     of summing them over the vocabulary again."""
+    compile_pass_b: bool = field(default=False, metadata=IDENTITY_WHEN_SET)
+    """The loss head's gradient pass under ``torch.compile`` (``sft.token_stats.compiled_chunk_objective_and_grad``):
+    each chunk's objective and closed-form logit gradient in a few fused passes instead of one per elementwise op;
+    the same numbers up to fp32 round-off."""
     frozen_dtype: str = field(default="fp32", metadata=IDENTITY_WHEN_SET)
     """fp32 or bf16: storage of the frozen reference, its cached head and PSFT's old policy (``sft.policy.freeze``).
     Under bf16 mixed precision on a GPU FSDP2 casts them to bf16 for every forward anyway, so bf16 changes no number
@@ -551,6 +555,7 @@ class SFTConfig:
         check_choice("sft.compile_layers", self.compile_layers, (False, True))
         check_choice("sft.compile_statistics", self.compile_statistics, (False, True))
         check_choice("sft.online_statistics", self.online_statistics, (False, True))
+        check_choice("sft.compile_pass_b", self.compile_pass_b, (False, True))
         check_choice("sft.frozen_dtype", self.frozen_dtype, ("fp32", "bf16"))
         check_choice("sft.reference_cache", self.reference_cache, (False, True))
         self.lora.validate()

@@ -63,10 +63,34 @@ def test_compiled_online_statistics_pass_equals_the_eager_pass_for_eksft():
     check_compiled_statistics(EKSFTMethod(), online=True)
 
 
-def check_compiled_statistics(cfg, online: bool = False) -> None:
-    """Loss, metrics and both gradients of the chunked head with pass A compiled (the online pass with ``online``)
-    equal the eager ``row_terms`` head's (fp32, 1e-6); chunk 5 of 14 prediction rows pads the last chunk to the
-    compiled shape."""
+def test_compiled_pass_b_equals_the_eager_pass_b_for_eksft():
+    """``sft.compile_pass_b``: EKSFT's objective and closed-form gradient per chunk, compiled; every other loss in
+    tests/e2e/test_sft_compile.py."""
+    check_compiled_statistics(EKSFTMethod(), pass_b=True)
+
+
+def test_compiled_pass_b_compiles_no_new_graph_for_new_masked_row_counts():
+    """The reference rows' count differs from chunk to chunk; once it has taken two values above 1 Dynamo has made it
+    symbolic, so a new count compiles nothing (no compile per count, no eager fallback at the recompile limit).
+    14 rows at chunk 7: the first chunk's masked rows are 1, 4 and 7 at rho 0.1, 0.3 and 0.6, then 6 and 3."""
+    inputs = head_inputs()
+
+    def graphs_after(rho: float) -> int:
+        h = inputs["hidden"].clone().requires_grad_()
+        chunked_loss(build_loss(EKSFTMethod(rho=rho)), h, inputs["weight"], LABELS, chunk_size=7, compile_pass_b=True,
+                     ref_hidden=inputs["ref_hidden"], ref_head_weight=inputs["ref_weight"]).loss.backward()
+        return torch._dynamo.utils.counters["stats"]["unique_graphs"]
+
+    for rho in (0.1, 0.3, 0.6):
+        warm = graphs_after(rho)
+    assert graphs_after(0.45) == graphs_after(0.2) == warm
+    assert not torch._dynamo.utils.counters["recompile_limit"]
+
+
+def check_compiled_statistics(cfg, online: bool = False, pass_b: bool = False) -> None:
+    """Loss, metrics and both gradients of the chunked head with pass A compiled (the online pass with ``online``),
+    or with ``pass_b`` pass B compiled, equal the eager head's (fp32, 1e-6); chunk 5 of 14 prediction rows pads the
+    last chunk to the compiled shape."""
     inputs = head_inputs()
     loss = build_loss(cfg)
     results = {}
@@ -77,8 +101,8 @@ def check_compiled_statistics(cfg, online: bool = False) -> None:
             frozen = {"ref_hidden": inputs["ref_hidden"], "ref_head_weight": inputs["ref_weight"]}
         if loss.needs_old_policy:
             frozen = {"old_hidden": inputs["old_hidden"], "old_head_weight": inputs["weight"]}
-        result = chunked_loss(loss, h, w, LABELS, chunk_size=5, compile_statistics=compiled,
-                              online_statistics=online and compiled, **frozen)
+        result = chunked_loss(loss, h, w, LABELS, chunk_size=5, compile_statistics=compiled and not pass_b,
+                              online_statistics=online and compiled, compile_pass_b=compiled and pass_b, **frozen)
         result.loss.backward()
         results[compiled] = (result, h.grad, w.grad)
     (eager, eager_h, eager_w), (fused, fused_h, fused_w) = results[False], results[True]
@@ -150,12 +174,14 @@ def test_the_sft_config_keys_are_validated_and_join_the_identity_only_when_set()
     from common.config.common import computation_config
 
     default = compose([])
-    assert {"compile_layers", "compile_statistics", "online_statistics",
+    assert {"compile_layers", "compile_statistics", "online_statistics", "compile_pass_b",
             "frozen_dtype"}.isdisjoint(computation_config(default.sft))
-    changed = compose(["sft.frozen_dtype=bf16", "sft.compile_statistics=true", "sft.online_statistics=true"])
+    changed = compose(["sft.frozen_dtype=bf16", "sft.compile_statistics=true", "sft.online_statistics=true",
+                       "sft.compile_pass_b=true"])
     assert computation_config(changed.sft)["frozen_dtype"] == "bf16"
     assert computation_config(changed.sft)["compile_statistics"] is True
     assert computation_config(changed.sft)["online_statistics"] is True
+    assert computation_config(changed.sft)["compile_pass_b"] is True
     with pytest.raises(ConfigError, match="sft.frozen_dtype"):
         compose(["sft.frozen_dtype=fp16"])
 
