@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from bench.tiny_model import random_qwen3
-from common.config.sft import CHECKPOINTING_POLICIES
+from common.config.sft import ADAM_IMPLEMENTATIONS, CHECKPOINTING_POLICIES
 
 SIZES = {
     # name: (hidden, intermediate, layers, heads, kv heads, head_dim, vocab)
@@ -84,7 +84,7 @@ def build_trainer(method, args: argparse.Namespace, env, cached_reference: bool 
                     gradient_checkpointing_policy=args.gradient_checkpointing_policy, reference_cache=cached_reference,
                     compile_layers=args.compile_layers, compile_statistics=args.compile_statistics,
                     online_statistics=args.online_statistics, compile_pass_b=args.compile_pass_b,
-                    frozen_dtype=args.frozen_dtype,
+                    frozen_dtype=args.frozen_dtype, adam_implementation=args.adam_implementation,
                     lora=LoRAConfig(enabled=lora))
     sft.validate()
     base = build_model(args.size, seed=0, num_layers=getattr(args, "layers", None))
@@ -138,6 +138,8 @@ def add_trainer_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--compile-layers", action="store_true", help="sft.compile_layers: compiled decoder layers")
     parser.add_argument("--compile-statistics", action="store_true",
                         help="sft.compile_statistics: the loss head's statistics pass compiled")
+    parser.add_argument("--adam-implementation", choices=ADAM_IMPLEMENTATIONS, default="default",
+                        help="sft.adam_implementation: torch's default AdamW step or the fused one")
     parser.add_argument("--compile-pass-b", action="store_true",
                         help="sft.compile_pass_b: the loss head's gradient pass compiled")
     parser.add_argument("--online-statistics", action="store_true",

@@ -14,8 +14,8 @@ Needs a CUDA torch and transformers (no vLLM, no verl). Parts, all through the b
   cache, 2 × 4 × 4,096 tokens per step, bf16, activation checkpointing, in the configurations named (two by
   default, :data:`DEFAULT_ORDER`) of seven: the eager trainer (chunk 1,024); the statistics compiled and the frozen
   models in bf16; that plus compiled decoder layers; that with the online statistics pass
-  (``sft.online_statistics``, the paper profile); that with the gradient pass compiled (``sft.compile_pass_b``);
-  the paper profile with selective activation checkpointing
+  (``sft.online_statistics``, the paper profile); that with the gradient pass compiled (``sft.compile_pass_b``) and
+  AdamW fused (``sft.adam_implementation=fused``); the paper profile with selective activation checkpointing
   (``sft.gradient_checkpointing_policy=selective``: no matmul recomputed; SFT alone, for its MFU: a micro-batch keeps
   19 GiB more activations by ``common.preflight``'s formula, and with the three trainers' ~68 GiB of state it would
   need ~96 GiB, more than an 80 GB card holds); compiled layers at chunk 4,096. Ratios to
@@ -45,17 +45,18 @@ CONFIGURATIONS = {
     "+ online statistics": dict(compile_statistics=True, online_statistics=True, frozen_dtype="bf16",
                                 compile_layers=True, chunk_size=1024),
     "+ chunk 4096": dict(compile_statistics=True, frozen_dtype="bf16", compile_layers=True, chunk_size=4096),
-    "+ compiled pass B": dict(compile_statistics=True, online_statistics=True, compile_pass_b=True,
-                              frozen_dtype="bf16", compile_layers=True, chunk_size=1024),
+    "+ compiled pass B, fused AdamW": dict(compile_statistics=True, online_statistics=True, compile_pass_b=True,
+                                           adam_implementation="fused", frozen_dtype="bf16", compile_layers=True,
+                                           chunk_size=1024),
     "+ selective checkpointing": dict(compile_statistics=True, online_statistics=True, frozen_dtype="bf16",
                                       compile_layers=True, chunk_size=1024, checkpointing="selective",
                                       methods=("sft",)),
 }
 """The trainer configurations timed, by the ``sft.*`` keys that tell them apart (and ``methods``, the trainers timed
 when not all three)."""
-DEFAULT_ORDER = ("+ compiled pass B", "+ online statistics")
-"""What one run times by default: the paper profile with its gradient pass compiled, profiled, and the paper profile
-as it is, in one run. On an H200 the statistics and static-memory parts and the first configuration took 259 s and a
+DEFAULT_ORDER = ("+ compiled pass B, fused AdamW", "+ online statistics")
+"""What one run times by default: the paper profile with its gradient pass compiled and AdamW fused, profiled (the
+profile times each apart), and the paper profile as it is, in one run. On an H200 the statistics and static-memory parts and the first configuration took 259 s and a
 further configuration about 2 minutes (three trainers built and compiled), so more do not fit 6 minutes; selective
 checkpointing was timed on 2026-11-28 (docs/results/2026-11-28-gpu-checks-h200.md)."""
 
@@ -79,6 +80,7 @@ def option_flags(options: dict) -> list[str]:
     flags += ["--compile-statistics"] if options["compile_statistics"] else []
     flags += ["--online-statistics"] if options.get("online_statistics") else []
     flags += ["--compile-pass-b"] if options.get("compile_pass_b") else []
+    flags += ["--adam-implementation", options.get("adam_implementation", "default")]
     return flags + (["--compile-layers"] if options["compile_layers"] else [])
 
 

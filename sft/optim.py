@@ -36,11 +36,13 @@ def lr_multiplier(step: int, *, total_steps: int, warmup_steps: int, schedule: s
 
 
 def build_optimizer(root: PolicyWithTokenLoss, sft: SFTConfig) -> torch.optim.AdamW:
-    """AdamW on the policy; no weight decay on 1-D parameters (norm weights, biases), as HF Trainer does."""
+    """AdamW on the policy; no weight decay on 1-D parameters (norm weights, biases), as HF Trainer does; fused with
+    ``sft.adam_implementation=fused``."""
     params = [p for p in root.policy.parameters() if p.requires_grad]
     groups = [{"params": [p for p in params if p.ndim >= 2], "weight_decay": sft.weight_decay},
               {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=sft.lr, betas=tuple(sft.betas), eps=sft.adam_eps)
+    return torch.optim.AdamW(groups, lr=sft.lr, betas=tuple(sft.betas), eps=sft.adam_eps,
+                             fused=True if sft.adam_implementation == "fused" else None)
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, sft: SFTConfig,

@@ -21,6 +21,8 @@ optimizer_batch``), set by the method, never a choice: each micro-batch's loss i
 objective, which is their sum over micro-batches and ranks."""
 CHECKPOINTING_POLICIES = ("full", "selective")
 """``sft.gradient_checkpointing_policy``: what activation checkpointing recomputes of a decoder layer."""
+ADAM_IMPLEMENTATIONS = ("default", "fused")
+"""``sft.adam_implementation``: how AdamW's step runs."""
 
 
 LORA_DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -440,6 +442,10 @@ class SFTConfig:
     """AdamW ε."""
     weight_decay: float = 0.1
     """AdamW decoupled weight decay."""
+    adam_implementation: str = field(default="default", metadata=IDENTITY_WHEN_SET)
+    """How AdamW's step runs: ``default``, torch's choice (foreach kernels over all parameters on a GPU, a loop over
+    them on a CPU); ``fused``, one fused kernel per parameter group (``torch.optim.AdamW(fused=True)``, torchtitan's
+    default). The same update up to fp32 round-off."""
     lr_schedule: str = "cosine"
     """cosine or constant after linear warm-up."""
     warmup_ratio: float = 0.01
@@ -535,6 +541,7 @@ class SFTConfig:
         for i, beta in enumerate(self.betas):
             check_range(f"sft.betas[{i}]", beta, 0.0, 1.0, high_open=True)
         check_range("sft.adam_eps", self.adam_eps, 0.0, low_open=True)
+        check_choice("sft.adam_implementation", self.adam_implementation, ADAM_IMPLEMENTATIONS)
         check_range("sft.weight_decay", self.weight_decay, 0.0)
         check_choice("sft.lr_schedule", self.lr_schedule, ("cosine", "constant"))
         check_range("sft.warmup_ratio", self.warmup_ratio, 0.0, 1.0)

@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[2]
 def test_gpu_perf_dry_run_measures_and_writes_its_results(tmp_path):
     out = tmp_path / "results.json"
     result = subprocess.run([sys.executable, str(REPO / "scripts" / "gpu_perf.py"), "--dry-run", "--configurations",
-                             "eager", "+ selective checkpointing", "+ compiled pass B", "--out", str(out)], capture_output=True, text=True,
+                             "eager", "+ selective checkpointing", "+ compiled pass B, fused AdamW", "--out", str(out)], capture_output=True, text=True,
                             timeout=600, cwd=tmp_path)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     results = json.loads(out.read_text())
@@ -27,6 +27,6 @@ def test_gpu_perf_dry_run_measures_and_writes_its_results(tmp_path):
     assert set(eager["ratios"]) == {"eksft", "eksft_cache"} and eager["ratios"]["eksft"] > 0
     selective = results["step_time"]["+ selective checkpointing"]  # SFT alone, for its MFU
     assert set(selective["median_s"]) == {"sft"} and selective["ratios"] == {}
-    assert results["step_time"]["+ compiled pass B"]["ratios"]["eksft_cache"] > 0
+    assert results["step_time"]["+ compiled pass B, fused AdamW"]["ratios"]["eksft_cache"] > 0
     assert "live/SFT" in result.stdout
     assert "## eksft_cache" in (tmp_path / "results.profile.txt").read_text()  # the first configuration profiled

@@ -1,7 +1,8 @@
 """The trainer's speed and memory options against the eager trainer they replace (CPU, tiny shapes): the compiled
-statistics pass (``sft.compile_statistics``) and the online one (``sft.online_statistics``), frozen models stored
-in bf16 (``sft.frozen_dtype``), released trainers, and where compiled decoder layers go (``sft.compile_layers``;
-their numbers: tests/e2e, a minute's compile on 2 cores)."""
+statistics pass (``sft.compile_statistics``) and the online one (``sft.online_statistics``), the compiled gradient
+pass (``sft.compile_pass_b``), fused AdamW (``sft.adam_implementation``), frozen models stored in bf16
+(``sft.frozen_dtype``), released trainers, and where compiled decoder layers go (``sft.compile_layers``; their
+numbers: tests/e2e, a minute's compile on 2 cores)."""
 from __future__ import annotations
 
 import argparse
@@ -11,13 +12,15 @@ import weakref
 import pytest
 import torch
 
-from bench.sft_step_time import build_trainer, parse_args, release, static_bytes_per_parameter
+from bench.sft_step_time import (build_trainer, parse_args, random_micro_batches, release,
+                                 static_bytes_per_parameter)
 from bench.tiny_model import random_qwen3
-from common.config.sft import SFT_METHOD_SCHEMAS, EKSFTMethod
+from common.config.sft import SFT_METHOD_SCHEMAS, EKSFTMethod, SFTMethod
 from sft.distributed import close_distributed, init_distributed
 from sft.losses import build_loss
 from sft.policy import compile_decoder_layers
 from sft.token_stats import chunked_loss
+from sft.trainer import train_step
 from sft_helpers import step_zero_kl
 
 pytestmark = pytest.mark.integration
@@ -116,8 +119,35 @@ def check_compiled_statistics(cfg, online: bool = False, pass_b: bool = False) -
 
 def tiny_args(**options) -> argparse.Namespace:
     flags = ["--frozen-dtype", options.get("frozen_dtype", "fp32"), "--mixed-precision", "fp32", "--seq-len", "16",
-             "--micro-batch-size", "2", "--grad-accum", "1", "--chunk-size", "8"]
+             "--micro-batch-size", "2", "--grad-accum", "1", "--chunk-size", "8",
+             "--adam-implementation", options.get("adam_implementation", "default")]
     return parse_args(flags + (["--compile-layers"] if options.get("compile_layers") else []))
+
+
+def test_fused_adamw_steps_the_sharded_policy_as_the_default_adamw():
+    """``sft.adam_implementation=fused`` on FSDP2's DTensor parameters (one gloo rank): three SFT steps make the
+    default AdamW's update to fp32 round-off, and the optimiser is the fused one. (SFT: EKSFT's top-ρ masks can
+    flip on a round-off difference after the first step, and then the updates differ by design.)"""
+    env = init_distributed("cpu")
+    try:
+        updates = {}
+        for implementation in ("default", "fused"):
+            args = tiny_args(adam_implementation=implementation)
+            root, optimizer, sft = build_trainer(SFTMethod(), args, env)
+            assert optimizer.defaults["fused"] is (True if implementation == "fused" else None)
+            before = [param.full_tensor().clone() for param in root.policy.parameters()]
+            batches = random_micro_batches(args, root.policy.config.vocab_size, env.device)
+            for _ in range(3):
+                train_step(root, optimizer, batches, sft=sft, env=env)
+            updates[implementation] = torch.cat([(param.full_tensor() - start).flatten()
+                                                 for param, start in zip(root.policy.parameters(), before)])
+            release(env)
+            del root, optimizer
+        default, fused = updates["default"], updates["fused"]
+        assert default.abs().max() > 1e-6  # the steps moved the weights
+        assert ((fused - default).norm() / default.norm()).item() < 1e-4
+    finally:
+        close_distributed(env)
 
 
 def test_an_eksft_trainer_with_a_bf16_reference_holds_14_bytes_per_parameter():
@@ -174,16 +204,19 @@ def test_the_sft_config_keys_are_validated_and_join_the_identity_only_when_set()
     from common.config.common import computation_config
 
     default = compose([])
-    assert {"compile_layers", "compile_statistics", "online_statistics", "compile_pass_b",
+    assert {"compile_layers", "compile_statistics", "online_statistics", "compile_pass_b", "adam_implementation",
             "frozen_dtype"}.isdisjoint(computation_config(default.sft))
     changed = compose(["sft.frozen_dtype=bf16", "sft.compile_statistics=true", "sft.online_statistics=true",
-                       "sft.compile_pass_b=true"])
+                       "sft.compile_pass_b=true", "sft.adam_implementation=fused"])
     assert computation_config(changed.sft)["frozen_dtype"] == "bf16"
     assert computation_config(changed.sft)["compile_statistics"] is True
     assert computation_config(changed.sft)["online_statistics"] is True
     assert computation_config(changed.sft)["compile_pass_b"] is True
+    assert computation_config(changed.sft)["adam_implementation"] == "fused"
     with pytest.raises(ConfigError, match="sft.frozen_dtype"):
         compose(["sft.frozen_dtype=fp16"])
+    with pytest.raises(ConfigError, match="sft.adam_implementation"):
+        compose(["sft.adam_implementation=apex"])
 
 
 @pytest.mark.parametrize("online", [True, False], ids=["online", "row_terms"])
