@@ -58,18 +58,18 @@ def fresh_dynamo_cache():
 def test_compiled_statistics_pass_equals_the_eager_pass_for_eksft():
     """The paper's EKSFT here; every other loss's statistics in tests/e2e/test_sft_compile.py (each set compiles for
     5-30 s on 2 cores)."""
-    check_compiled_statistics(EKSFTMethod())
+    check_compiled_head(EKSFTMethod())
 
 
 def test_compiled_online_statistics_pass_equals_the_eager_pass_for_eksft():
     """``sft.online_statistics`` under ``sft.compile_statistics``: the online log-sum-exp pass, compiled."""
-    check_compiled_statistics(EKSFTMethod(), online=True)
+    check_compiled_head(EKSFTMethod(), online=True)
 
 
 def test_compiled_pass_b_equals_the_eager_pass_b_for_eksft():
     """``sft.compile_pass_b``: EKSFT's objective and closed-form gradient per chunk, compiled; every other loss in
     tests/e2e/test_sft_compile.py."""
-    check_compiled_statistics(EKSFTMethod(), pass_b=True)
+    check_compiled_head(EKSFTMethod(), pass_b=True)
 
 
 def test_compiled_pass_b_compiles_no_new_graph_for_new_masked_row_counts():
@@ -90,7 +90,7 @@ def test_compiled_pass_b_compiles_no_new_graph_for_new_masked_row_counts():
     assert not torch._dynamo.utils.counters["recompile_limit"]
 
 
-def check_compiled_statistics(cfg, online: bool = False, pass_b: bool = False) -> None:
+def check_compiled_head(cfg, online: bool = False, pass_b: bool = False) -> None:
     """Loss, metrics and both gradients of the chunked head with pass A compiled (the online pass with ``online``),
     or with ``pass_b`` pass B compiled, equal the eager head's (fp32, 1e-6); chunk 5 of 14 prediction rows pads the
     last chunk to the compiled shape."""
