@@ -56,9 +56,10 @@ CONFIGURATIONS = {
 when not all three)."""
 DEFAULT_ORDER = ("+ compiled pass B, fused AdamW", "+ online statistics")
 """What one run times by default: the paper profile with its gradient pass compiled and AdamW fused, profiled (the
-profile times each apart), and the paper profile as it is, in one run. On an H200 the statistics and static-memory parts and the first configuration took 259 s and a
-further configuration about 2 minutes (three trainers built and compiled), so more do not fit 6 minutes; selective
-checkpointing was timed on 2026-11-28 (docs/results/2026-11-28-gpu-checks-h200.md)."""
+profile times each apart), and the paper profile as it is, in one run. On an H200 the statistics and static-memory
+parts and the first configuration took 259 s and a further configuration about 2 minutes (three trainers built and
+compiled), so more do not fit 6 minutes; selective checkpointing was timed on 2026-11-28
+(docs/results/2026-11-28-gpu-checks-h200.md)."""
 
 
 def step_args(dry_run: bool, steps: int, **options) -> argparse.Namespace:

@@ -16,8 +16,9 @@ A token loss (``sft.losses``) never sees the vocabulary. It names the per-token 
 * pass B: ``Σ_rows Σ_terms coef · term`` with gradients, as a custom autograd function that forms each chunk's
   logit gradient in the forward from the closed forms below (in the chunk's own logits buffer) and accumulates
   ``grad_hidden`` and ``grad_head_weight`` at once (the Liger fused-linear pattern), so one chunk of logits is
-  alive at a time and backward is a rescale; with ``sft.compile_pass_b`` each chunk's closed forms run compiled. Pass B also keeps each row's detached ``log p_y``, from which
-  ``TokenLoss.head_metrics`` reports what a loss without a pass A logs (SFT's and DFT's ``ce``).
+  alive at a time and backward is a rescale; with ``sft.compile_pass_b`` each chunk's closed forms run compiled.
+  Pass B also keeps each row's detached ``log p_y``, from which ``TokenLoss.head_metrics`` reports what a loss
+  without a pass A logs (SFT's and DFT's ``ce``).
 
 Reference logits are built in pass B only for the rows whose reference-term coefficients are non-zero (for
 EKSFT: the masked set M); for the first chunk they are those rows of pass A's reference logits, the very values

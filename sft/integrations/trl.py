@@ -62,11 +62,12 @@ class TokenLossSFTTrainer(SFTTrainer):
     micro-batch objectives make the step objective (``sft.loss_norm``; a method's own, EKSFT official_code's
     micro_batch_sum, wins). ``compile_statistics``, ``online_statistics``, ``compile_pass_b``: the loss head's passes
     as ``sft.compile_statistics``, ``sft.online_statistics`` and ``sft.compile_pass_b`` (docs/loss_head.md).
-    ``gradient_checkpointing_policy``: what ``args.gradient_checkpointing`` recomputes, as ``sft.gradient_checkpointing_policy`` (``selective``: the
-    project's per-layer checkpoint, ``sft.policy.checkpoint_decoder_layers``, instead of HF's). Refused, each with one
-    line: packing and padding-free batches, Liger, TRL's own ``loss_type="dft"`` or a ``compute_loss_func``, LoRA on
-    ``lm_head`` or ``embed_tokens``, EKSFT ``selection_scope=optimizer_batch``, SED-SFT's calibration, ``selective``
-    checkpointing without ``gradient_checkpointing``, DeepSpeed and FSDP1.
+    ``gradient_checkpointing_policy``: what ``args.gradient_checkpointing`` recomputes, as
+    ``sft.gradient_checkpointing_policy`` (``selective``: the project's per-layer checkpoint,
+    ``sft.policy.checkpoint_decoder_layers``, instead of HF's). Refused, each with one line: packing and padding-free
+    batches, Liger, TRL's own ``loss_type="dft"`` or a ``compute_loss_func``, LoRA on ``lm_head`` or ``embed_tokens``,
+    EKSFT ``selection_scope=optimizer_batch``, SED-SFT's calibration, ``selective`` checkpointing without
+    ``gradient_checkpointing``, DeepSpeed and FSDP1.
     """
 
     loss_is_scaled_for_ga = True

@@ -17,8 +17,8 @@ REPO = Path(__file__).resolve().parents[2]
 def test_gpu_perf_dry_run_measures_and_writes_its_results(tmp_path):
     out = tmp_path / "results.json"
     result = subprocess.run([sys.executable, str(REPO / "scripts" / "gpu_perf.py"), "--dry-run", "--configurations",
-                             "eager", "+ selective checkpointing", "+ compiled pass B, fused AdamW", "--out", str(out)], capture_output=True, text=True,
-                            timeout=600, cwd=tmp_path)
+                             "eager", "+ selective checkpointing", "+ compiled pass B, fused AdamW", "--out", str(out)],
+                            capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     results = json.loads(out.read_text())
     assert results["static_bytes_per_parameter"] == {"fp32": pytest.approx(16.0), "bf16": pytest.approx(14.0)}
