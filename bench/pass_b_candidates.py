@@ -195,13 +195,13 @@ def trainer_plan(coefs: dict[str, Tensor], targets: Tensor, ref_logits: Tensor |
     """The trainer's pass-B plan for one chunk of ``targets.numel()`` rows with the whole chunk's reference logits
     from pass A (``ref_logits``, compute dtype) and, with ``statistics``, pass A's fp32 entropy and KL; ``compiled``:
     ``sft.compile_pass_b``."""
-    from sft.token_stats import _FirstChunkLogits, _HeadPlan
+    from sft.token_stats import _HeadPlan, _KeptLogits
 
     rows = targets.numel()
     return _HeadPlan(coefs=coefs, targets=targets, chunk_size=rows,
                      compute_dtype=torch.float32 if ref_logits is None else ref_logits.dtype,
-                     first_chunk=_FirstChunkLogits(policy=None, reference=ref_logits), ref_hidden=None,
-                     ref_head_weight=None, old_logp=old_logp, term_options=term_options,
+                     kept_logits=_KeptLogits(reference={} if ref_logits is None else {0: ref_logits}),
+                     ref_hidden=None, ref_head_weight=None, old_logp=old_logp, term_options=term_options,
                      target_logp=torch.zeros(rows, device=targets.device), statistics=statistics or {},
                      compiled=compiled)
 

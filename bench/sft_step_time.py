@@ -84,6 +84,7 @@ def build_trainer(method, args: argparse.Namespace, env, cached_reference: bool 
                     gradient_checkpointing_policy=args.gradient_checkpointing_policy, reference_cache=cached_reference,
                     compile_layers=args.compile_layers, compile_statistics=args.compile_statistics,
                     online_statistics=args.online_statistics, compile_pass_b=args.compile_pass_b,
+                    kept_logits_chunks=args.kept_logits_chunks,
                     frozen_dtype=args.frozen_dtype, adam_implementation=args.adam_implementation,
                     lora=LoRAConfig(enabled=lora))
     sft.validate()
@@ -142,6 +143,8 @@ def add_trainer_options(parser: argparse.ArgumentParser) -> None:
                         help="sft.adam_implementation: torch's default AdamW step or the fused one")
     parser.add_argument("--compile-pass-b", action="store_true",
                         help="sft.compile_pass_b: the loss head's gradient pass compiled")
+    parser.add_argument("--kept-logits-chunks", type=int, default=1,
+                        help="sft.kept_logits_chunks: chunks of the statistics pass's logits the gradient pass takes")
     parser.add_argument("--online-statistics", action="store_true",
                         help="sft.online_statistics: EKSFT's statistics by an online log-sum-exp over vocabulary "
                              "blocks")

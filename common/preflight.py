@@ -595,7 +595,7 @@ def estimate_sft_memory(cfg: "Config") -> MemoryEstimate | None:
         S = (16·Θ + f·F) / N                                          sharded state
         O = 4·Θ / N                                                   AdamW's step temporaries
         U = b·M·(E·V·d + 2·W) + [full]·(b + 4)·W + [cache]·b·V·d      FSDP2's unsharded copies
-        H = 4·6·C·V + [full]·(4 + b)·V·d                              the chunked loss head
+        H = 4·6·C·V + [full]·(4 + b)·V·d + (k − 1)·(1 + [ref])·b·C·V    the chunked loss head
         X = T·(K + (4 + 4b + 2b·(R + Q))·d)                           activations
         K = (L + 1)·a, with activation checkpointing L·b·d + a,
             selective L·b·(3d + 2q + 2k + 2I + [LoRA]·Σr) + a
@@ -611,7 +611,9 @@ def estimate_sft_memory(cfg: "Config") -> MemoryEstimate | None:
     (embeddings, E = 1 tied or 2 untied heads of V × d) and two decoder layers of W = Σ in·out parameters
     (:func:`linear_shapes`: the one computing, the one prefetched); full fine-tuning adds one layer's gradient and its
     fp32 reduce-scatter input, and the head weight's gradient, summed in fp32 and cast (``sft.token_stats``). The loss
-    head holds :data:`HEAD_CHUNK_BUFFERS` fp32 chunks of C = ``sft.chunk_size`` rows × V. Activations of the
+    head holds :data:`HEAD_CHUNK_BUFFERS` fp32 chunks of C = ``sft.chunk_size`` rows × V, and the policy's and (for a
+    loss with a reference, [ref]) the reference's logits of k − 1 more chunks, k = ``sft.kept_logits_chunks`` up to
+    the micro-batch's ⌈T / C⌉ (counted for every loss; SFT and DFT keep none). Activations of the
     T = ``sft.micro_batch_size × data.max_length`` tokens of a micro-batch: per decoder layer a (the two RMSNorm
     inputs and the q/k-norm inputs in fp32; in the compute dtype the normed hidden states, q and k/v three times each
     (normed, rotated, attention) and four MLP tensors of width I; r and, with dropout, a copy of the input i of each
@@ -651,11 +653,13 @@ def estimate_sft_memory(cfg: "Config") -> MemoryEstimate | None:
     checkpointed = b * d + (sft.gradient_checkpointing_policy == "selective") * saved
     kept = layers * checkpointed + per_layer if sft.gradient_checkpointing else (layers + 1) * per_layer
     tokens = sft.micro_batch_size * cfg.data.max_length
+    kept_chunks = min(sft.kept_logits_chunks, -(-tokens // sft.chunk_size))
     return MemoryEstimate(
         state=int((16 * trainable + f * frozen) / world),
         unsharded=(b * models * (heads * vocab * d + 2 * layer_params) + full * (b + 4) * layer_params
                    + cached * b * vocab * d),
-        loss_head=4 * HEAD_CHUNK_BUFFERS * sft.chunk_size * vocab + full * (4 + b) * vocab * d,
+        loss_head=(4 * HEAD_CHUNK_BUFFERS * sft.chunk_size * vocab + full * (4 + b) * vocab * d
+                   + (kept_chunks - 1) * (1 + reference) * b * sft.chunk_size * vocab),
         activations=tokens * (kept + (4 + 4 * b + 2 * b * (reference + old)) * d),
         optimizer_step=int(ADAMW_STEP_BYTES_PER_PARAM * trainable / world))
 

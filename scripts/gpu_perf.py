@@ -12,13 +12,15 @@ Needs a CUDA torch and transformers (no vLLM, no verl). Parts, all through the b
   gradients are freed by the step), with the reference stored in fp32 and in bf16 (``sft.frozen_dtype``).
 * step time (``bench.sft_step_time.time_steps``): SFT, EKSFT with the live reference and EKSFT with the reference
   cache, 2 × 4 × 4,096 tokens per step, bf16, activation checkpointing, in the configurations named (two by
-  default, :data:`DEFAULT_ORDER`) of seven: the eager trainer (chunk 1,024); the statistics compiled and the frozen
+  default, :data:`DEFAULT_ORDER`) of nine: the eager trainer (chunk 1,024); the statistics compiled and the frozen
   models in bf16; that plus compiled decoder layers; that with the online statistics pass
   (``sft.online_statistics``, the paper profile); that with the gradient pass compiled (``sft.compile_pass_b``) and
-  AdamW fused (``sft.adam_implementation=fused``); the paper profile with selective activation checkpointing
-  (``sft.gradient_checkpointing_policy=selective``: no matmul recomputed; SFT alone, for its MFU: a micro-batch keeps
-  19 GiB more activations by ``common.preflight``'s formula, and with the three trainers' ~68 GiB of state it would
-  need ~96 GiB, more than an 80 GB card holds); compiled layers at chunk 4,096. Ratios to
+  AdamW fused (``sft.adam_implementation=fused``); that with every chunk's pass-A logits kept for the gradient pass
+  (``sft.kept_logits_chunks=16``, a micro-batch's 16 chunks); compiled layers at chunk 4,096; and SFT alone under
+  selective activation checkpointing (``sft.gradient_checkpointing_policy=selective``: no matmul recomputed), in
+  the paper profile or with the gradient pass compiled and AdamW fused, for its MFU (a micro-batch keeps 19 GiB
+  more activations by ``common.preflight``'s formula, and with the three trainers' ~68 GiB of state it would need
+  ~96 GiB, more than an 80 GB card holds). Ratios to
   SFT (targets live ≤ 1.30, cached ≤ 1.10) and SFT's MFU (6 · params · tokens/s over ``--peak-tflops``;
   torchtitan's 33-39% is the anchor, 40% the target). After the first configuration's timed steps, one more step
   of each of its trainers runs under ``torch.profiler``; the tables go beside the results file (``.profile.txt``).
@@ -51,15 +53,22 @@ CONFIGURATIONS = {
     "+ selective checkpointing": dict(compile_statistics=True, online_statistics=True, frozen_dtype="bf16",
                                       compile_layers=True, chunk_size=1024, checkpointing="selective",
                                       methods=("sft",)),
+    "+ every chunk's logits kept": dict(compile_statistics=True, online_statistics=True, compile_pass_b=True,
+                                        adam_implementation="fused", kept_logits_chunks=16, frozen_dtype="bf16",
+                                        compile_layers=True, chunk_size=1024),
+    "selective, compiled pass B, fused AdamW": dict(compile_statistics=True, online_statistics=True,
+                                                    compile_pass_b=True, adam_implementation="fused",
+                                                    frozen_dtype="bf16", compile_layers=True, chunk_size=1024,
+                                                    checkpointing="selective", methods=("sft",)),
 }
 """The trainer configurations timed, by the ``sft.*`` keys that tell them apart (and ``methods``, the trainers timed
 when not all three)."""
-DEFAULT_ORDER = ("+ compiled pass B, fused AdamW", "+ online statistics")
-"""What one run times by default: the paper profile with its gradient pass compiled and AdamW fused, profiled (the
-profile times each apart), and the paper profile as it is, in one run. On an H200 the statistics and static-memory
-parts and the first configuration took 259 s and a further configuration about 2 minutes (three trainers built and
-compiled), so more do not fit 6 minutes; selective checkpointing was timed on 2026-11-28
-(docs/results/2026-11-28-gpu-checks-h200.md)."""
+DEFAULT_ORDER = ("+ every chunk's logits kept", "+ compiled pass B, fused AdamW")
+"""What one run times by default: the paper profile with its gradient pass compiled, AdamW fused and every chunk's
+logits kept, profiled (the profile times each apart), and the same without the kept logits, in one run. On an H200
+the statistics and static-memory parts and the first configuration took 259 s and a further configuration about 2
+minutes (three trainers built and compiled: docs/results/2026-11-27-online-statistics-gpu.md), so more do not fit 6
+minutes; SFT alone under selective checkpointing is a configuration to name."""
 
 
 def step_args(dry_run: bool, steps: int, **options) -> argparse.Namespace:
@@ -82,6 +91,7 @@ def option_flags(options: dict) -> list[str]:
     flags += ["--online-statistics"] if options.get("online_statistics") else []
     flags += ["--compile-pass-b"] if options.get("compile_pass_b") else []
     flags += ["--adam-implementation", options.get("adam_implementation", "default")]
+    flags += ["--kept-logits-chunks", str(options.get("kept_logits_chunks", 1))]
     return flags + (["--compile-layers"] if options["compile_layers"] else [])
 
 

@@ -115,7 +115,7 @@ class PolicyWithTokenLoss(nn.Module):
     def __init__(self, policy: PreTrainedModel, token_loss: Any, chunk_size: int,
                  reference: PreTrainedModel | None = None, old_policy: PreTrainedModel | None = None,
                  reference_head: nn.Module | None = None, compile_statistics: bool = False,
-                 online_statistics: bool = False, compile_pass_b: bool = False):
+                 online_statistics: bool = False, compile_pass_b: bool = False, kept_logits_chunks: int = 1):
         super().__init__()
         if reference is not None and reference_head is not None:
             raise ValueError("give the reference model or its cached head, not both")
@@ -128,6 +128,7 @@ class PolicyWithTokenLoss(nn.Module):
         self.compile_statistics = compile_statistics
         self.online_statistics = online_statistics
         self.compile_pass_b = compile_pass_b
+        self.kept_logits_chunks = kept_logits_chunks
 
     def models(self) -> list[PreTrainedModel]:
         """The models with layers of their own (a LoRA policy's reference and old policy are views of its layers)."""
@@ -168,6 +169,7 @@ class PolicyWithTokenLoss(nn.Module):
         return chunked_loss(self.token_loss, hidden, self.head_weight(), labels, chunk_size=self.chunk_size,
                             weights=weights, statistics=statistics, compile_statistics=self.compile_statistics,
                             online_statistics=self.online_statistics, compile_pass_b=self.compile_pass_b,
+                            kept_logits_chunks=self.kept_logits_chunks,
                             behaviour_logp=behaviour_logp, **frozen)
 
     def head_weight(self) -> torch.Tensor:

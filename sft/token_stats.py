@@ -7,8 +7,9 @@ A token loss (``sft.losses``) never sees the vocabulary. It names the per-token 
 
 * pass A (no graph, fp32 unless the loss asks for the model dtype): the loss's statistics, a few floats per row;
   skipped entirely (no head matmul) when the loss names none (plain SFT, DFT). It runs its chunks last to first
-  and hands the first chunk's policy and reference logits to pass B, which starts with that chunk: the same
-  matmuls are not done twice (with one chunk per micro-batch each head's forward matmul runs once). With
+  and hands the policy and reference logits of the first ``kept_logits_chunks`` chunks (``sft.kept_logits_chunks``,
+  1 by default) to pass B, which starts with them: their matmuls are not done twice (with that many chunks per
+  micro-batch each head's forward matmul runs once). With
   ``sft.compile_statistics`` each chunk's statistics run compiled (:func:`compiled_chunk_statistics`), the
   policy's and the reference's logits read in a few fused passes; with ``sft.online_statistics`` EKSFT's are
   computed by an online log-sum-exp over vocabulary blocks (:func:`online_chunk_statistics`), one read of each chunk;
@@ -21,7 +22,7 @@ A token loss (``sft.losses``) never sees the vocabulary. It names the per-token 
   without a pass A logs (SFT's and DFT's ``ce``).
 
 Reference logits are built in pass B only for the rows whose reference-term coefficients are non-zero (for
-EKSFT: the masked set M); for the first chunk they are those rows of pass A's reference logits, the very values
+EKSFT: the masked set M); for a kept chunk they are those rows of pass A's reference logits, the very values
 the selection ranked (a separate product of only those rows can round differently: BLAS picks kernels by shape).
 :func:`dense_loss` computes the same loss on given full logits with plain autograd through :func:`row_terms` (the
 reference API); tests hold the two to ≤ 1e-5.
@@ -362,13 +363,14 @@ def chunked_loss(loss: TokenLossLike, hidden: Tensor, head_weight: Tensor, label
                  old_hidden: Tensor | None = None, old_head_weight: Tensor | None = None,
                  weights: TokenWeights | None = None, statistics: Mapping[str, Tensor] | None = None,
                  compile_statistics: bool = False, online_statistics: bool = False, compile_pass_b: bool = False,
-                 behaviour_logp: Tensor | None = None) -> LossResult:
+                 kept_logits_chunks: int = 1, behaviour_logp: Tensor | None = None) -> LossResult:
     """``loss`` on the LM head ``hidden [B, L, d] @ head_weight[V, d]ᵀ``, ``chunk_size`` rows at a time.
 
     ``hidden`` are the policy's final hidden states (after the final norm), with grad; gradients flow into
     ``hidden`` and ``head_weight`` (tied or not). ``ref_*``/``old_*`` come from no-grad forwards of the
     reference / old-policy trunks and are required when the loss ``needs_reference`` / ``needs_old_policy``.
-    Never holds more than one chunk of policy and reference logits; matches :func:`dense_loss` on
+    Holds pass A's policy and reference logits of ``kept_logits_chunks`` chunks (compute dtype) for pass B to take
+    instead of multiplying again, and one chunk more at a time; matches :func:`dense_loss` on
     ``hidden @ head_weightᵀ`` to fp32 round-off. ``weights``: this micro-batch's share of a selection made over the
     whole optimiser step (``TokenLoss.selects_over_step``, one coefficient per row of :func:`chunked_statistics`);
     pass A and ``weigh`` are then skipped, and ``statistics`` are that pass's values of this micro-batch's rows.
@@ -377,18 +379,22 @@ def chunked_loss(loss: TokenLossLike, hidden: Tensor, head_weight: Tensor, label
     ``online_statistics``: through :func:`online_chunk_statistics` where it computes all of them, and pass B takes
     pass A's fp32 :data:`REUSED_TERMS` instead of summing them again.
     ``compile_pass_b``: pass B's per-chunk objective and gradient through :func:`compiled_chunk_objective_and_grad`.
+    ``kept_logits_chunks``: how many chunks of pass A's logits pass B takes (the first ones; each holds
+    ``2 · chunk_size · V`` compute-dtype values with a reference, half that without, until pass B reaches it).
     ``behaviour_logp [B, L]``: the data's :data:`DATA_TERMS` (:func:`data_terms`).
     """
     head = _head_inputs(loss, hidden, head_weight, labels, chunk_size, ref_hidden, ref_head_weight, old_hidden,
                         old_head_weight)
     rows = head.rows
     values: dict[str, Tensor] = {}
-    first_chunk = None
+    if isinstance(kept_logits_chunks, bool) or not isinstance(kept_logits_chunks, int) or kept_logits_chunks < 1:
+        raise ValueError(f"kept_logits_chunks must be a positive int; got {kept_logits_chunks!r}")
+    kept = _KeptLogits()
     if weights is None:
         with torch.no_grad():
-            values, first_chunk = _chunked_stats(loss, head.hidden_nd.detach(), head.weight_cd, rows.targets,
-                                                 chunk_size, head.ref_nd, head.ref_w, head.old_nd, head.old_w,
-                                                 compile_statistics, online_statistics)
+            values, kept = _chunked_stats(loss, head.hidden_nd.detach(), head.weight_cd, rows.targets, chunk_size,
+                                          head.ref_nd, head.ref_w, head.old_nd, head.old_w, compile_statistics,
+                                          online_statistics, kept_logits_chunks)
             values |= data_terms(loss, rows, behaviour_logp)
         weights = loss.weigh(_token_stats(rows, values, head_weight.shape[0]))
     elif any(coef.shape != rows.targets.shape for coef in weights.coefs.values()):
@@ -399,7 +405,7 @@ def chunked_loss(loss: TokenLossLike, hidden: Tensor, head_weight: Tensor, label
     reuse = online_statistics and not loss.stats_in_model_dtype
     reused = {name: known[name] for name in REUSED_TERMS if name in known} if reuse else {}
     plan = _HeadPlan(coefs=weights.coefs, targets=rows.targets, chunk_size=chunk_size, compute_dtype=head.compute_dtype,
-                     first_chunk=first_chunk, ref_hidden=head.ref_nd, ref_head_weight=head.ref_w,
+                     kept_logits=kept, ref_hidden=head.ref_nd, ref_head_weight=head.ref_w,
                      old_logp=values.get("old_logp"), term_options=loss.term_options,
                      target_logp=head.hidden_nd.new_zeros(rows.index.numel(), dtype=torch.float32), statistics=reused,
                      compiled=compile_pass_b)
@@ -497,13 +503,13 @@ def _head_logits(hidden: Tensor, weight_cd: Tensor) -> Tensor:
 
 
 @dataclass
-class _FirstChunkLogits:
-    """Pass A's policy and reference logits ``hidden @ Wᵀ`` (compute dtype, not yet cast to the statistics dtype)
-    for the rows of the first chunk, the products pass B needs first; pass B takes them instead of recomputing
-    them, and drops them after that chunk."""
+class _KeptLogits:
+    """Pass A's policy and reference logits ``hidden @ Wᵀ`` (compute dtype, not yet cast to the statistics dtype) of
+    its last-computed chunks, the first ones of the micro-batch (``kept_logits_chunks`` of them), by the chunk's first
+    row: pass B takes each instead of multiplying again and releases it there."""
 
-    policy: Tensor | None
-    reference: Tensor | None
+    policy: dict[int, Tensor] = field(default_factory=dict)
+    reference: dict[int, Tensor] = field(default_factory=dict)
 
 
 def chunk_statistics(logits: Tensor, targets: Tensor, names: tuple[str, ...], stats_dtype: torch.dtype, *,
@@ -601,18 +607,19 @@ def compiled_online_chunk_statistics() -> Callable[..., dict[str, Tensor]]:
 
 def _chunked_stats(loss: TokenLossLike, hidden_nd: Tensor, weight: Tensor, targets: Tensor, chunk_size: int,
                    ref_nd: Tensor | None, ref_w: Tensor | None, old_nd: Tensor | None,
-                   old_w: Tensor | None, compile_statistics: bool,
-                   online_statistics: bool) -> tuple[dict[str, Tensor], _FirstChunkLogits | None]:
+                   old_w: Tensor | None, compile_statistics: bool, online_statistics: bool,
+                   kept_chunks: int = 0) -> tuple[dict[str, Tensor], _KeptLogits]:
     """Pass A: ``loss.stats`` for every row, chunk by chunk, without a graph; fp32 unless the loss asks for the
     compute dtype. The head weights come already cast to the compute dtype. The chunks run last to first (each
-    row's statistics do not depend on the order), so the first chunk's logits are the last computed and are
-    returned for pass B; ``({}, None)`` when the loss names no statistics. Compiled, a short chunk is padded with
-    zero rows to ``chunk_size`` (:func:`compiled_chunk_statistics`) and their statistics dropped. With
+    row's statistics do not depend on the order), so the logits of the first ``kept_chunks`` chunks are the last
+    computed and are returned for pass B (nothing when the loss names no statistics). Compiled, a short chunk is
+    padded with zero rows to ``chunk_size`` (:func:`compiled_chunk_statistics`) and their statistics dropped. With
     ``online_statistics`` a loss whose statistics are all :data:`ONLINE_TERMS` takes
     :func:`online_chunk_statistics` (compiled or not)."""
+    kept = _KeptLogits()
     names = tuple(name for name in loss.stats if name not in DATA_TERMS)
     if not names:
-        return {}, None
+        return {}, kept
     stats_dtype = weight.dtype if loss.stats_in_model_dtype else torch.float32
     if online_statistics and ONLINE_TERMS.issuperset(names):
         statistics = compiled_online_chunk_statistics() if compile_statistics else online_chunk_statistics
@@ -622,7 +629,6 @@ def _chunked_stats(loss: TokenLossLike, hidden_nd: Tensor, weight: Tensor, targe
     needs_old = bool(OLD_POLICY_TERMS & set(names))
     starts = range(0, hidden_nd.shape[0], chunk_size)
     parts: dict[str, list[Tensor]] = {name: [] for name in names}
-    logits = ref_logits = None
     with torch.autocast(hidden_nd.device.type, enabled=False):
         for start in reversed(starts):
             chunk = slice(start, start + chunk_size)
@@ -635,12 +641,12 @@ def _chunked_stats(loss: TokenLossLike, hidden_nd: Tensor, weight: Tensor, targe
                                 **loss.term_options)
             for name in names:
                 parts[name].append(values[name][:rows].float())
+            if start < kept_chunks * chunk_size:
+                kept.policy[start] = logits[:rows]
+                if ref_logits is not None:
+                    kept.reference[start] = ref_logits[:rows]
     empty = hidden_nd.new_zeros(0, dtype=torch.float32)
-    stats = {name: torch.cat(chunks[::-1]) if chunks else empty for name, chunks in parts.items()}
-    if logits is None:
-        return stats, None
-    rows = min(chunk_size, hidden_nd.shape[0])
-    return stats, _FirstChunkLogits(policy=logits[:rows], reference=None if ref_logits is None else ref_logits[:rows])
+    return {name: torch.cat(chunks[::-1]) if chunks else empty for name, chunks in parts.items()}, kept
 
 
 def _pad_rows(tensor: Tensor, rows: int) -> Tensor:
@@ -657,7 +663,7 @@ class _HeadPlan:
     targets: Tensor
     chunk_size: int
     compute_dtype: torch.dtype
-    first_chunk: _FirstChunkLogits | None
+    kept_logits: _KeptLogits
     ref_hidden: Tensor | None
     ref_head_weight: Tensor | None
     old_logp: Tensor | None
@@ -672,18 +678,17 @@ class _HeadPlan:
     the chunk padded to ``chunk_size`` rows with zero coefficients."""
 
     def policy_logits(self, chunk: slice, hidden_cd: Tensor, weight_cd: Tensor) -> Tensor:
-        """fp32 ``hidden_cd @ weight_cdᵀ`` of one chunk; for the first chunk, pass A's product of the same operands
+        """fp32 ``hidden_cd @ weight_cdᵀ`` of one chunk; for a kept chunk, pass A's product of the same operands
         (released here)."""
-        if chunk.start == 0 and self.first_chunk is not None and self.first_chunk.policy is not None:
-            logits, self.first_chunk.policy = self.first_chunk.policy, None
-        else:
+        logits = self.kept_logits.policy.pop(chunk.start, None)
+        if logits is None:
             logits = hidden_cd @ weight_cd.T
         return logits.float()
 
     def chunk_value_and_grad(self, logits_cv: Tensor, chunk: slice, need_grad: bool) -> tuple[Tensor, Tensor | None]:
         """:func:`chunk_objective_and_grad` of the rows ``chunk`` from their fp32 logits (overwritten in place), this
         plan's coefficients and pass A's statistics of those rows, and the reference's logits of the rows that need
-        them: for the first chunk pass A's (released here), else its final hidden states and head. Records each row's
+        them: for a kept chunk pass A's (released here), else its final hidden states and head. Records each row's
         ``log p_y`` in :attr:`target_logp`."""
         rows = logits_cv.shape[0]
         shape = self.chunk_size if self.compiled else rows
@@ -691,9 +696,9 @@ class _HeadPlan:
         def rows_of(values: Tensor | None) -> Tensor | None:
             return None if values is None else _pad_rows(values[chunk], shape)
 
-        ref_logits = ref_hidden = None
-        if chunk.start == 0 and self.first_chunk is not None and self.first_chunk.reference is not None:
-            ref_logits, self.first_chunk.reference = _pad_rows(self.first_chunk.reference, shape), None
+        ref_logits, ref_hidden = self.kept_logits.reference.pop(chunk.start, None), None
+        if ref_logits is not None:
+            ref_logits = _pad_rows(ref_logits, shape)
         elif self.ref_hidden is not None:
             ref_hidden = rows_of(self.ref_hidden)
         objective = compiled_chunk_objective_and_grad() if self.compiled else chunk_objective_and_grad
@@ -868,7 +873,6 @@ class _ChunkedHeadObjective(torch.autograd.Function):
                 hidden_cd = hidden_nd[chunk].detach().to(compute_dtype)
                 value, grad_logits = plan.chunk_value_and_grad(plan.policy_logits(chunk, hidden_cd, weight_cd), chunk,
                                                                need_hidden_grad or need_weight_grad)
-                plan.first_chunk = None
                 total = total + value
                 if grad_logits is not None:
                     grad_logits = grad_logits.to(compute_dtype)

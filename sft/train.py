@@ -218,7 +218,7 @@ def root_from_base(sft: SFTConfig, token_loss: TokenLoss, base: BaseModel, env: 
     frozen_dtype = sft.frozen_dtype
     full = base.full
     head_options = dict(compile_statistics=sft.compile_statistics, online_statistics=sft.online_statistics,
-                        compile_pass_b=sft.compile_pass_b)
+                        compile_pass_b=sft.compile_pass_b, kept_logits_chunks=sft.kept_logits_chunks)
     if sft.lora.enabled:  # the reference and old policy are views of the policy's own layers (sft/lora.py)
         adapters = dict(settings=sft.lora, old_adapter=token_loss.needs_old_policy,
                         frozen_dtype=FROZEN_DTYPES[frozen_dtype])

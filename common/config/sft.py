@@ -497,6 +497,13 @@ class SFTConfig:
     """The loss head's gradient pass under ``torch.compile`` (``sft.token_stats.compiled_chunk_objective_and_grad``):
     each chunk's objective and closed-form logit gradient in a few fused passes instead of one per elementwise op;
     the same numbers up to fp32 round-off."""
+    kept_logits_chunks: int = field(default=1, metadata=IDENTITY_WHEN_SET)
+    """Chunks of the statistics pass's policy and reference logits that the gradient pass takes instead of
+    multiplying the head again (``sft.token_stats.chunked_loss``): the first ones of each micro-batch, held in the
+    compute dtype until the gradient pass reaches them, ``2 · chunk_size · V`` values each with a reference (0.62 GB
+    at chunk 1,024, Qwen3's vocabulary, bf16). More than a micro-batch has keeps them all. Losses without a
+    statistics pass (SFT, DFT) hold none. The same numbers up to round-off where a last, short chunk's product was
+    padded to ``chunk_size`` rows (``compile_statistics``)."""
     frozen_dtype: str = field(default="fp32", metadata=IDENTITY_WHEN_SET)
     """fp32 or bf16: storage of the frozen reference, its cached head and PSFT's old policy (``sft.policy.freeze``).
     Under bf16 mixed precision on a GPU FSDP2 casts them to bf16 for every forward anyway, so bf16 changes no number
@@ -563,6 +570,7 @@ class SFTConfig:
         check_choice("sft.compile_statistics", self.compile_statistics, (False, True))
         check_choice("sft.online_statistics", self.online_statistics, (False, True))
         check_choice("sft.compile_pass_b", self.compile_pass_b, (False, True))
+        check_range("sft.kept_logits_chunks", self.kept_logits_chunks, 1)
         check_choice("sft.frozen_dtype", self.frozen_dtype, ("fp32", "bf16"))
         check_choice("sft.reference_cache", self.reference_cache, (False, True))
         self.lora.validate()

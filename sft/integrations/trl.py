@@ -35,7 +35,7 @@ from transformers.utils import ModelOutput
 from trl import SFTConfig, SFTTrainer
 from trl.models import prepare_fsdp
 
-from common.config.common import ConfigError, check_choice
+from common.config.common import ConfigError, check_choice, check_range
 from common.config.sft import CHECKPOINTING_POLICIES, LOSS_NORMS, SFTMethod
 from common.paths import sft_stat_key
 from sft.data import supervised_token_count
@@ -60,8 +60,8 @@ class TokenLossSFTTrainer(SFTTrainer):
     ``ref_model``: the frozen reference (a model, or an HF id or folder) of a loss that ``needs_reference``; None: the
     base of a PEFT model with its adapters disabled, or a frozen copy of ``model`` as given. ``loss_norm``: how
     micro-batch objectives make the step objective (``sft.loss_norm``; a method's own, EKSFT official_code's
-    micro_batch_sum, wins). ``compile_statistics``, ``online_statistics``, ``compile_pass_b``: the loss head's passes
-    as ``sft.compile_statistics``, ``sft.online_statistics`` and ``sft.compile_pass_b`` (docs/loss_head.md).
+    micro_batch_sum, wins). ``compile_statistics``, ``online_statistics``, ``compile_pass_b``, ``kept_logits_chunks``:
+    the loss head's passes as the ``sft.*`` keys of those names (docs/loss_head.md).
     ``gradient_checkpointing_policy``: what ``args.gradient_checkpointing`` recomputes, as
     ``sft.gradient_checkpointing_policy`` (``selective``: the project's per-layer checkpoint,
     ``sft.policy.checkpoint_decoder_layers``, instead of HF's). Refused, each with one line: packing and padding-free
@@ -78,12 +78,13 @@ class TokenLossSFTTrainer(SFTTrainer):
                  token_loss: str | SFTMethod = "eksft", token_loss_options: dict[str, Any] | None = None,
                  ref_model: str | PreTrainedModel | None = None, chunk_size: int = 256,
                  loss_norm: str = "global_token_mean", compile_statistics: bool = False,
-                 online_statistics: bool = False, compile_pass_b: bool = False,
+                 online_statistics: bool = False, compile_pass_b: bool = False, kept_logits_chunks: int = 1,
                  gradient_checkpointing_policy: str = "full",
                  **trainer_kwargs: Any):
         loss = build_loss(method_config(token_loss, **(token_loss_options or {})))
         check_choice("loss_norm", loss_norm, LOSS_NORMS)
         check_choice("gradient_checkpointing_policy", gradient_checkpointing_policy, CHECKPOINTING_POLICIES)
+        check_range("kept_logits_chunks", kept_logits_chunks, 1)
         args = args if args is not None else SFTConfig(loss_type="nll")
         _refuse_unsupported(loss, args, trainer_kwargs, ref_model, gradient_checkpointing_policy)
         args.loss_type = "nll"  # TRL's own chunked head stays unpatched: the token loss's head replaces it
@@ -117,7 +118,8 @@ class TokenLossSFTTrainer(SFTTrainer):
             old_policy = self._prepare_frozen(copy.deepcopy(trunk_owner))
         self.loss_root = PolicyWithTokenLoss(trunk_owner, loss, chunk_size, reference=reference, old_policy=old_policy,
                                              compile_statistics=compile_statistics,
-                                             online_statistics=online_statistics, compile_pass_b=compile_pass_b)
+                                             online_statistics=online_statistics, compile_pass_b=compile_pass_b,
+                                             kept_logits_chunks=kept_logits_chunks)
         """The project trainer's root forward (trunks, chunked head); its ``policy`` is the model TRL trains."""
         _patch_root_forward(trunk_owner, self.loss_root)
         self.add_callback(_TokenLossSteps(self.loss_root))

@@ -28,14 +28,14 @@ def fresh_dynamo_cache():
 
 @pytest.mark.parametrize("cfg", STATISTICS_CONFIGS, ids=lambda c: f"{c.name}-{'-'.join(build_loss(c).stats)}")
 def test_compiled_statistics_pass_equals_the_eager_pass(cfg):
-    check_compiled_head(cfg)
+    check_compiled_head(cfg, compile_statistics=True)
 
 
 @pytest.mark.parametrize("cfg", METHOD_CONFIGS, ids=lambda c: f"{c.name}-{getattr(c, 'compat', '')}-"
                                                               f"{getattr(c, 'stats_dtype', '')}")
 def test_compiled_pass_b_equals_the_eager_pass_b(cfg):
     """``sft.compile_pass_b`` for every registered loss: each one's objective terms and their gradients, compiled."""
-    check_compiled_head(cfg, pass_b=True)
+    check_compiled_head(cfg, compile_pass_b=True)
 
 
 def test_compiled_decoder_layers_match_eager_loss_and_gradients():

@@ -58,18 +58,25 @@ def fresh_dynamo_cache():
 def test_compiled_statistics_pass_equals_the_eager_pass_for_eksft():
     """The paper's EKSFT here; every other loss's statistics in tests/e2e/test_sft_compile.py (each set compiles for
     5-30 s on 2 cores)."""
-    check_compiled_head(EKSFTMethod())
+    check_compiled_head(EKSFTMethod(), compile_statistics=True)
 
 
 def test_compiled_online_statistics_pass_equals_the_eager_pass_for_eksft():
     """``sft.online_statistics`` under ``sft.compile_statistics``: the online log-sum-exp pass, compiled."""
-    check_compiled_head(EKSFTMethod(), online=True)
+    check_compiled_head(EKSFTMethod(), compile_statistics=True, online_statistics=True)
 
 
 def test_compiled_pass_b_equals_the_eager_pass_b_for_eksft():
     """``sft.compile_pass_b``: EKSFT's objective and closed-form gradient per chunk, compiled; every other loss in
     tests/e2e/test_sft_compile.py."""
-    check_compiled_head(EKSFTMethod(), pass_b=True)
+    check_compiled_head(EKSFTMethod(), compile_pass_b=True)
+
+
+def test_every_chunk_kept_from_the_compiled_padded_pass_a_equals_the_eager_head():
+    """``sft.kept_logits_chunks`` with both passes compiled: pass B takes the logits of all three chunks from pass A,
+    the last one's product padded to the compiled shape (5 rows, 4 of them real)."""
+    check_compiled_head(EKSFTMethod(), compile_statistics=True, online_statistics=True, compile_pass_b=True,
+                        kept_logits_chunks=3)
 
 
 def test_compiled_pass_b_compiles_no_new_graph_for_new_masked_row_counts():
@@ -90,10 +97,10 @@ def test_compiled_pass_b_compiles_no_new_graph_for_new_masked_row_counts():
     assert not torch._dynamo.utils.counters["recompile_limit"]
 
 
-def check_compiled_head(cfg, online: bool = False, pass_b: bool = False) -> None:
-    """Loss, metrics and both gradients of the chunked head with pass A compiled (the online pass with ``online``),
-    or with ``pass_b`` pass B compiled, equal the eager head's (fp32, 1e-6); chunk 5 of 14 prediction rows pads the
-    last chunk to the compiled shape."""
+def check_compiled_head(cfg, **options) -> None:
+    """Loss, metrics and both gradients of the chunked head with ``options`` (``chunked_loss``'s
+    ``compile_statistics``, ``online_statistics``, ``compile_pass_b``, ``kept_logits_chunks``) equal the eager
+    default head's (fp32, 1e-6); chunk 5 of 14 prediction rows pads the last chunk to the compiled shape."""
     inputs = head_inputs()
     loss = build_loss(cfg)
     results = {}
@@ -104,8 +111,7 @@ def check_compiled_head(cfg, online: bool = False, pass_b: bool = False) -> None
             frozen = {"ref_hidden": inputs["ref_hidden"], "ref_head_weight": inputs["ref_weight"]}
         if loss.needs_old_policy:
             frozen = {"old_hidden": inputs["old_hidden"], "old_head_weight": inputs["weight"]}
-        result = chunked_loss(loss, h, w, LABELS, chunk_size=5, compile_statistics=compiled and not pass_b,
-                              online_statistics=online and compiled, compile_pass_b=compiled and pass_b, **frozen)
+        result = chunked_loss(loss, h, w, LABELS, chunk_size=5, **(options if compiled else {}), **frozen)
         result.loss.backward()
         results[compiled] = (result, h.grad, w.grad)
     (eager, eager_h, eager_w), (fused, fused_h, fused_w) = results[False], results[True]
@@ -120,7 +126,8 @@ def check_compiled_head(cfg, online: bool = False, pass_b: bool = False) -> None
 def tiny_args(**options) -> argparse.Namespace:
     flags = ["--frozen-dtype", options.get("frozen_dtype", "fp32"), "--mixed-precision", "fp32", "--seq-len", "16",
              "--micro-batch-size", "2", "--grad-accum", "1", "--chunk-size", "8",
-             "--adam-implementation", options.get("adam_implementation", "default")]
+             "--adam-implementation", options.get("adam_implementation", "default"),
+             "--kept-logits-chunks", str(options.get("kept_logits_chunks", 1))]
     return parse_args(flags + (["--compile-layers"] if options.get("compile_layers") else []))
 
 
@@ -146,6 +153,33 @@ def test_fused_adamw_steps_the_sharded_policy_as_the_default_adamw():
         default, fused = updates["default"], updates["fused"]
         assert default.abs().max() > 1e-6  # the steps moved the weights
         assert ((fused - default).norm() / default.norm()).item() < 1e-4
+    finally:
+        close_distributed(env)
+
+
+def test_an_eksft_trainer_keeping_every_chunks_logits_steps_as_the_default_one():
+    """``sft.kept_logits_chunks`` reaches the trainer's head through ``sft.train.root_from_base``: one EKSFT step
+    (2 × 16 tokens at chunk 8, so 4 chunks a micro-batch, all kept) gives the default trainer's loss and update to
+    fp32 round-off."""
+    env = init_distributed("cpu")
+    try:
+        runs = {}
+        for kept in (1, 4):
+            args = tiny_args(kept_logits_chunks=kept)
+            root, optimizer, sft = build_trainer(EKSFTMethod(), args, env)
+            assert root.kept_logits_chunks == kept and sft.kept_logits_chunks == kept
+            before = [param.full_tensor().clone() for param in root.policy.parameters()]
+            result = train_step(root, optimizer, random_micro_batches(args, root.policy.config.vocab_size, env.device),
+                                sft=sft, env=env)
+            update = torch.cat([(param.full_tensor() - start).flatten()
+                                for param, start in zip(root.policy.parameters(), before)])
+            runs[kept] = (result.loss, update)
+            release(env)
+            del root, optimizer
+        (default_loss, default_update), (kept_loss, kept_update) = runs[1], runs[4]
+        assert default_update.abs().max() > 1e-6
+        assert abs(kept_loss - default_loss) <= 1e-6 * abs(default_loss)
+        assert ((kept_update - default_update).norm() / default_update.norm()).item() < 1e-4
     finally:
         close_distributed(env)
 

@@ -90,14 +90,16 @@ def assert_close_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor],
 def test_every_loss_and_its_gradients_equal_the_dense_loss_on_the_same_batch(name, online, tiny, dataset, tmp_path):
     """TRL path (patched root forward → chunked head, 5-token chunks) against ``compute_token_loss`` on the full
     logits of the same policy, reference and old policy: the loss and every parameter gradient to fp32 round-off;
-    EKSFT also with ``online_statistics``."""
+    EKSFT also with ``online_statistics`` and every chunk's logits kept for the gradient pass."""
     options = OPTIONS.get(name, {})
     reference = load(tiny)
     trainer = TokenLossSFTTrainer(load(tiny), args=sft_args(tmp_path), train_dataset=dataset,
                                   processing_class=AutoTokenizer.from_pretrained(tiny), token_loss=name,
                                   token_loss_options=options, chunk_size=5, online_statistics=online,
+                                  kept_logits_chunks=64 if online else 1,
                                   ref_model=reference if TOKEN_LOSSES[name].needs_reference else None)
     assert trainer.loss_root.online_statistics is online
+    assert trainer.loss_root.kept_logits_chunks == (64 if online else 1)
     policy = perturbed(trainer.model, seed=1)  # after the old policy's copy: π_θ ≠ π_old ≠ π_ref
     batch = next(iter(trainer.get_train_dataloader()))
     labels = batch["labels"]

@@ -105,6 +105,18 @@ def test_selective_checkpointing_also_keeps_each_layers_matmul_and_attention_out
         == 4096 * (36 * 94_208 + 215_040 + 12 * 4096)
 
 
+def test_kept_logits_chunks_add_their_policy_and_reference_logits_up_to_the_micro_batchs_chunks(qwen3_8b):
+    """``sft.kept_logits_chunks`` k: k − 1 chunks more than the default of the policy's bf16 logits C·V (and EKSFT's
+    reference's), at most the micro-batch's ⌈4,096 / 1,024⌉ = 4."""
+    chunk = 2 * 1024 * 151936
+    for method, logits in (("sft", 1), ("eksft", 2)):
+        default = estimate(qwen3_8b, f"sft/method={method}").loss_head
+        assert estimate(qwen3_8b, f"sft/method={method}", "sft.kept_logits_chunks=3").loss_head \
+            == default + 2 * logits * chunk
+        assert estimate(qwen3_8b, f"sft/method={method}", "sft.kept_logits_chunks=64").loss_head \
+            == default + 3 * logits * chunk
+
+
 def test_no_estimate_without_the_models_config_json(qwen3_8b, tmp_path):
     assert preflight.estimate_sft_memory(paper_8b(qwen3_8b, f"model.path={tmp_path}")) is None
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch.utils.flop_counter import FlopCounterMode
 
 from common.config.sft import (
     SFT_METHOD_SCHEMAS,
@@ -288,6 +289,54 @@ def test_eksft_still_runs_pass_a(monkeypatch):
     chunked_loss(build_loss(EKSFTMethod()), hidden, weight, LABELS, chunk_size=4, ref_hidden=ref_hidden,
                  ref_head_weight=ref_weight)
     assert len(head_matmuls) >= 6  # policy and reference logits of each of the 3 chunks in pass A
+
+
+def _head_product_flops(run) -> int:
+    """FLOPs of the matrix products ``run()`` does (``mm``, and the fp32 head-weight gradient's in-place ``addmm_``,
+    which the counter does not count by itself): the head's, not ``_rowdot``'s ``bmm``."""
+    aten = torch.ops.aten
+    in_place = {aten.addmm_: lambda sum_shape, a_shape, b_shape, **_: 2 * a_shape[0] * a_shape[1] * b_shape[1]}
+    with FlopCounterMode(display=False, custom_mapping=in_place) as counter:
+        run()
+    counts = counter.get_flop_counts()["Global"]
+    return sum(counts.get(op, 0) for op in (aten.mm, aten.addmm, aten.addmm_))
+
+
+@pytest.mark.parametrize("kept", [2, 3, 50])
+def test_kept_logits_chunks_spare_pass_b_the_products_pass_a_made(kept):
+    """``kept_logits_chunks``: pass B takes pass A's policy and reference logits of the first chunks instead of
+    multiplying the head again. With every chunk kept the forward's head products are pass A's two (policy and
+    reference, ``2·N·d·V`` each) and the two gradient products, ``8·N·d·V``; keeping the first chunk only (the
+    default) multiplies the other chunks' policy rows and masked reference rows again. The loss and both gradients
+    stay within fp32 round-off (a reference product of only the masked rows may round differently)."""
+    hidden, weight, ref_hidden, ref_weight, _ = _inputs(3)
+    loss = build_loss(EKSFTMethod(rho=0.3))
+    rows, chunks = 11, 3  # LABELS' prediction rows in chunks of 4
+    results, flops = {}, {}
+    for chunks_kept in (1, kept):
+        h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+
+        def run():
+            results[chunks_kept] = chunked_loss(loss, h, w, LABELS, chunk_size=4, ref_hidden=ref_hidden,
+                                                ref_head_weight=ref_weight, kept_logits_chunks=chunks_kept)
+        flops[chunks_kept] = _head_product_flops(run)
+        results[chunks_kept].loss.backward()
+        results[chunks_kept] = (results[chunks_kept].loss.detach(), h.grad, w.grad)
+    product = 2 * HIDDEN * VOCAB  # FLOPs of one row's head product
+    recomputed = (flops[1] - flops[kept]) // product
+    if kept >= chunks:
+        assert flops[kept] == 4 * rows * product  # 8·N·d·V
+    assert recomputed >= (min(kept, chunks) - 1) * 4  # at least the kept chunks' policy rows, 4 each
+    for mine, theirs in zip(results[kept], results[1]):
+        assert _relative_error(mine, theirs) < 1e-6
+
+
+def test_kept_logits_chunks_must_be_a_positive_int():
+    hidden, weight, ref_hidden, ref_weight, _ = _inputs()
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="kept_logits_chunks"):
+            chunked_loss(build_loss(EKSFTMethod()), hidden, weight, LABELS, chunk_size=4, ref_hidden=ref_hidden,
+                         ref_head_weight=ref_weight, kept_logits_chunks=bad)
 
 
 def test_prob_logp_term_value_and_closed_form_gradient():
