@@ -123,7 +123,8 @@ def main(argv: list[str] | None = None) -> int:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(results, indent=2, default=str) + "\n")
 
-    for rows in ((64,) if args.dry_run else args.statistics_rows):
+    statistics_rows = ([64] if args.statistics_rows else []) if args.dry_run else args.statistics_rows
+    for rows in statistics_rows:  # a dry run: one 64-row chunk, unless the part is skipped
         shape = ["--rows", str(rows)] + (["--vocab", "512", "--hidden", "64"] if args.dry_run else
                                          ["--device", "cuda", "--vocab", "151936", "--hidden", "2048"])
         results["statistics"][rows] = statistics_pass.main(shape + ["--repeats", "3" if args.dry_run else "10"])
