@@ -674,8 +674,8 @@ def with_key(cfg: "Config", key: str, value: Any) -> "Config":
 
 def memory_fixes(cfg: "Config", available: int) -> list[str]:
     """Each change of one key that brings :func:`estimate_sft_memory` within ``available`` bytes, with its estimate:
-    LoRA, activation checkpointing (full, not selective), frozen models in bf16, the fewest GPUs in all (doubling)
-    and the longest ``data.max_length`` (halving) that fit."""
+    LoRA, activation checkpointing (full, not selective), frozen models in bf16, one kept chunk of logits, the fewest
+    GPUs in all (doubling) and the longest ``data.max_length`` (halving) that fit."""
     def peak_with(key: str, value: Any) -> int:
         return estimate_sft_memory(with_key(cfg, key, value)).peak
 
@@ -684,7 +684,8 @@ def memory_fixes(cfg: "Config", available: int) -> list[str]:
 
     fixes = []
     for key, value in (("sft.lora.enabled", True), ("sft.gradient_checkpointing", True),
-                       ("sft.gradient_checkpointing_policy", "full"), ("sft.frozen_dtype", "bf16")):
+                       ("sft.gradient_checkpointing_policy", "full"), ("sft.frozen_dtype", "bf16"),
+                       ("sft.kept_logits_chunks", 1)):
         if with_key(cfg, key, value) != cfg and (peak := peak_with(key, value)) <= available:
             fixes.append(f"{key}={str(value).lower()} ({gib(peak)})")
     nodes, length = cfg.profile.nnodes, cfg.data.max_length

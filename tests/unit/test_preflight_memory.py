@@ -164,6 +164,14 @@ def test_selective_checkpointing_too_large_is_refused_with_full_checkpointing(qw
     assert problem.fix.startswith("sft.gradient_checkpointing_policy=full (")
 
 
+def test_kept_logits_too_large_are_refused_with_the_default(qwen3_8b, monkeypatch):
+    """EKSFT on 8 GPUs at 20,480 tokens: 42.2 GiB a GPU by default, 53.3 with all 20 chunks' logits kept."""
+    gpus(monkeypatch, 8, 48.0)
+    cfg = paper_8b(qwen3_8b, "sft/method=eksft", "data.max_length=20480", "sft.kept_logits_chunks=20")
+    problem, = preflight.check_memory(cfg)
+    assert "sft.kept_logits_chunks=1 (42.2 GiB)" in problem.fix
+
+
 def test_without_a_gpu_nothing_is_refused(qwen3_8b, monkeypatch):
     monkeypatch.setattr(torch.version, "cuda", None)
     assert preflight.check_memory(paper_8b(qwen3_8b, "profile.nproc_per_node=1")) == []
