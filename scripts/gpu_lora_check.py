@@ -1,6 +1,6 @@
 """EKSFT-LoRA against EKSFT-full on one GPU at the Qwen3-1.7B shape: peak memory and step time of both, one run.
 
-    python scripts/gpu_lora_check.py [--out FILE]     # one GPU: NCCL, world size 1, bf16; about 2 minutes
+    python scripts/gpu_lora_check.py [--out FILE] [--profile]   # one GPU: NCCL, world size 1, bf16; about 2 minutes
     python scripts/gpu_lora_check.py --dry-run        # any machine: the same code at the tiny CPU size (gloo, fp32)
 
 Both trainers are the SFT stage's own: a ``PolicyWithTokenLoss`` root built by ``sft.train.root_from_base`` (through
@@ -11,8 +11,10 @@ every weight. LoRA (``sft.lora`` defaults: r 16, α 32, every linear layer of a 
 base frozen in bf16, fp32 adapters, the reference the base with the adapters disabled (no second model). Each trainer
 is built, warmed up and timed alone after the one before is released, so each peak
 (``torch.cuda.max_memory_allocated``) is its own; ``held_gib`` is what it holds between steps, ``estimate_gib`` the
-preflight's estimate of its peak (``common.preflight.estimate_sft_memory``). Needs a CUDA torch,
-transformers and peft (no vLLM, no verl).
+preflight's estimate of its peak (``common.preflight.estimate_sft_memory``). With ``--profile`` one more step of each
+runs under ``torch.profiler`` (``bench.sft_step_time.profile_steps``), its table beside the results file
+(``.full.profile.txt``, ``.lora.profile.txt``): the host's and the device's totals say whether LoRA's step waits on
+the host. Needs a CUDA torch, transformers and peft (no vLLM, no verl).
 """
 from __future__ import annotations
 
@@ -31,7 +33,8 @@ sys.path[:0] = [str(REPO)]
 
 from bench import sft_step_time  # noqa: E402
 from bench.sft_memory_estimate import save_config, trainer_estimate  # noqa: E402
-from bench.sft_step_time import build_trainer, random_micro_batches, release, trainer_bytes  # noqa: E402
+from bench.sft_step_time import (build_trainer, profile_steps, random_micro_batches, release,  # noqa: E402
+                                 trainer_bytes)
 
 TRAINERS = ("full", "lora")
 
@@ -47,8 +50,9 @@ def step_args(dry_run: bool) -> argparse.Namespace:
                                      "--mixed-precision", "bf16", "--chunk-size", "1024", "--frozen-dtype", "bf16"])
 
 
-def measure(name: str, args: argparse.Namespace, env, warmup: int, steps: int) -> dict:
-    """One trainer alone: its median step time, peak and held memory, trainable and total parameters."""
+def measure(name: str, args: argparse.Namespace, env, warmup: int, steps: int, profile: Path | None = None) -> dict:
+    """One trainer alone: its median step time, peak and held memory, trainable and total parameters; with
+    ``profile``, then one more step under ``torch.profiler``, its table written there."""
     from common.config.sft import EKSFTMethod
     from sft.trainer import train_step
 
@@ -72,8 +76,12 @@ def measure(name: str, args: argparse.Namespace, env, warmup: int, steps: int) -
     result = {"median_step_s": statistics.median(times), "step_s": times,
               "trainable_params": sum(p.numel() for p in root.policy.parameters() if p.requires_grad),
               "params": sum(p.numel() for p in root.policy.parameters()),
-              "held_gib": ((torch.cuda.memory_allocated() - before) if cuda else trainer_bytes(root, optimizer)) / 2 ** 30,
+              "held_gib": ((torch.cuda.memory_allocated() - before) if cuda else trainer_bytes(root, optimizer))
+              / 2 ** 30,
               "peak_gib": torch.cuda.max_memory_allocated() / 2 ** 30 if cuda else None}
+    if profile is not None:
+        profile_steps(profile, {name: (root, optimizer, sft)}, batches, None, env)
+        result["profile"] = str(profile)
     del root, optimizer, sft
     release(env)
     return result
@@ -84,7 +92,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dry-run", action="store_true", help="the tiny CPU size through the same code")
     parser.add_argument("--steps", type=int, default=3, help="timed steps per trainer")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps per trainer first")
-    parser.add_argument("--out", type=Path, default=None, help="results file (default runs/gpu_lora_check/<UTC time>.json)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="results file (default runs/gpu_lora_check/<UTC time>.json)")
+    parser.add_argument("--profile", action="store_true",
+                        help="one more step of each trainer under torch.profiler, a table beside the results file")
     args = parser.parse_args(argv)
     from common.tracking import configure_cpu_threads
     from gpu_smoke import script_start, versions  # scripts/gpu_smoke.py, beside this file
@@ -100,7 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for name in TRAINERS:
             print(f"[{name}] EKSFT, {shape.size}, {results['tokens_per_step']} tokens per step", flush=True)
-            results["trainers"][name] = measure(name, shape, env, args.warmup, args.steps)
+            profile = out.with_suffix(f".{name}.profile.txt") if args.profile else None
+            results["trainers"][name] = measure(name, shape, env, args.warmup, args.steps, profile)
             with tempfile.TemporaryDirectory() as tmp:  # the preflight's estimate of the same trainer
                 estimate = trainer_estimate("eksft", name == "lora", shape, save_config(shape.size, Path(tmp) / "m"))
             results["trainers"][name]["estimate_gib"] = estimate.peak / 2 ** 30

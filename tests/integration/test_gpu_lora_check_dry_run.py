@@ -15,9 +15,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_gpu_lora_check_dry_run_times_both_trainers_and_writes_its_results(tmp_path):
     out = tmp_path / "results.json"
-    result = subprocess.run([sys.executable, str(REPO / "scripts" / "gpu_lora_check.py"), "--dry-run", "--steps", "1",
-                             "--warmup", "1", "--out", str(out)], capture_output=True, text=True, timeout=300,
-                            cwd=tmp_path)
+    command = [sys.executable, str(REPO / "scripts" / "gpu_lora_check.py"), "--dry-run", "--steps", "1", "--warmup", "1",
+               "--profile", "--out", str(out)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     results = json.loads(out.read_text())
     full, lora = results["trainers"]["full"], results["trainers"]["lora"]
@@ -29,3 +29,6 @@ def test_gpu_lora_check_dry_run_times_both_trainers_and_writes_its_results(tmp_p
     assert lora["held_gib"] < full["held_gib"] / 2
     assert full["estimate_gib"] > lora["estimate_gib"] > lora["held_gib"]  # the preflight's estimate of each peak
     assert "lora/full: step time" in result.stdout
+    for name in ("full", "lora"):  # one more step of each under torch.profiler: where LoRA's extra time goes
+        table = Path(results["trainers"][name]["profile"]).read_text()
+        assert table.startswith(f"## {name}\n") and "Self CPU time total" in table
