@@ -1,8 +1,8 @@
 """The trainer's speed and memory options against the eager trainer they replace (CPU, tiny shapes): the compiled
 statistics pass (``sft.compile_statistics``) and the online one (``sft.online_statistics``), the compiled gradient
-pass (``sft.compile_pass_b``), fused AdamW (``sft.adam_implementation``), frozen models stored in bf16
-(``sft.frozen_dtype``), released trainers, and where compiled decoder layers go (``sft.compile_layers``; their
-numbers: tests/e2e, a minute's compile on 2 cores)."""
+pass (``sft.compile_pass_b``), pass A's logits kept for pass B (``sft.kept_logits_chunks``), fused AdamW
+(``sft.adam_implementation``), frozen models stored in bf16 (``sft.frozen_dtype``), released trainers, and where
+compiled decoder layers go (``sft.compile_layers``; their numbers: tests/e2e, a minute's compile on 2 cores)."""
 from __future__ import annotations
 
 import argparse
@@ -159,7 +159,7 @@ def test_fused_adamw_steps_the_sharded_policy_as_the_default_adamw():
 
 def test_an_eksft_trainer_keeping_every_chunks_logits_steps_as_the_default_one():
     """``sft.kept_logits_chunks`` reaches the trainer's head through ``sft.train.root_from_base``: one EKSFT step
-    (2 × 16 tokens at chunk 8, so 4 chunks a micro-batch, all kept) gives the default trainer's loss and update to
+    (2 × 16 tokens at chunk 8: at most 4 chunks a micro-batch, all kept) gives the default trainer's loss and update to
     fp32 round-off."""
     env = init_distributed("cpu")
     try:
