@@ -387,8 +387,7 @@ def chunked_loss(loss: TokenLossLike, hidden: Tensor, head_weight: Tensor, label
                         old_head_weight)
     rows = head.rows
     values: dict[str, Tensor] = {}
-    if isinstance(kept_logits_chunks, bool) or not isinstance(kept_logits_chunks, int) or kept_logits_chunks < 1:
-        raise ValueError(f"kept_logits_chunks must be a positive int; got {kept_logits_chunks!r}")
+    _check_positive_int("kept_logits_chunks", kept_logits_chunks)
     kept = _KeptLogits()
     if weights is None:
         with torch.no_grad():
@@ -447,8 +446,7 @@ class _HeadInputs:
 def _head_inputs(loss: TokenLossLike, hidden: Tensor, head_weight: Tensor, labels: Tensor, chunk_size: int,
                  ref_hidden: Tensor | None, ref_head_weight: Tensor | None, old_hidden: Tensor | None,
                  old_head_weight: Tensor | None) -> _HeadInputs:
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
-        raise ValueError(f"chunk_size must be a positive int; got {chunk_size!r}")
+    _check_positive_int("chunk_size", chunk_size)
     if hidden.dim() != 3:
         raise ValueError(f"hidden must be [batch, length, hidden_size]; got shape {tuple(hidden.shape)}")
     _check_pair("hidden", hidden, "labels", labels)
@@ -948,6 +946,11 @@ def _check_pair(name: str, tensor: Tensor, labels_name: str, labels: Tensor) -> 
     if labels.dim() != 2 or tuple(tensor.shape[:2]) != tuple(labels.shape):
         raise ValueError(f"{name} {tuple(tensor.shape)} and {labels_name} {tuple(labels.shape)} must share "
                          "[batch, length]")
+
+
+def _check_positive_int(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive int; got {value!r}")
 
 
 def _check_head(name: str, weight: Tensor | None, hidden: Tensor) -> None:
