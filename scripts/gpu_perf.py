@@ -39,27 +39,24 @@ sys.path[:0] = [str(REPO)]
 from bench import sft_step_time, statistics_pass  # noqa: E402
 from bench.sft_step_time import TARGETS, mfu, release, static_bytes_per_parameter, time_steps  # noqa: E402
 
+PAPER_PROFILE = dict(compile_statistics=True, online_statistics=True, frozen_dtype="bf16", compile_layers=True,
+                     chunk_size=1024)
+"""The paper profile's loss-head and trunk keys (``conf/sft/paper.yaml``)."""
+LEVERS = dict(PAPER_PROFILE, compile_pass_b=True, adam_implementation="fused")
+"""The paper profile with its gradient pass compiled and AdamW fused."""
+SFT_SELECTIVE = dict(checkpointing="selective", methods=("sft",))
+"""SFT alone under selective checkpointing, for its MFU."""
 CONFIGURATIONS = {
     "eager": dict(compile_statistics=False, frozen_dtype="fp32", compile_layers=False, chunk_size=1024),
     "compiled statistics, bf16 frozen": dict(compile_statistics=True, frozen_dtype="bf16", compile_layers=False,
                                              chunk_size=1024),
     "+ compiled layers": dict(compile_statistics=True, frozen_dtype="bf16", compile_layers=True, chunk_size=1024),
-    "+ online statistics": dict(compile_statistics=True, online_statistics=True, frozen_dtype="bf16",
-                                compile_layers=True, chunk_size=1024),
+    "+ online statistics": PAPER_PROFILE,
     "+ chunk 4096": dict(compile_statistics=True, frozen_dtype="bf16", compile_layers=True, chunk_size=4096),
-    "+ compiled pass B, fused AdamW": dict(compile_statistics=True, online_statistics=True, compile_pass_b=True,
-                                           adam_implementation="fused", frozen_dtype="bf16", compile_layers=True,
-                                           chunk_size=1024),
-    "+ selective checkpointing": dict(compile_statistics=True, online_statistics=True, frozen_dtype="bf16",
-                                      compile_layers=True, chunk_size=1024, checkpointing="selective",
-                                      methods=("sft",)),
-    "+ every chunk's logits kept": dict(compile_statistics=True, online_statistics=True, compile_pass_b=True,
-                                        adam_implementation="fused", kept_logits_chunks=16, frozen_dtype="bf16",
-                                        compile_layers=True, chunk_size=1024),
-    "selective, compiled pass B, fused AdamW": dict(compile_statistics=True, online_statistics=True,
-                                                    compile_pass_b=True, adam_implementation="fused",
-                                                    frozen_dtype="bf16", compile_layers=True, chunk_size=1024,
-                                                    checkpointing="selective", methods=("sft",)),
+    "+ compiled pass B, fused AdamW": LEVERS,
+    "+ selective checkpointing": dict(PAPER_PROFILE, **SFT_SELECTIVE),
+    "+ every chunk's logits kept": dict(LEVERS, kept_logits_chunks=16),
+    "selective, compiled pass B, fused AdamW": dict(LEVERS, **SFT_SELECTIVE),
 }
 """The trainer configurations timed, by the ``sft.*`` keys that tell them apart (and ``methods``, the trainers timed
 when not all three)."""
